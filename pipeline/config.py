@@ -1,0 +1,98 @@
+"""Configuration of ``freescale prepare``: what to read, how to build samples, where to write.
+
+Every option that changes the bytes of the output is part of the dataset fingerprint, so re-running
+with the same config resumes or reports "up to date", and a different config refuses to overwrite an
+existing dataset unless asked to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from freescale.pipeline.balance import BalanceConfig
+from freescale.pipeline.cost import ModelConfig
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def parse_size(text: str | int, option: str) -> int:
+    """Parse ``2GB``, ``512MiB``, ``1.5g`` or a byte count; errors name the option."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*?)(?:i?b)?\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise ValueError(f"{option}: cannot parse size {text!r} (examples: 2GB, 512MB, 1073741824)")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+@dataclass
+class SampleConfig:
+    """How per-user sequences become training samples."""
+
+    max_uih_len: int = 21000  # keep the most recent events
+    window_stride: int = 0  # 0: one sample per user; >0: sliding windows ending every `stride` events
+    min_len: int = 2  # next-item supervision needs at least two events
+    kcore: int = 0  # 0: off; k: iteratively drop users and items with fewer than k events
+    kcore_max_iterations: int = 50
+
+    def __post_init__(self) -> None:
+        if self.max_uih_len < 2:
+            raise ValueError(f"--max-uih-len must be >= 2, got {self.max_uih_len}")
+        if self.window_stride < 0:
+            raise ValueError(f"--window-stride must be >= 0, got {self.window_stride}")
+        if self.min_len < 1:
+            raise ValueError(f"--min-len must be >= 1, got {self.min_len}")
+        if self.min_len > self.max_uih_len:
+            raise ValueError(f"--min-len ({self.min_len}) exceeds --max-uih-len ({self.max_uih_len})")
+        if self.kcore < 0:
+            raise ValueError(f"--kcore must be >= 0, got {self.kcore}")
+
+
+@dataclass
+class PrepareConfig:
+    """Everything ``freescale prepare`` needs; ``fingerprint_fields`` decide dataset identity."""
+
+    sources: str
+    output: str
+    samples: SampleConfig = field(default_factory=SampleConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cost_model_file: str | None = None
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
+    memory_limit: int = 2 * 2**30
+    workers: int = 2
+    max_reject_fraction: float = 0.05
+    quarantine_examples: int = 20  # per reason
+    shard_size_limit: int = 64 * 2**20
+    work_dir: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ValueError("--sources is required (the source config TOML written by `freescale generate`)")
+        if not self.output:
+            raise ValueError("--output is required (a local directory or s3:// prefix)")
+        if self.memory_limit < 256 * 2**20:
+            raise ValueError(f"--memory-limit must be at least 256MB, got {self.memory_limit} bytes")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ValueError(f"--max-reject-fraction must be in [0, 1], got {self.max_reject_fraction}")
+        if self.shard_size_limit < 2**16:
+            raise ValueError(f"--shard-size-limit must be at least 64KB, got {self.shard_size_limit}")
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The options that change the output bytes (not where or how fast it is computed)."""
+        return {
+            "samples": asdict(self.samples),
+            "model": asdict(self.model),
+            "cost_model_file": self.cost_model_file,
+            "balance": asdict(self.balance),
+            "shard_size_limit": self.shard_size_limit,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

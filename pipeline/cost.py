@@ -1,0 +1,119 @@
+"""Per-sample cost model (DESIGN §3): ``cost(L) = a·L² + b·L + c``.
+
+The balancer only needs *relative* costs that track what a rank spends on a sample. For an HSTU
+layer with model dim ``d`` a sample of length ``L`` costs, forward, about ``10·d²·L`` FLOPs of
+projections and ``2·d·L²`` of causal attention; backward is ≈2× forward for GEMMs and ≈2.5× for
+attention. The sampled-softmax loss adds ``2·d·(negatives + 1)`` per position forward (×3 with
+backward). A calibration run can replace the analytic coefficients with fitted seconds measured on
+the target hardware (``CostModel.from_file``): the balancer then plans in seconds.
+
+``ModelConfig`` is the model section shared with the trainer's run config (``[model]`` in TOML).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from freescale import storage
+
+ATTENTION_BACKWARD_FACTOR = 2.5
+GEMM_BACKWARD_FACTOR = 2.0
+
+
+@dataclass
+class ModelConfig:
+    """HSTU model dimensions; the ``[model]`` table of a run config or a model TOML."""
+
+    d_model: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_negatives: int = 128
+    max_uih_len: int = 21000
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "num_layers", "num_heads", "max_uih_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_negatives < 0:
+            raise ValueError(f"model.num_negatives must be >= 0, got {self.num_negatives}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})"
+            )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str = "model") -> ModelConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} in [{where}]; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path: str) -> ModelConfig:
+        """Read ``[model]`` from a TOML file (a model file or a whole run config)."""
+        data = tomllib.loads(storage.read_bytes(path).decode())
+        return cls.from_dict(data.get("model", data), where=f"model in {path}")
+
+
+@dataclass
+class CostModel:
+    """``cost(L) = a·L² + b·L + c`` in ``units`` (``flops`` or ``seconds``)."""
+
+    a: float
+    b: float
+    c: float = 0.0
+    units: str = "flops"
+    origin: str = "analytic"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.units not in ("flops", "seconds"):
+            raise ValueError(f"cost_model.units must be 'flops' or 'seconds', got {self.units!r}")
+        if min(self.a, self.b, self.c) < 0 or (self.a == 0 and self.b == 0):
+            raise ValueError(
+                f"cost_model coefficients must be >= 0 and a or b positive, got a={self.a} b={self.b} c={self.c}"
+            )
+
+    @classmethod
+    def from_model(cls, model: ModelConfig) -> CostModel:
+        """Analytic FLOPs of one training step (forward + backward) per DESIGN §3."""
+        d, layers = model.d_model, model.num_layers
+        attention_fwd = 2.0 * d  # per L², per layer: QK^T and AV, half masked
+        projection_fwd = 10.0 * d * d  # per L, per layer: fused uvqk + output projection
+        loss_fwd = 2.0 * d * (model.num_negatives + 1)  # per L: sampled softmax logits
+        a = attention_fwd * (1 + ATTENTION_BACKWARD_FACTOR) * layers
+        b = projection_fwd * (1 + GEMM_BACKWARD_FACTOR) * layers + loss_fwd * (1 + GEMM_BACKWARD_FACTOR)
+        return cls(a=a, b=b, c=0.0, units="flops", origin="analytic", details=asdict(model))
+
+    @classmethod
+    def from_file(cls, path: str) -> CostModel:
+        """Fitted coefficients from a JSON or TOML file with keys a, b, c (optional), units, origin."""
+        raw = storage.read_bytes(path).decode()
+        try:
+            data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+            raise ValueError(f"--cost-model {path}: cannot parse ({error})") from error
+        data = data.get("cost_model", data)
+        missing = [key for key in ("a", "b") if key not in data]
+        if missing:
+            raise ValueError(f"--cost-model {path}: missing coefficient(s) {missing}")
+        known = {"a", "b", "c", "units", "origin", "details"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"--cost-model {path}: unknown key(s) {unknown}; known: {sorted(known)}")
+        values = {"origin": f"file:{Path(path).name}", "units": "seconds", **data}
+        return cls(**{k: (float(v) if k in "abc" else v) for k, v in values.items()})
+
+    def cost(self, lengths: np.ndarray) -> np.ndarray:
+        lengths = np.asarray(lengths, dtype=np.float64)
+        return self.a * lengths * lengths + self.b * lengths + self.c
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

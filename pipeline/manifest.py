@@ -1,0 +1,123 @@
+"""``manifest.json`` of a prepared dataset: identity, accounting, cost model and balance report.
+
+The manifest is written last, so its presence means the dataset is complete. Readers (the trainer,
+``freescale stats``) refuse a dataset whose manifest is missing or has an unknown schema version.
+Nothing in it depends on wall-clock time, so identical inputs give an identical manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from freescale import __version__, storage
+
+if TYPE_CHECKING:
+    from freescale.pipeline.prepare import PrepareJob
+    from freescale.pipeline.scan import ScanSummary
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+OFFSETS_NAME = "micro_batch_offsets.npy"
+QUARANTINE_NAME = "quarantine.jsonl"
+
+
+class ManifestError(ValueError):
+    """A prepared dataset that cannot be read: missing manifest, unknown schema, broken layout."""
+
+
+def read_manifest_if_any(output: str) -> dict[str, Any] | None:
+    uri = storage.join(output, MANIFEST_NAME)
+    if not storage.exists(uri):
+        return None
+    return json.loads(storage.read_bytes(uri))
+
+
+def read_manifest(dataset: str) -> dict[str, Any]:
+    """The manifest of a prepared dataset, validated; errors say what is wrong and where."""
+    uri = storage.join(dataset, MANIFEST_NAME)
+    if not storage.exists(dataset):
+        raise ManifestError(f"prepared dataset {dataset} does not exist")
+    if not storage.exists(uri):
+        raise ManifestError(
+            f"{uri} is missing: {dataset} is not a finished `freescale prepare` output "
+            "(an interrupted job resumes when run again with the same options)"
+        )
+    try:
+        manifest = json.loads(storage.read_bytes(uri))
+    except json.JSONDecodeError as error:
+        raise ManifestError(f"{uri} is not valid JSON ({error})") from error
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{uri} has schema_version {version!r}; this FreeScale ({__version__}) reads schema_version "
+            f"{SCHEMA_VERSION}: re-run `freescale prepare` with this version"
+        )
+    return manifest
+
+
+def _length_summary(lengths: np.ndarray) -> dict[str, float]:
+    if len(lengths) == 0:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return {"mean": float(lengths.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
+            "max": float(lengths.max())}
+
+
+def _rows(summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, Any]],
+          plan: dict[str, Any], group_size: int) -> dict[str, Any]:
+    filtered: dict[str, int] = {}
+    for record in samples:
+        for reason, count in record["filtered"].items():
+            filtered[reason] = filtered.get(reason, 0) + count
+    used = sum(record["events_used"] for record in samples)
+    rows = {
+        "events_read": summary.rows_read,
+        "events_read_by_source": dict(sorted(summary.rows_read_by_source.items())),
+        "events_used": used,
+        "events_rejected": {"total": summary.rejected_total, "by_reason": dict(sorted(summary.rejected.items()))},
+        "events_filtered": {"total": sum(filtered.values()), "by_reason": dict(sorted(filtered.items()))},
+        "users": sum(record["users_kept"] for record in samples),
+        "users_table_rows_read": users.get("rows_read", 0),
+        "users_table_rejected": dict(sorted(users.get("rejected", {}).items())),
+        "samples_without_profile": sum(record.get("samples_without_profile", 0) for record in samples),
+        "samples": int(len(plan["order"])),
+        "micro_batches": int(len(plan["offsets"]) - 1),
+        "step_groups": int((len(plan["offsets"]) - 1) // group_size),
+    }
+    rows["balanced"] = rows["events_read"] == used + rows["events_rejected"]["total"] + rows["events_filtered"]["total"]
+    if not rows["balanced"]:
+        raise AssertionError(f"row accounting does not balance: {json.dumps(rows)}")
+    return rows
+
+
+def build_manifest(job: PrepareJob, summary: ScanSummary, users: dict[str, Any],
+                   samples: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, Any]:
+    from freescale.pipeline.writer import mds_columns
+
+    config = job.config
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "freescale_version": __version__,
+        "created_by": "freescale prepare",
+        "fingerprint": job.fingerprint,
+        "dataset": job.sources.name,
+        "sources": job.source_files,
+        "config": {**config.to_dict(), "work_dir": None, "progress": None},
+        "rows": _rows(summary, users, samples, plan, config.balance.group_size),
+        "cost_model": job.cost_model.to_dict(),
+        "lengths": _length_summary(plan["length"]),
+        "balance": plan["report"],
+        "layout": {
+            "group_size": config.balance.group_size,
+            "micro_batch_size": config.balance.micro_batch_size,
+            "mode": config.balance.mode,
+            "strategy": config.balance.strategy,
+            "offsets_file": OFFSETS_NAME,
+            "columns": mds_columns(bool(users.get("features"))),
+            "user_features": users.get("features", []),
+            "row_order": "plan: micro-batch m holds rows [offsets[m], offsets[m+1]); group = m // group_size",
+        },
+    }

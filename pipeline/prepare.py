@@ -1,0 +1,365 @@
+"""``freescale prepare``: heterogeneous UIH sources → globally load-balanced MDS shards.
+
+Phases, each restartable from its completion markers in the work directory:
+
+1. scan     — read all sources in parallel tasks, validate, spill events by user partition;
+2. k-core   — optional iterative filter over users and items (global item counts per pass);
+3. samples  — per partition: merge sources by time, cut samples (``sequences``);
+4. plan     — cost every sample (``cost``) and plan step groups (``balance``);
+5. write    — bucket-sort samples into plan order and write MDS shards (``writer``);
+6. manifest — accounting, balance report, config; written last, so its presence means "complete".
+
+Memory stays bounded by ``--memory-limit``: partitions and buckets are sized so that the workers
+hold at most half of it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import multiprocessing
+import shutil
+import tempfile
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+from tqdm import tqdm
+
+from freescale import __version__, storage
+from freescale.datasets.sources import SourcesConfig
+from freescale.pipeline import scan
+from freescale.pipeline.balance import plan_step_groups
+from freescale.pipeline.config import PrepareConfig
+from freescale.pipeline.cost import CostModel
+from freescale.pipeline.manifest import (
+    MANIFEST_NAME,
+    OFFSETS_NAME,
+    QUARANTINE_NAME,
+    build_manifest,
+    read_manifest_if_any,
+)
+from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, read_samples, run_partition
+from freescale.pipeline.writer import save_json, scatter_done, scatter_partition, write_mds
+
+TARGET_ROWS_PER_TASK = 1_000_000
+
+
+class PrepareError(RuntimeError):
+    """A prepare job that cannot go on; the message says why and what to change."""
+
+
+class PrepareJob:
+    """One ``prepare`` run; ``run()`` returns the manifest."""
+
+    def __init__(self, config: PrepareConfig) -> None:
+        self.config = config
+        self.sources = SourcesConfig.from_toml(config.sources)
+        self.cost_model = (CostModel.from_file(config.cost_model_file) if config.cost_model_file
+                           else CostModel.from_model(config.model))
+        self.tasks = scan.plan_read_tasks(self.sources, TARGET_ROWS_PER_TASK)
+        self.source_files = self._source_files()
+        self.fingerprint = self._fingerprint()
+        self.work = Path(config.work_dir or self._default_work_dir()) / self.fingerprint[:16]
+
+    # ----------------------------------------------------------------- identity
+    def _source_files(self) -> list[dict[str, Any]]:
+        seen: dict[str, dict[str, Any]] = {}
+        for task in self.tasks:
+            if task.path in seen:
+                continue
+            fs, path = storage.filesystem(task.path)
+            info = fs.get_file_info(path)
+            seen[task.path] = {"source": self.sources.sources[task.source].name, "uri": task.path,
+                               "size": info.size, "mtime_ns": info.mtime_ns}
+        if self.sources.users is not None:
+            for uri in storage.expand(self.sources.resolve(self.sources.users.path)):
+                fs, path = storage.filesystem(uri)
+                info = fs.get_file_info(path)
+                seen[uri] = {"source": "users", "uri": uri, "size": info.size, "mtime_ns": info.mtime_ns}
+        return list(seen.values())
+
+    def _fingerprint(self) -> str:
+        identity = {"schema": 1, "config": self.config.fingerprint_fields(),
+                    "cost_model": self.cost_model.to_dict(), "sources": self.source_files}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+    def _default_work_dir(self) -> str:
+        """Beside the output, never inside it: ``MDSWriter`` empties its output directory."""
+        if storage.is_remote(self.config.output):
+            return str(Path(tempfile.gettempdir()) / "freescale-prepare")
+        output = Path(self.config.output).absolute()
+        return str(output.parent / f".{output.name}.freescale-work")
+
+    # ----------------------------------------------------------------- driver
+    def run(self) -> dict[str, Any]:
+        existing = self._check_output()
+        if existing is not None:
+            self._log("output is up to date (same config and sources): nothing to do")
+            return existing
+        for sub in ("scan", "samples", "buckets"):
+            (self.work / sub).mkdir(parents=True, exist_ok=True)
+        scan_summary, users_record = self._scan()
+        removed_items = self._kcore()
+        sample_records = self._build_samples(removed_items, users_record["features"])
+        plan_info = self._plan()
+        self._write(plan_info, bool(users_record["features"]))
+        # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
+        manifest = json.loads(json.dumps(build_manifest(self, scan_summary, users_record, sample_records,
+                                                        plan_info), default=str))
+        self._publish(manifest, plan_info["offsets"], scan_summary, users_record)
+        shutil.rmtree(self.work, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.work.parent.rmdir()  # only when no other job's work is left there
+        return manifest
+
+    def _log(self, message: str) -> None:
+        if self.config.progress:
+            tqdm.write(f"prepare: {message}")
+
+    def _check_output(self) -> dict[str, Any] | None:
+        """Refuse to clobber a different dataset; report an identical finished one as up to date."""
+        manifest = read_manifest_if_any(self.config.output)
+        if manifest is not None and manifest.get("fingerprint") == self.fingerprint and not self.config.overwrite:
+            return manifest
+        if manifest is not None and not self.config.overwrite:
+            raise PrepareError(
+                f"{self.config.output} already holds a different prepared dataset (fingerprint "
+                f"{manifest.get('fingerprint', '?')[:12]} != {self.fingerprint[:12]}); pass --overwrite to replace it"
+            )
+        if manifest is None and not self.config.overwrite and self._has_foreign_files():
+            raise PrepareError(
+                f"{self.config.output} is not empty and holds no FreeScale manifest; pass --overwrite "
+                "to replace its contents or choose another --output"
+            )
+        if self.config.overwrite:
+            self._clear_output()
+        return None
+
+    def _has_foreign_files(self) -> bool:
+        fs, path = storage.filesystem(self.config.output)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return False
+        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return bool(entries)
+
+    def _clear_output(self) -> None:
+        fs, path = storage.filesystem(self.config.output)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return
+        for entry in fs.get_file_info(pafs.FileSelector(path)):
+            if entry.type == pafs.FileType.Directory:
+                fs.delete_dir(entry.path)
+            else:
+                fs.delete_file(entry.path)
+
+    def _pool(self) -> ProcessPoolExecutor | None:
+        if self.config.workers == 1:
+            return None
+        return ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def _map(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*job)`` for each job (in worker processes when workers > 1), with a progress bar."""
+        bar = tqdm(total=len(jobs), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
+        results: list[Any] = []
+        pool = self._pool()
+        try:
+            if pool is None:
+                for job in jobs:
+                    results.append(fn(*job))
+                    bar.update()
+            else:
+                futures = [pool.submit(fn, *job) for job in jobs]
+                for future in futures:
+                    results.append(future.result())
+                    bar.update()
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+        return results
+
+    # ----------------------------------------------------------------- phases
+    @property
+    def n_partitions(self) -> int:
+        estimated = scan.estimate_events(self.sources, self.source_files)
+        return scan.choose_partition_count(estimated, self.config.memory_limit, self.config.workers)
+
+    def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
+        scan_dir = str(self.work / "scan")
+        state_path = self.work / "scan" / "partitions.json"
+        if state_path.exists():
+            n_partitions = json.loads(state_path.read_text())["n_partitions"]
+        else:
+            n_partitions = self.n_partitions
+            save_json(state_path, {"n_partitions": n_partitions})
+        self._n_partitions = n_partitions
+        todo = [(self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples)
+                for i, task in enumerate(self.tasks) if scan.load_task_record(scan_dir, i) is None]
+        self._log(f"scan: {len(self.tasks)} read tasks ({len(todo)} to do), {n_partitions} user partitions")
+        self._map(scan.run_scan_task, todo, "scan", "task")
+        summary = scan.ScanSummary()
+        for i in range(len(self.tasks)):
+            summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
+        users_record = self._scan_users(scan_dir, n_partitions)
+        self._check_rejects(summary)
+        return summary, users_record
+
+    def _scan_users(self, scan_dir: str, n_partitions: int) -> dict[str, Any]:
+        path = self.work / "scan" / "users.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        record = scan.spill_user_table(self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
+        save_json(path, record)
+        return json.loads(path.read_text())
+
+    def _check_rejects(self, summary: scan.ScanSummary) -> None:
+        fraction = summary.rejected_total / max(summary.rows_read, 1)
+        if fraction <= self.config.max_reject_fraction:
+            return
+        quarantine = self.work / QUARANTINE_NAME
+        quarantine.write_text(quarantine_lines(summary.examples))
+        reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(summary.rejected.items()))
+        raise PrepareError(
+            f"{summary.rejected_total} of {summary.rows_read} rows rejected ({fraction:.2%}) exceeds "
+            f"--max-reject-fraction {self.config.max_reject_fraction:.2%} ({reasons}); examples in {quarantine}"
+        )
+
+    def _kcore(self) -> str | None:
+        k = self.config.samples.kcore
+        if not k:
+            return None
+        path = self.work / "samples" / "kcore_removed_items.npy"
+        if path.exists():
+            return str(path)
+        removed = np.zeros(0, np.int64)
+        scan_dir = str(self.work / "scan")
+        for iteration in range(self.config.samples.kcore_max_iterations):
+            counts = self._map(kcore_item_counts, [(scan_dir, p, removed, k) for p in range(self._n_partitions)],
+                               f"k-core pass {iteration + 1}", "partition")
+            totals = Counter()
+            for frame in counts:
+                totals.update(dict(zip(frame["item_id"].to_list(), frame["count"].to_list())))
+            all_items = set(totals)
+            weak = np.array(sorted(item for item, count in totals.items() if count < k), np.int64)
+            vanished = np.array(sorted(set(removed.tolist()) | set(weak.tolist())), np.int64)
+            if len(vanished) == len(removed):
+                break
+            removed = vanished
+        else:
+            raise PrepareError(f"k-core did not converge in {self.config.samples.kcore_max_iterations} passes; "
+                               "raise --kcore-max-iterations or lower --kcore")
+        self._log(f"k-core {k}: {len(removed)} items removed, {len(all_items)} kept")
+        np.save(path, removed)
+        return str(path)
+
+    def _build_samples(self, removed_items: str | None, features: list[str]) -> list[dict[str, Any]]:
+        samples_dir = str(self.work / "samples")
+        scan_dir = str(self.work / "scan")
+        todo = [(scan_dir, samples_dir, p, self.config.samples, removed_items, features)
+                for p in range(self._n_partitions) if load_partition_record(samples_dir, p) is None]
+        self._map(run_partition, todo, "samples", "partition")
+        return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
+
+    def _sample_metadata(self) -> dict[str, np.ndarray]:
+        """All samples in canonical (user_id, window) order: partition, row and length of each."""
+        samples_dir = str(self.work / "samples")
+        parts, rows, users, windows, lengths = [], [], [], [], []
+        for p in range(self._n_partitions):
+            table = read_samples(samples_dir, p, ["user_id", "window", "length"])
+            parts.append(np.full(table.num_rows, p, np.int32))
+            rows.append(np.arange(table.num_rows, dtype=np.int64))
+            users.append(table.column("user_id").to_numpy())
+            windows.append(table.column("window").to_numpy())
+            lengths.append(table.column("length").to_numpy())
+        users_all, windows_all = np.concatenate(users), np.concatenate(windows)
+        order = np.lexsort((windows_all, users_all))
+        return {"partition": np.concatenate(parts)[order], "row": np.concatenate(rows)[order],
+                "length": np.concatenate(lengths)[order].astype(np.int64)}
+
+    def _plan(self) -> dict[str, Any]:
+        path = self.work / "plan.npz"
+        report_path = self.work / "plan.json"
+        if path.exists() and report_path.exists():
+            data = np.load(path)
+            return {**{k: data[k] for k in data.files}, "report": json.loads(report_path.read_text())}
+        meta = self._sample_metadata()
+        if len(meta["length"]) == 0:
+            raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
+        costs = self.cost_model.cost(meta["length"])
+        self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
+        plan = plan_step_groups(costs, self.config.balance)
+        info = {**meta, "cost": costs, "order": plan.order, "offsets": plan.micro_batch_offsets}
+        np.savez(path, **info)
+        save_json(report_path, plan.report)
+        return {**info, "report": plan.report}
+
+    def _write(self, plan: dict[str, Any], with_features: bool) -> None:
+        n = len(plan["order"])
+        position = np.empty(n, np.int64)
+        position[plan["order"]] = np.arange(n)
+        micro_batch = np.repeat(np.arange(len(plan["offsets"]) - 1), np.diff(plan["offsets"]))[position]
+        total_events = int(plan["length"].sum())
+        budget_events = max(self.config.memory_limit // (4 * scan.BYTES_PER_EVENT_IN_MEMORY), 1)
+        bucket_size = max(1, int(n * budget_events // max(total_events, 1)))
+        n_buckets = -(-n // bucket_size)
+        buckets_dir = str(self.work / "buckets")
+        samples_dir = str(self.work / "samples")
+        jobs = []
+        for p in range(self._n_partitions):
+            if scatter_done(buckets_dir, p):
+                continue
+            mine = np.flatnonzero(plan["partition"] == p)
+            mine = mine[np.argsort(plan["row"][mine])]
+            jobs.append((samples_dir, buckets_dir, p, position[mine], plan["cost"][mine], micro_batch[mine],
+                         bucket_size))
+        self._map(scatter_partition, jobs, "bucket", "partition")
+        self._log(f"write: {n} samples in {n_buckets} buckets → {self.config.output}")
+        if not storage.is_remote(self.config.output):
+            Path(self.config.output).mkdir(parents=True, exist_ok=True)
+        self._remove_partial_shards()
+        bar = tqdm(total=n, desc="write", unit="sample", disable=not self.config.progress, leave=False)
+        write_mds(self.config.output, buckets_dir, n_buckets, with_features, self.config.shard_size_limit,
+                  on_sample=bar.update)
+        bar.close()
+
+    def _remove_partial_shards(self) -> None:
+        """Shards of a killed write are rewritten from scratch (MDS writing is one sequential pass)."""
+        fs, path = storage.filesystem(self.config.output)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return
+        for entry in fs.get_file_info(pafs.FileSelector(path)):
+            name = Path(entry.path).name
+            if entry.type == pafs.FileType.File and (name == "index.json" or name.startswith("shard.")):
+                fs.delete_file(entry.path)
+
+    def _publish(self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary,
+                 users: dict[str, Any]) -> None:
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(offsets, np.int64))
+        storage.write_bytes(storage.join(self.config.output, OFFSETS_NAME), buffer.getvalue())
+        examples = {**summary.examples}
+        for reason, rows in users.get("examples", {}).items():
+            examples.setdefault(f"users:{reason}", rows)
+        storage.write_bytes(storage.join(self.config.output, QUARANTINE_NAME),
+                            quarantine_lines(examples).encode())
+        storage.write_bytes(storage.join(self.config.output, MANIFEST_NAME),
+                            (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+
+
+def quarantine_lines(examples: dict[str, list[dict]]) -> str:
+    return "".join(json.dumps(row, sort_keys=True, default=str) + "\n"
+                   for reason in sorted(examples) for row in examples[reason])
+
+
+def prepare(config: PrepareConfig) -> dict[str, Any]:
+    """Run ``freescale prepare`` with ``config``; returns the manifest."""
+    return PrepareJob(config).run()
+
+
+__all__ = ["PrepareError", "PrepareJob", "prepare"]

@@ -1,0 +1,198 @@
+"""Phase 1 of ``prepare``: read every source once and spill validated events by user partition.
+
+Each read task (a row-group or byte range of one file, planned by ``freescale.datasets``) runs in a
+worker process, normalizes rows to the canonical event schema, and appends them to one Arrow IPC
+file per user partition. A user's events from all sources land in the same partition, so phase 2
+can build sequences one partition at a time within the memory limit. Each finished task writes a
+JSON record (its row accounting and quarantine examples) that doubles as its completion marker, so
+a killed job skips finished tasks when it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from freescale.datasets.sources import SourcesConfig, plan_read_tasks, read_task, read_user_table
+
+EVENT_SCHEMA = pa.schema(
+    [
+        ("user_id", pa.int64()),
+        ("item_id", pa.int64()),
+        ("ts", pa.int64()),
+        ("action", pa.int32()),
+        ("source", pa.int8()),
+        ("file_index", pa.int32()),
+        ("row", pa.int64()),
+    ]
+)
+# Bytes one event occupies while a partition is sorted and grouped (columns + sort copies).
+BYTES_PER_EVENT_IN_MEMORY = 160
+# Conservative on-disk bytes per event by format, to size partitions before reading anything.
+ESTIMATED_BYTES_PER_EVENT = {"parquet": 6, "arrow": 20}
+DEFAULT_BYTES_PER_EVENT = 20
+
+
+def partition_of(user_ids: np.ndarray, n_partitions: int) -> np.ndarray:
+    """Deterministic user → partition map (Fibonacci hashing; independent of the input order)."""
+    mixed = user_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(29)) % np.uint64(n_partitions)).astype(np.int64)
+
+
+def choose_partition_count(estimated_events: int, memory_limit: int, workers: int) -> int:
+    """Enough partitions that ``workers`` partitions held at once fit in half the memory limit."""
+    per_worker_budget = max(memory_limit // (2 * workers), 32 * 2**20)
+    events_per_partition = max(per_worker_budget // BYTES_PER_EVENT_IN_MEMORY, 1)
+    return max(workers * 2, -(-estimated_events // events_per_partition))
+
+
+def estimate_events(config: SourcesConfig, files: list[dict[str, Any]]) -> int:
+    """Rough event count from file sizes, before reading anything, to size the partitions."""
+    formats = {source.name: source.format for source in config.sources}
+    return sum(
+        entry["size"] // ESTIMATED_BYTES_PER_EVENT.get(formats[entry["source"]], DEFAULT_BYTES_PER_EVENT)
+        for entry in files
+        if entry["source"] in formats
+    )
+
+
+@dataclass
+class ScanSummary:
+    """Row accounting and quarantine examples gathered over all read tasks."""
+
+    rows_read: int = 0
+    events_kept: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    rows_read_by_source: Counter = field(default_factory=Counter)
+    examples: dict[str, list[dict]] = field(default_factory=dict)
+
+    def add(self, record: dict[str, Any], examples_per_reason: int) -> None:
+        self.rows_read += record["rows_read"]
+        self.events_kept += record["events_kept"]
+        self.rejected.update(record["rejected"])
+        self.rows_read_by_source.update(record["rows_read_by_source"])
+        for reason, rows in record["examples"].items():
+            kept = self.examples.setdefault(reason, [])
+            kept.extend(rows[: max(examples_per_reason - len(kept), 0)])
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+def _spill(table: pa.Table, partitions: np.ndarray, writers: dict[int, ipc.RecordBatchFileWriter],
+           out_prefix: Path) -> None:
+    order = np.argsort(partitions, kind="stable")
+    sorted_parts = partitions[order]
+    bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [len(order)]])
+    for start, end in zip(starts, ends):
+        part = int(sorted_parts[start])
+        rows = table.take(pa.array(order[start:end]))
+        if part not in writers:
+            writers[part] = ipc.new_file(f"{out_prefix}.p{part:05d}.arrow.tmp", EVENT_SCHEMA)
+        writers[part].write_table(rows)
+
+
+def _reject_examples(rejects: pa.Table, examples: dict[str, list[dict]], limit: int) -> None:
+    for row in rejects.to_pylist():
+        kept = examples.setdefault(row["reason"], [])
+        if len(kept) < limit:
+            kept.append(row)
+
+
+def run_scan_task(sources: SourcesConfig, task: Any, task_id: int, n_partitions: int, scan_dir: str,
+                  examples_per_reason: int) -> dict[str, Any]:
+    """Read one task, spill its events by partition, write its record (the completion marker)."""
+    prefix = Path(scan_dir) / f"t{task_id:05d}"
+    writers: dict[int, ipc.RecordBatchFileWriter] = {}
+    record: dict[str, Any] = {"task": task_id, "rows_read": 0, "events_kept": 0,
+                              "rejected": Counter(), "rows_read_by_source": Counter(), "examples": {}}
+    for chunk in read_task(sources, task):
+        events = chunk.events.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
+        record["rows_read"] += chunk.rows_read
+        record["rows_read_by_source"][sources.sources[task.source].name] += chunk.rows_read
+        record["events_kept"] += events.num_rows
+        if chunk.rejects.num_rows:
+            record["rejected"].update(chunk.rejects.column("reason").to_pylist())
+            _reject_examples(chunk.rejects, record["examples"], examples_per_reason)
+        if events.num_rows:
+            users = events.column("user_id").to_numpy()
+            _spill(events, partition_of(users, n_partitions), writers, prefix)
+    for part, writer in writers.items():
+        writer.close()
+        os.replace(f"{prefix}.p{part:05d}.arrow.tmp", f"{prefix}.p{part:05d}.arrow")
+    record["partitions"] = sorted(writers)
+    marker = Path(f"{prefix}.json")
+    marker.with_suffix(".json.tmp").write_text(json.dumps(record, default=_json_default))
+    os.replace(marker.with_suffix(".json.tmp"), marker)
+    return record
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    raise TypeError(f"not JSON serializable: {type(value)}")
+
+
+def load_task_record(scan_dir: str, task_id: int) -> dict[str, Any] | None:
+    marker = Path(scan_dir) / f"t{task_id:05d}.json"
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
+def partition_files(scan_dir: str, partition: int) -> list[Path]:
+    """Spill files of one partition in task order (deterministic concatenation order)."""
+    return sorted(Path(scan_dir).glob(f"t*.p{partition:05d}.arrow"))
+
+
+def read_partition(scan_dir: str, partition: int) -> pa.Table:
+    tables = [ipc.open_file(path).read_all() for path in partition_files(scan_dir, partition)]
+    return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
+
+
+def spill_user_table(sources: SourcesConfig, n_partitions: int, scan_dir: str,
+                     examples_per_reason: int) -> dict[str, Any]:
+    """Partition the optional user table like the events; returns its accounting record."""
+    record: dict[str, Any] = {"rows_read": 0, "rejected": Counter(), "examples": {}, "features": []}
+    if sources.users is None:
+        return record
+    table, rejects = read_user_table(sources)
+    record["rows_read"] = table.num_rows + rejects.num_rows
+    record["rejected"].update(rejects.column("reason").to_pylist() if rejects.num_rows else [])
+    _reject_examples(rejects, record["examples"], examples_per_reason)
+    record["features"] = [name for name in table.column_names if name != "user_id"]
+    parts = partition_of(table.column("user_id").to_numpy(), n_partitions)
+    for part in range(n_partitions):
+        rows = table.filter(pa.array(parts == part))
+        with ipc.new_file(Path(scan_dir) / f"users.p{part:05d}.arrow", rows.schema) as writer:
+            writer.write_table(rows)
+    return record
+
+
+def read_user_partition(scan_dir: str, partition: int) -> pa.Table | None:
+    path = Path(scan_dir) / f"users.p{partition:05d}.arrow"
+    return ipc.open_file(path).read_all() if path.exists() else None
+
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "ScanSummary",
+    "choose_partition_count",
+    "estimate_events",
+    "load_task_record",
+    "partition_of",
+    "plan_read_tasks",
+    "read_partition",
+    "read_user_partition",
+    "run_scan_task",
+    "spill_user_table",
+]

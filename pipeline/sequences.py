@@ -1,0 +1,182 @@
+"""Phase 2 of ``prepare``: per user partition, merge sources by time and cut training samples.
+
+Events of one user from every source are sorted by ``(ts, source, file_index, row)`` — the source
+and action stay as per-event features — and the most recent ``max_uih_len`` events form the sample
+(HSTU style: every position supervised). With ``window_stride`` > 0 older history becomes extra
+sliding-window samples. Optional filters: minimum length and an iterative k-core over users and
+items. Every event that does not reach a sample is counted under a reason, so
+``events_read = events_used + events_rejected + events_filtered`` holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from freescale.pipeline.config import SampleConfig
+from freescale.pipeline.scan import read_partition, read_user_partition
+
+SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]
+MISSING_FEATURE = -1
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("user_id", pa.int64()),
+        ("window", pa.int32()),
+        ("length", pa.int32()),
+        ("item_ids", pa.list_(pa.int64())),
+        ("timestamps", pa.list_(pa.int64())),
+        ("actions", pa.list_(pa.int32())),
+        ("sources", pa.list_(pa.int8())),
+        ("user_features", pa.list_(pa.int32())),
+    ]
+)
+
+
+def sorted_events(scan_dir: str, partition: int, removed_items: np.ndarray | None) -> tuple[pl.DataFrame, int]:
+    """A partition's events minus k-core-removed items, in per-user time order, and the count before."""
+    frame = pl.from_arrow(read_partition(scan_dir, partition))
+    events_in = frame.height
+    if removed_items is not None and len(removed_items):
+        frame = frame.filter(~pl.col("item_id").is_in(pl.Series(removed_items)))
+    return frame.sort(SORT_KEYS), events_in
+
+
+def user_runs(user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start offsets and lengths of consecutive equal user ids (input sorted by user)."""
+    if len(user_ids) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(user_ids)) + 1])
+    lengths = np.diff(np.concatenate([starts, [len(user_ids)]]))
+    return starts.astype(np.int64), lengths.astype(np.int64)
+
+
+def kcore_item_counts(scan_dir: str, partition: int, removed_items: np.ndarray, k: int) -> pl.DataFrame:
+    """Item counts among users that keep ≥ k events once ``removed_items`` are gone (one k-core pass)."""
+    frame, _ = sorted_events(scan_dir, partition, removed_items)
+    kept_users = frame.group_by("user_id").len().filter(pl.col("len") >= k).select("user_id")
+    kept = frame.join(kept_users, on="user_id", how="semi")
+    return kept.group_by("item_id").len().rename({"len": "count"})
+
+
+def _window_bounds(starts: np.ndarray, counts: np.ndarray, cfg: SampleConfig) -> dict[str, np.ndarray]:
+    """Per-window [begin, end) event offsets, its user run and window number (0 = most recent)."""
+    if cfg.window_stride:
+        per_user = 1 + (counts - cfg.min_len) // cfg.window_stride
+    else:
+        per_user = np.ones_like(counts)
+    run = np.repeat(np.arange(len(counts)), per_user)
+    first_of_run = np.repeat(np.cumsum(per_user) - per_user, per_user)
+    window = np.arange(len(run)) - first_of_run
+    end = starts[run] + counts[run] - window * cfg.window_stride
+    begin = np.maximum(starts[run], end - cfg.max_uih_len)
+    return {"run": run, "window": window, "begin": begin, "end": end}
+
+
+def _gather(values: np.ndarray, begin: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lengths = end - begin
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    index = np.repeat(begin - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return offsets, values[index]
+
+
+def _user_feature_lists(users: np.ndarray, scan_dir: str, partition: int,
+                        feature_names: list[str]) -> tuple[pa.Array, int]:
+    """Integer profile features per sample; users absent from the table get ``MISSING_FEATURE``."""
+    width = len(feature_names)
+    flat = np.full((len(users), width), MISSING_FEATURE, dtype=np.int32)
+    missing = 0
+    table = read_user_partition(scan_dir, partition) if width else None
+    if table is not None and table.num_rows:
+        profile = pl.from_arrow(table).unique("user_id", keep="first", maintain_order=True)
+        joined = pl.DataFrame({"user_id": users}).join(profile, on="user_id", how="left",
+                                                        maintain_order="left")
+        for column, name in enumerate(feature_names):
+            flat[:, column] = joined[name].fill_null(MISSING_FEATURE).cast(pl.Int32).to_numpy()
+        missing = int(joined[feature_names[0]].null_count())
+    elif width:
+        missing = len(users)
+    offsets = np.arange(len(users) + 1, dtype=np.int32) * width
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1))), missing
+
+
+def build_samples(frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partition: int,
+                  feature_names: list[str]) -> tuple[pa.Table, dict[str, Any]]:
+    """Cut samples from sorted events; returns the sample table and its event accounting."""
+    users_all = frame["user_id"].to_numpy()
+    starts, counts = user_runs(users_all)
+    kcore_dropped = 0
+    if cfg.kcore:
+        weak = counts < cfg.kcore
+        kcore_dropped = int(counts[weak].sum())
+        starts, counts = starts[~weak], counts[~weak]
+    short = counts < cfg.min_len
+    min_len_dropped = int(counts[short].sum())
+    starts, counts = starts[~short], counts[~short]
+    bounds = _window_bounds(starts, counts, cfg)
+    oldest_begin = np.full(len(counts), np.iinfo(np.int64).max)
+    np.minimum.at(oldest_begin, bounds["run"], bounds["begin"])
+    used = int((starts + counts - oldest_begin).sum()) if len(counts) else 0
+    columns: dict[str, pa.Array] = {}
+    for name, source_column, dtype in (("item_ids", "item_id", pa.int64()), ("timestamps", "ts", pa.int64()),
+                                       ("actions", "action", pa.int32()), ("sources", "source", pa.int8())):
+        offsets, values = _gather(frame[source_column].to_numpy(), bounds["begin"], bounds["end"])
+        columns[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
+    sample_users = users_all[starts[bounds["run"]]] if len(counts) else np.zeros(0, np.int64)
+    features, missing_profiles = _user_feature_lists(sample_users, scan_dir, partition, feature_names)
+    table = pa.table(
+        {
+            "user_id": pa.array(sample_users, pa.int64()),
+            "window": pa.array(bounds["window"], pa.int32()),
+            "length": pa.array(bounds["end"] - bounds["begin"], pa.int32()),
+            **columns,
+            "user_features": features,
+        },
+        schema=SAMPLE_SCHEMA,
+    )
+    record = {
+        "events_in": len(users_all),
+        "events_used": used,
+        "filtered": {"kcore": kcore_dropped, "min_len": min_len_dropped,
+                     "truncated_max_uih_len": len(users_all) - kcore_dropped - min_len_dropped - used},
+        "users_in": len(np.unique(users_all)) if len(users_all) else 0,
+        "users_kept": len(counts),
+        "samples": table.num_rows,
+        "samples_without_profile": missing_profiles if feature_names else 0,
+    }
+    return table, record
+
+
+def run_partition(scan_dir: str, samples_dir: str, partition: int, cfg: SampleConfig,
+                  removed_items_path: str | None, feature_names: list[str]) -> dict[str, Any]:
+    """Build one partition's samples; the record JSON written last is the completion marker."""
+    removed = np.load(removed_items_path) if removed_items_path else None
+    frame, events_in = sorted_events(scan_dir, partition, removed)
+    removed_events = events_in - frame.height
+    table, record = build_samples(frame, cfg, scan_dir, partition, feature_names)
+    record["events_in"] += removed_events
+    record["filtered"]["kcore"] += removed_events
+    out = Path(samples_dir) / f"p{partition:05d}.arrow"
+    with ipc.new_file(f"{out}.tmp", SAMPLE_SCHEMA) as writer:
+        writer.write_table(table)
+    os.replace(f"{out}.tmp", out)
+    marker = Path(samples_dir) / f"p{partition:05d}.json"
+    Path(f"{marker}.tmp").write_text(json.dumps(record))
+    os.replace(f"{marker}.tmp", marker)
+    return record
+
+
+def load_partition_record(samples_dir: str, partition: int) -> dict[str, Any] | None:
+    marker = Path(samples_dir) / f"p{partition:05d}.json"
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
+def read_samples(samples_dir: str, partition: int, columns: list[str] | None = None) -> pa.Table:
+    table = ipc.open_file(Path(samples_dir) / f"p{partition:05d}.arrow").read_all()
+    return table.select(columns) if columns else table

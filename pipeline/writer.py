@@ -1,0 +1,104 @@
+"""Phase 4 of ``prepare``: write samples as MDS shards in plan order, within the memory limit.
+
+Samples are built per user partition, but the plan interleaves all partitions. An external bucket
+sort bridges the two: every partition's samples go to the position bucket the plan gives them
+(``position // bucket_size``), then buckets are read in order, sorted by position and written with
+``MDSWriter``. Memory holds one partition or one bucket at a time. Rows end up in plan order, so a
+micro-batch is a contiguous row range and a rank streaming from object storage downloads only the
+shards its micro-batches live in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from freescale.pipeline.sequences import read_samples
+
+LIST_COLUMNS = {"item_ids": "int64", "timestamps": "int64", "actions": "int32", "sources": "int8"}
+SCALAR_COLUMNS = {"user_id": "int64", "window": "int32", "length": "int32", "cost": "float64",
+                  "micro_batch": "int64"}
+
+
+def mds_columns(with_user_features: bool) -> dict[str, str]:
+    """MDS column encodings: jagged per-event arrays plus per-sample scalars."""
+    columns = {name: f"ndarray:{dtype}" for name, dtype in LIST_COLUMNS.items()}
+    if with_user_features:
+        columns["user_features"] = "ndarray:int32"
+    columns.update(SCALAR_COLUMNS)
+    return columns
+
+
+def bucket_files(buckets_dir: str, bucket: int) -> list[Path]:
+    return sorted(Path(buckets_dir).glob(f"b{bucket:05d}.p*.arrow"))
+
+
+def scatter_partition(samples_dir: str, buckets_dir: str, partition: int, positions: np.ndarray,
+                      costs: np.ndarray, micro_batches: np.ndarray, bucket_size: int) -> None:
+    """Split one partition's samples into position buckets (marker: ``scatter.p*.done``)."""
+    table = read_samples(samples_dir, partition)
+    table = table.append_column("position", pa.array(positions, pa.int64()))
+    table = table.append_column("cost", pa.array(costs, pa.float64()))
+    table = table.append_column("micro_batch", pa.array(micro_batches, pa.int64()))
+    buckets = positions // bucket_size
+    for bucket in np.unique(buckets):
+        rows = table.filter(pa.array(buckets == bucket))
+        path = Path(buckets_dir) / f"b{int(bucket):05d}.p{partition:05d}.arrow"
+        with ipc.new_file(f"{path}.tmp", rows.schema) as writer:
+            writer.write_table(rows)
+        os.replace(f"{path}.tmp", path)
+    Path(buckets_dir, f"scatter.p{partition:05d}.done").touch()
+
+
+def scatter_done(buckets_dir: str, partition: int) -> bool:
+    return Path(buckets_dir, f"scatter.p{partition:05d}.done").exists()
+
+
+def _column_arrays(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    column = table.column(name).combine_chunks()
+    offsets = column.offsets.to_numpy()
+    values = column.values.to_numpy(zero_copy_only=False)
+    return offsets - offsets[0], values[offsets[0] : offsets[-1]]
+
+
+def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool):
+    """Samples of one bucket in plan order, as dicts ready for ``MDSWriter.write``."""
+    tables = [ipc.open_file(path).read_all() for path in bucket_files(buckets_dir, bucket)]
+    if not tables:
+        return
+    table = pa.concat_tables(tables).sort_by("position")
+    lists = {name: _column_arrays(table, name) for name in LIST_COLUMNS}
+    if with_user_features:
+        lists["user_features"] = _column_arrays(table, "user_features")
+    scalars = {name: table.column(name).to_numpy() for name in SCALAR_COLUMNS}
+    for i in range(table.num_rows):
+        sample: dict[str, Any] = {name: values[offsets[i] : offsets[i + 1]]
+                                  for name, (offsets, values) in lists.items()}
+        sample.update({name: values[i] for name, values in scalars.items()})
+        yield sample
+
+
+def write_mds(output: str, buckets_dir: str, n_buckets: int, with_user_features: bool,
+              shard_size_limit: int, on_sample: Callable[[], None] | None = None) -> None:
+    """Write all buckets in order into MDS shards at ``output`` (local directory or s3:// prefix)."""
+    from streaming import MDSWriter  # heavy import (torchvision, transformers): only when writing
+
+    columns = mds_columns(with_user_features)
+    with MDSWriter(out=output, columns=columns, size_limit=shard_size_limit, exist_ok=True) as writer:
+        for bucket in range(n_buckets):
+            for sample in iter_bucket_samples(buckets_dir, bucket, with_user_features):
+                writer.write(sample)
+                if on_sample:
+                    on_sample()
+
+
+def save_json(path: Path, data: Any) -> None:
+    Path(f"{path}.tmp").write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(f"{path}.tmp", path)

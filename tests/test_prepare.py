@@ -1,0 +1,214 @@
+"""End to end: generate → prepare → read back (StreamingDataset and our reader), accounting,
+determinism, overwrite protection, resume after a kill, bad input, MovieLens, memory limit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freescale.datasets.presets import preset
+from freescale.datasets.synthetic import generate
+from freescale.pipeline.balance import BalanceConfig
+from freescale.pipeline.config import PrepareConfig, SampleConfig
+from freescale.pipeline.prepare import PrepareError, prepare
+from freescale.pipeline.reader import PreparedDataset, RankReader
+
+FREESCALE = str(Path(sys.executable).parent / "freescale")
+
+
+def make_config(sources: str, output: str, **overrides) -> PrepareConfig:
+    options = {
+        "samples": SampleConfig(max_uih_len=2048),
+        "balance": BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
+        "workers": 1,
+        "progress": False,
+        "memory_limit": 512 * 2**20,
+    }
+    options.update(overrides)
+    return PrepareConfig(sources=sources, output=output, **options)
+
+
+def shard_digests(directory: str) -> dict[str, str]:
+    root = Path(directory)
+    names = sorted(p.name for p in root.iterdir() if p.name == "index.json" or p.name.startswith("shard."))
+    names.append("micro_batch_offsets.npy")
+    return {name: hashlib.sha256((root / name).read_bytes()).hexdigest() for name in names}
+
+
+@pytest.fixture(scope="module")
+def tiny_sources(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("tiny")
+    generate(preset("tiny", seed=3), str(out))
+    return str(out / "sources.toml")
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_sources, tmp_path_factory) -> tuple[str, dict]:
+    out = str(tmp_path_factory.mktemp("prepared") / "ds")
+    manifest = prepare(make_config(tiny_sources, out, workers=2))
+    return out, manifest
+
+
+def test_manifest_accounting_and_layout(prepared) -> None:
+    out, manifest = prepared
+    rows = manifest["rows"]
+    assert manifest["schema_version"] == 1
+    rejected, filtered = rows["events_rejected"]["total"], rows["events_filtered"]["total"]
+    assert rows["events_read"] == rows["events_used"] + rejected + filtered
+    assert rows["micro_batches"] == rows["step_groups"] * 4
+    assert set(manifest["balance"]["straggler_pct"]) >= {"random", "within_step", "plan"}
+    assert manifest["cost_model"]["units"] == "flops"
+    assert (Path(out) / "quarantine.jsonl").exists()
+    assert not (Path(out).parent / f".{Path(out).name}.freescale-work").exists()
+
+
+def test_streaming_dataset_and_reader_see_every_sample_once(prepared) -> None:
+    from streaming import StreamingDataset
+
+    out, manifest = prepared
+    rows = StreamingDataset(local=out, shuffle=False, batch_size=1)
+    assert len(rows) == manifest["rows"]["samples"]
+    dataset = PreparedDataset(out)
+    keys_by_world: dict[int, list] = {}
+    for world in (1, 2, 4):
+        keys = []
+        for rank in range(world):
+            for step, batch in RankReader(dataset, world_size=world, rank=rank):
+                assert all(s["micro_batch"] == dataset.micro_batch_index(step, rank, world) for s in batch)
+                keys.extend((int(s["user_id"]), int(s["window"])) for s in batch)
+        keys_by_world[world] = sorted(keys)
+        assert len(keys) == len(set(keys)) == manifest["rows"]["samples"]
+    assert keys_by_world[1] == keys_by_world[2] == keys_by_world[4]
+    sample = rows[0]
+    assert len(sample["item_ids"]) == len(sample["timestamps"]) == sample["length"]
+    assert np.all(np.diff(sample["timestamps"]) >= 0)
+
+
+def test_reader_resumes_from_step_counter(prepared) -> None:
+    dataset = PreparedDataset(prepared[0])
+    full = [(s, [int(x["user_id"]) for x in b]) for s, b in RankReader(dataset, world_size=2, rank=1)]
+    reader = RankReader(dataset, world_size=2, rank=1)
+    first = [next(iter(reader)) for _ in range(2)]
+    resumed = RankReader(dataset, world_size=2, rank=1)
+    resumed.load_state_dict(reader.state_dict())
+    rest = [(s, [int(x["user_id"]) for x in b]) for s, b in resumed]
+    assert [(s, [int(x["user_id"]) for x in b]) for s, b in first] + rest == full
+    with pytest.raises(ValueError, match="does not divide"):
+        RankReader(dataset, world_size=3, rank=0)
+
+
+def test_byte_identical_across_runs_workers_and_memory_limits(tiny_sources, prepared, tmp_path) -> None:
+    reference = shard_digests(prepared[0])
+    prepare(make_config(tiny_sources, str(tmp_path / "a"), workers=1, memory_limit=256 * 2**20))
+    assert shard_digests(str(tmp_path / "a")) == reference
+    prepare(make_config(tiny_sources, str(tmp_path / "b"), workers=2, memory_limit=4 * 2**30))
+    assert shard_digests(str(tmp_path / "b")) == reference
+
+
+def test_overwrite_protection(tiny_sources, tmp_path) -> None:
+    out = str(tmp_path / "ds")
+    first = prepare(make_config(tiny_sources, out))
+    assert prepare(make_config(tiny_sources, out)) == first  # same config: up to date
+    different = make_config(tiny_sources, out, balance=BalanceConfig(group_size=2, micro_batch_size=4))
+    with pytest.raises(PrepareError, match="--overwrite"):
+        prepare(different)
+    different.overwrite = True
+    assert prepare(different)["layout"]["group_size"] == 2
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(PrepareError, match="no FreeScale manifest"):
+        prepare(make_config(tiny_sources, str(foreign)))
+
+
+def _run_cli_prepare(sources: str, out: str) -> subprocess.Popen:
+    cmd = [FREESCALE, "prepare", "--sources", sources, "--output", out, "--group-size", "4",
+           "--micro-batch-size", "4", "--max-uih-len", "2048", "--workers", "1", "--quiet", "--seed", "1"]
+    return subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_resume_after_kill_gives_identical_output(tiny_sources, tmp_path) -> None:
+    killed = str(tmp_path / "killed")
+    proc = _run_cli_prepare(tiny_sources, killed)
+    deadline = time.time() + 120
+    markers = tmp_path / ".killed.freescale-work"
+    while time.time() < deadline and proc.poll() is None:
+        if list(markers.glob("*/samples/p*.json")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "prepare finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not Path(killed, "manifest.json").exists()
+    finished = _run_cli_prepare(tiny_sources, killed)
+    assert finished.wait(timeout=300) == 0, finished.stderr.read().decode()[-2000:]
+    clean = str(tmp_path / "clean")
+    assert _run_cli_prepare(tiny_sources, clean).wait(timeout=300) == 0
+    assert shard_digests(killed) == shard_digests(clean)
+    assert json.loads(Path(killed, "manifest.json").read_text())["rows"] == json.loads(
+        Path(clean, "manifest.json").read_text())["rows"]
+
+
+def test_malformed_rows_are_counted_and_quarantined(tmp_path) -> None:
+    generate(preset("tiny", seed=5, malformed_fraction=0.02), str(tmp_path / "src"))
+    injected = json.loads((tmp_path / "src" / "generated.json").read_text())
+    out = str(tmp_path / "ds")
+    manifest = prepare(make_config(str(tmp_path / "src" / "sources.toml"), out))
+    rejected = manifest["rows"]["events_rejected"]
+    assert rejected["total"] > 0
+    assert rejected["by_reason"] == injected["rejects"]  # exactly what the generator injected
+    assert manifest["rows"]["events_read"] == injected["rows"]
+    lines = [json.loads(line) for line in Path(out, "quarantine.jsonl").read_text().splitlines()]
+    assert {line["reason"] for line in lines} == set(rejected["by_reason"])
+    assert all({"source", "file", "row", "field", "raw"} <= set(line) for line in lines)
+    strict = make_config(str(tmp_path / "src" / "sources.toml"), str(tmp_path / "strict"),
+                         max_reject_fraction=0.001)
+    with pytest.raises(PrepareError, match="--max-reject-fraction"):
+        prepare(strict)
+
+
+def test_movielens_file_written_by_the_test(tmp_path) -> None:
+    ratings = tmp_path / "ratings.dat"
+    lines = [f"{u}::{m}::{(u + m) % 5 + 1}::{1000 + 10 * m}" for u in range(1, 31) for m in range(1, 2 + u % 7)]
+    ratings.write_text("\n".join(lines) + "\n")
+    (tmp_path / "sources.toml").write_text(
+        '[dataset]\nname = "ml"\n\n[[sources]]\nname = "ratings"\nformat = "movielens"\npath = "ratings.dat"\n')
+    out = str(tmp_path / "ds")
+    manifest = prepare(make_config(str(tmp_path / "sources.toml"), out))
+    assert manifest["rows"]["events_read"] == len(lines)
+    dataset = PreparedDataset(out)
+    samples = [s for m in range(dataset.n_micro_batches) for s in dataset.micro_batch(m)]
+    by_user = {int(s["user_id"]): s for s in samples}
+    user = by_user[6]  # 6 % 7 = 6 → movies 1..7 in time order, rating = (u + m) % 5 + 1
+    assert user["item_ids"].tolist() == list(range(1, 8))
+    assert user["actions"].tolist() == [(6 + m) % 5 + 1 for m in range(1, 8)]
+    assert manifest["rows"]["events_filtered"]["by_reason"]["min_len"] == sum(1 for u in range(1, 31) if u % 7 == 0)
+
+
+def test_s3_sources_and_output(tiny_sources, s3_bucket, tmp_path) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    source_dir = Path(tiny_sources).parent
+    for path in source_dir.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), s3_bucket, f"raw/{path.relative_to(source_dir)}")
+    out = f"s3://{s3_bucket}/prepared"
+    manifest = prepare(make_config(f"s3://{s3_bucket}/raw/sources.toml", out, work_dir=str(tmp_path / "work")))
+    local = prepare(make_config(tiny_sources, str(tmp_path / "local")))
+    assert manifest["rows"] == local["rows"]
+    dataset = PreparedDataset(out, cache_dir=str(tmp_path / "cache"))
+    remote_keys = [int(s["user_id"]) for m in range(dataset.n_micro_batches) for s in dataset.micro_batch(m)]
+    local_ds = PreparedDataset(str(tmp_path / "local"))
+    local_keys = [int(s["user_id"]) for m in range(local_ds.n_micro_batches) for s in local_ds.micro_batch(m)]
+    assert remote_keys == local_keys

@@ -1,0 +1,190 @@
+"""The ``freescale`` command line: ``generate``, ``prepare``, ``inspect``, ``bench``, ``demo``.
+
+Each subcommand is a thin layer over a library call, so everything the CLI does can be scripted.
+Errors a user can fix (bad options, bad input, an existing dataset) print one clear line and exit
+with status 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from freescale import __version__
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="write synthetic heterogeneous UIH sources + sources.toml",
+                       description="Write deterministic synthetic UIH sources (Parquet clicks, JSONL purchases, "
+                                   "CSV users) and the source config that `prepare` reads.")
+    p.add_argument("--preset", default="demo", help="tiny | demo | large (default: demo)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, help="random seed (default: the preset's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a generator option, e.g. --set n_users=1000 --set zipf_exponent=1.2 "
+                        "(see `freescale generate --list-options`)")
+    p.add_argument("--list-options", action="store_true", help="print the generator options and exit")
+
+
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="build load-balanced MDS shards from UIH sources",
+                       description="Stream the sources in the source config, merge per-user sequences, cost "
+                                   "every sample and write step groups of cost-balanced micro-batches as MDS "
+                                   "shards plus manifest.json.")
+    p.add_argument("--sources", required=True, help="source config TOML (local or s3://)")
+    p.add_argument("--output", "--out", dest="output", required=True, help="output directory or s3:// prefix")
+    p.add_argument("--group-size", type=int, default=8, help="G: the largest world size planned (default 8)")
+    p.add_argument("--micro-batch-size", type=int, default=32, help="k: samples per micro-batch (default 32)")
+    p.add_argument("--mode", choices=["equal_count", "free_count"], default="equal_count")
+    p.add_argument("--strategy", choices=["planned", "within_step", "random"], default="planned",
+                   help="planned (ours), within_step, or random batching (the baseline)")
+    p.add_argument("--max-outlier-fraction", type=float, default=None,
+                   help="bound on the share of samples grouped by cost into outlier steps")
+    p.add_argument("--target-imbalance", type=float, default=None, help="max/mean goal per group")
+    p.add_argument("--refine-swaps", type=int, default=None, help="swap-refinement iterations per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-uih-len", type=int, default=21000)
+    p.add_argument("--window-stride", type=int, default=0, help="sliding windows every N events (0: off)")
+    p.add_argument("--min-len", type=int, default=2)
+    p.add_argument("--kcore", type=int, default=0, help="k-core filter over users and items (0: off)")
+    p.add_argument("--model-config", help="TOML with a [model] table (d_model, num_layers, num_heads, ...)")
+    p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (overrides the model)")
+    p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--max-reject-fraction", type=float, default=0.05)
+    p.add_argument("--shard-size-limit", default="64MB")
+    p.add_argument("--work-dir", help="where intermediate files go (default: <output>/.freescale-work)")
+    p.add_argument("--overwrite", action="store_true", help="replace a different existing dataset")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="print a prepared dataset's accounting and balance report")
+    p.add_argument("dataset", help="prepared dataset directory or s3:// prefix")
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/")
+    p.add_argument("name", help="balance | prepare")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="generate demo data, prepare it and print the balance report")
+    p.add_argument("--out", default="demo_out", help="working directory for the demo (default demo_out)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="freescale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"freescale {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo):
+        add(sub)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from freescale.datasets.synthetic import describe_options, generate, parse_overrides, preset
+
+    if args.list_options:
+        print(describe_options())
+        return 0
+    overrides = parse_overrides(args.overrides)
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    config = preset(args.preset, **overrides)
+    generate(config, args.out)
+    print(f"wrote {args.preset} sources to {args.out} (source config: {Path(args.out) / 'sources.toml'})")
+    return 0
+
+
+def prepare_config_from_args(args: argparse.Namespace):
+    from freescale.pipeline.balance import BalanceConfig
+    from freescale.pipeline.config import PrepareConfig, SampleConfig, parse_size
+    from freescale.pipeline.cost import ModelConfig
+
+    balance_options = {"group_size": args.group_size, "micro_batch_size": args.micro_batch_size,
+                       "mode": args.mode, "strategy": args.strategy, "seed": args.seed}
+    for option in ("max_outlier_fraction", "target_imbalance", "refine_swaps"):
+        if getattr(args, option) is not None:
+            balance_options[option] = getattr(args, option)
+    model = ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig()
+    return PrepareConfig(
+        sources=args.sources,
+        output=args.output,
+        samples=SampleConfig(max_uih_len=args.max_uih_len, window_stride=args.window_stride,
+                             min_len=args.min_len, kcore=args.kcore),
+        model=model,
+        cost_model_file=args.cost_model,
+        balance=BalanceConfig(**balance_options),
+        memory_limit=parse_size(args.memory_limit, "--memory-limit"),
+        workers=args.workers,
+        max_reject_fraction=args.max_reject_fraction,
+        shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
+        work_dir=args.work_dir,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from freescale.pipeline.prepare import prepare
+    from freescale.tools.report import print_prepare_summary
+
+    manifest = prepare(prepare_config_from_args(args))
+    print_prepare_summary(manifest)
+    print(f"dataset: {args.output} (manifest.json, {manifest['rows']['samples']:,} samples)")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from freescale.pipeline.manifest import read_manifest
+    from freescale.tools.report import print_prepare_summary
+
+    print_prepare_summary(read_manifest(args.dataset))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    script = REPO_ROOT / "benchmarks" / f"bench_{args.name}.py"
+    if not script.exists():
+        available = sorted(p.stem.removeprefix("bench_") for p in (REPO_ROOT / "benchmarks").glob("bench_*.py"))
+        raise ValueError(f"unknown benchmark {args.name!r}; available: {available}")
+    return subprocess.call([sys.executable, str(script), *args.args])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    data = out / "sources"
+    dataset = out / "prepared"
+    print("== 1/2 generate the demo sources")
+    cmd_generate(build_parser().parse_args(["generate", "--preset", "demo", "--out", str(data)]))
+    print("== 2/2 prepare load-balanced shards (G = 8 ranks, k = 32 samples per micro-batch)")
+    prepare_args = ["prepare", "--sources", str(data / "sources.toml"), "--output", str(dataset),
+                    "--group-size", "8", "--micro-batch-size", "32", "--max-uih-len", "4096", "--overwrite"]
+    return cmd_prepare(build_parser().parse_args(prepare_args))
+
+
+COMMANDS = {"generate": cmd_generate, "prepare": cmd_prepare, "inspect": cmd_inspect, "bench": cmd_bench,
+            "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from freescale.datasets.sources import SourceError
+    from freescale.pipeline.manifest import ManifestError
+    from freescale.pipeline.prepare import PrepareError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, SourceError, ManifestError, PrepareError, FileNotFoundError) as error:
+        print(f"freescale {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

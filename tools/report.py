@@ -1,0 +1,65 @@
+"""Terminal summaries (rich tables) of what ``prepare`` produced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.3f}"
+
+
+def rows_table(manifest: dict[str, Any]) -> Table:
+    rows = manifest["rows"]
+    table = Table(title="row accounting", show_header=True)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("events read", f"{rows['events_read']:,}")
+    for source, count in rows["events_read_by_source"].items():
+        table.add_row(f"  from {source}", f"{count:,}")
+    table.add_row("events used", f"{rows['events_used']:,}")
+    table.add_row("events rejected", f"{rows['events_rejected']['total']:,}")
+    for reason, count in rows["events_rejected"]["by_reason"].items():
+        table.add_row(f"  {reason}", f"{count:,}")
+    table.add_row("events filtered", f"{rows['events_filtered']['total']:,}")
+    for reason, count in rows["events_filtered"]["by_reason"].items():
+        table.add_row(f"  {reason}", f"{count:,}")
+    balanced = "yes" if rows["balanced"] else "NO"
+    table.add_row("read = used + rejected + filtered", balanced)
+    table.add_row("users", f"{rows['users']:,}")
+    table.add_row("samples", f"{rows['samples']:,}")
+    table.add_row("micro-batches", f"{rows['micro_batches']:,}")
+    table.add_row("step groups", f"{rows['step_groups']:,}")
+    return table
+
+
+def balance_table(manifest: dict[str, Any]) -> Table:
+    """Predicted straggler_pct of random batching, within-step balancing and the plan, side by side."""
+    balance = manifest["balance"]
+    predicted = balance["straggler_pct"]
+    table = Table(title=f"balance (G = {manifest['layout']['group_size']}, "
+                        f"k = {manifest['layout']['micro_batch_size']}, {manifest['layout']['mode']})")
+    table.add_column("batching")
+    table.add_column("predicted straggler_pct", justify="right")
+    table.add_column("vs random", justify="right")
+    random_pct = predicted["random"]
+    for name in ("random", "within_step", "plan"):
+        ratio = f"{predicted[name] / random_pct:.3f}x" if random_pct else "-"
+        table.add_row(name, f"{predicted[name]:.2f}%", ratio)
+    return table
+
+
+def print_prepare_summary(manifest: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(rows_table(manifest))
+    console.print(balance_table(manifest))
+    balance = manifest["balance"]
+    lengths = manifest["lengths"]
+    console.print(
+        f"imbalance (max/mean within groups): {balance['imbalance']['max']:.4f} max, "
+        f"{balance['imbalance']['mean']:.4f} mean; max/lower_bound {balance['max_over_lower_bound']['max']:.4f}; "
+        f"UIH length mean {_fmt(lengths['mean'])}, p99 {_fmt(lengths['p99'])}, max {_fmt(lengths['max'])}"
+    )
