@@ -25,7 +25,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, help="random seed (default: the preset's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a generator option, e.g. --set n_users=1000 --set zipf_exponent=1.2 "
+                   help="override a generator option, e.g. --set n_users=1000 --set zipf=1.2 "
                         "(see `freescale generate --list-options`)")
     p.add_argument("--list-options", action="store_true", help="print the generator options and exit")
 
@@ -87,13 +87,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def generator_overrides(pairs: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` strings → typed generator options (types from ``GeneratorConfig``'s fields)."""
+    from dataclasses import fields
+
+    from freescale.datasets.synthetic import GeneratorConfig
+
+    types = {f.name: f.type for f in fields(GeneratorConfig)}
+    overrides: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in types:
+            raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of {sorted(types)}")
+        kind = str(types[key])
+        try:
+            if "bool" in kind:
+                overrides[key] = text.lower() in ("1", "true", "yes")
+            elif "int" in kind:
+                overrides[key] = int(float(text))
+            elif "float" in kind:
+                overrides[key] = float(text)
+            else:
+                overrides[key] = text
+        except ValueError as error:
+            raise ValueError(f"--set {pair!r}: {key} expects {kind}") from error
+    return overrides
+
+
+def describe_generator_options(preset_name: str) -> str:
+    from dataclasses import asdict
+
+    from freescale.datasets.presets import preset
+
+    values = asdict(preset(preset_name))
+    return "\n".join(f"{key:20} {value!r}" for key, value in values.items())
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    from freescale.datasets.synthetic import describe_options, generate, parse_overrides, preset
+    from freescale.datasets.presets import preset
+    from freescale.datasets.synthetic import generate
 
     if args.list_options:
-        print(describe_options())
+        print(f"generator options (values of the {args.preset} preset):")
+        print(describe_generator_options(args.preset))
         return 0
-    overrides = parse_overrides(args.overrides)
+    overrides = generator_overrides(args.overrides)
     if args.seed is not None:
         overrides["seed"] = args.seed
     config = preset(args.preset, **overrides)
