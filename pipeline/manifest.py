@@ -83,7 +83,7 @@ def _rows(summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, A
         "users_table_rows_read": users.get("rows_read", 0),
         "users_table_rejected": dict(sorted(users.get("rejected", {}).items())),
         "samples_without_profile": sum(record.get("samples_without_profile", 0) for record in samples),
-        "samples": int(len(plan["order"])),
+        "samples": len(plan["order"]),
         "micro_batches": int(len(plan["offsets"]) - 1),
         "step_groups": int((len(plan["offsets"]) - 1) // group_size),
     }

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow.fs as pafs
 from tqdm import tqdm
 
-from freescale import __version__, storage
+from freescale import storage
 from freescale.datasets.sources import SourcesConfig
 from freescale.pipeline import scan
 from freescale.pipeline.balance import plan_step_groups

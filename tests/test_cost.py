@@ -46,7 +46,7 @@ def test_cost_model_file_errors(tmp_path, content, message) -> None:
 
 
 def test_model_config_errors_name_the_option() -> None:
-    with pytest.raises(ValueError, match="model.d_model"):
+    with pytest.raises(ValueError, match=r"model\.d_model"):
         ModelConfig(d_model=100, num_heads=3)
     with pytest.raises(ValueError, match="unknown option"):
         ModelConfig.from_dict({"d_model": 64, "dim": 3})

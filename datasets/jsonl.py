@@ -1,0 +1,191 @@
+"""JSON Lines parsing: pyarrow on whole pieces, Python only for the lines pyarrow cannot take.
+
+pyarrow's JSON reader fails a whole block on one invalid line or one value whose type differs from
+the rest of its column, and it reads a truncated line as continuing on the next one. So:
+
+1. lines that cannot be an object (first non-blank byte not ``{`` or last not ``}``) are malformed at
+   once; after this no line can run into the next, so "rows == lines" proves rows align with lines;
+2. the rest is parsed by pyarrow; its error names the row that failed, and that line alone moves to
+   the per-line parser (``json.loads``), then pyarrow retries without it;
+3. a piece that keeps failing is halved, and small ones are parsed line by line.
+
+A clean piece costs one pyarrow call; a piece with k bad lines costs about k calls, not a Python
+loop over every line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pjson
+
+from .convert import BAD_TYPE
+from .textlines import Lines, RawPiece
+
+__all__ = ["JSON_PIECE_LINES", "json_pieces"]
+
+JSON_PIECE_LINES = 8192
+MIN_FAST_LINES = 256
+RETRIES = 8
+_ROW = re.compile(r"in row (\d+)")
+_SPACE = (9, 11, 12, 13, 32)
+
+
+def _object_shaped(lines: Lines, chosen: np.ndarray) -> np.ndarray:
+    """Lines whose first and last non-blank bytes are ``{`` and ``}``; others cannot be objects."""
+    data = np.frombuffer(lines.block, dtype=np.uint8)
+    starts, ends = lines.starts[chosen], lines.ends[chosen]
+    last_at = np.maximum(ends - 1, starts)
+    last_at = np.where((data[last_at] == 13) & (last_at > starts), last_at - 1, last_at)  # CRLF files
+    first, last = data[starts], data[last_at]
+    ok = (first == 123) & (last == 125)
+    unsure = np.isin(first, _SPACE) | np.isin(last, _SPACE)
+    for i in np.flatnonzero(unsure):
+        text = lines.block[starts[i] : ends[i]].strip()
+        ok[i] = text[:1] == b"{" and text[-1:] == b"}"
+    return ok
+
+
+def _buffer(lines: Lines, alive: np.ndarray) -> bytes:
+    """The block bytes from the first to the last alive line, every other line blanked with spaces.
+
+    pyarrow skips whitespace-only lines, so its rows are exactly the alive lines in order, and
+    removing a line for a retry is a masked write instead of a Python join over every line.
+    """
+    lo, hi = int(alive[0]), int(alive[-1])
+    base = int(lines.starts[lo])
+    buf = bytearray(lines.block[base : int(lines.ends[hi])])
+    gone = np.setdiff1d(np.arange(lo, hi + 1), alive, assume_unique=True)
+    if 0 < len(gone) <= 256:
+        for line in gone:
+            start, end = int(lines.starts[line]) - base, int(lines.ends[line]) - base
+            buf[start:end] = b" " * (end - start)
+    elif len(gone):
+        delta = np.zeros(len(buf) + 1, dtype=np.int32)
+        np.add.at(delta, lines.starts[gone] - base, 1)
+        np.add.at(delta, lines.ends[gone] - base, -1)
+        view = np.frombuffer(buf, dtype=np.uint8)
+        view[np.cumsum(delta[:-1]) > 0] = 32
+    return bytes(buf)
+
+
+def _parse(buf: bytes) -> pa.Table | int | None:
+    """A table, or the failing row number pyarrow reported, or ``None`` if it named none."""
+    try:
+        options = pjson.ReadOptions(use_threads=False, block_size=max(len(buf) + 1, 1 << 16))
+        return pjson.read_json(io.BytesIO(buf), read_options=options)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        match = _ROW.search(str(exc))
+        return int(match.group(1)) if match else None
+
+
+def _fast(lines: Lines, chosen: np.ndarray) -> tuple[list[tuple[np.ndarray, pa.Table]], list[int]]:
+    """pyarrow tables for most of ``chosen`` and the lines left for the per-line parser."""
+    slow: list[int] = []
+    for _ in range(RETRIES):
+        if not len(chosen):
+            return [], slow
+        result = _parse(_buffer(lines, chosen))
+        if isinstance(result, pa.Table) and result.num_rows == len(chosen):
+            return [(chosen, result)], slow
+        if not isinstance(result, int) or result >= len(chosen):
+            break
+        slow.append(int(chosen[result]))
+        chosen = np.delete(chosen, result)
+    if len(chosen) <= MIN_FAST_LINES:
+        return [], slow + chosen.tolist()
+    half = len(chosen) // 2
+    left, left_slow = _fast(lines, chosen[:half])
+    right, right_slow = _fast(lines, chosen[half:])
+    return left + right, slow + left_slow + right_slow
+
+
+def _json_value(value: object) -> tuple[str | None, bool]:
+    """A JSON value as the string the converters read, and whether its type is wrong for a field."""
+    if value is None:
+        return None, False
+    if isinstance(value, str):
+        return value, False
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, True
+    if isinstance(value, float) and not np.isfinite(value):
+        return None, True
+    return (str(value) if isinstance(value, int) else repr(value)), False
+
+
+def _load(raw: bytes) -> dict | None:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except ValueError:  # includes UnicodeDecodeError
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _slow(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) -> RawPiece:
+    """Per-line parse: invalid JSON or non-objects are malformed; booleans/arrays/objects bad_type."""
+    values: dict[str, list] = {key: [] for key, _ in mapping}
+    wrong: dict[str, list] = {key: [] for key, _ in mapping}
+    good, bad = [], []
+    for line in chosen:
+        obj = _load(lines.block[lines.starts[line] : lines.ends[line]])
+        if obj is None:
+            bad.append(line)
+            continue
+        good.append(line)
+        for key, raw in mapping:
+            text, is_wrong = _json_value(obj.get(raw))
+            values[key].append(text)
+            wrong[key].append(BAD_TYPE if is_wrong else 0)
+    good_lines = np.array(good, dtype=np.int64)
+    return RawPiece(
+        columns={key: pa.array(v, pa.string()) for key, v in values.items()},
+        rows=row + good_lines,
+        raw_text=lambda pos: [lines.text(i) for i in good_lines[pos]],
+        bad_rows=row + np.array(bad, dtype=np.int64),
+        bad_raw=[lines.text(i) for i in bad],
+        forced={key: np.array(v, dtype=np.uint8) for key, v in wrong.items() if any(v)},
+    )
+
+
+def _table_piece(lines: Lines, chosen: np.ndarray, table: pa.Table, mapping: tuple, row: int) -> RawPiece:
+    names = set(table.column_names)
+    n = table.num_rows
+    return RawPiece(
+        columns={key: table.column(raw) if raw in names else pa.nulls(n) for key, raw in mapping},
+        rows=row + chosen,
+        raw_text=lambda pos: [lines.text(i) for i in chosen[pos]],
+    )
+
+
+def _lost_text(table: pa.Table, mapping: tuple) -> bool:
+    """True when pyarrow turned an id/action string into a timestamp: its text must be read as is.
+
+    (Timestamps themselves survive the round trip: ``convert_ts`` reads typed values as ISO text.)
+    """
+    for key, raw in mapping:
+        if key != "timestamp" and raw in table.column_names:
+            kind = table.schema.field(raw).type
+            if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+                return True
+    return False
+
+
+def json_pieces(lines: Lines, row: int, mapping: tuple) -> Iterator[RawPiece]:
+    """Raw pieces for the non-blank lines of a block (row of line i is ``row + i``)."""
+    for offset in range(0, len(lines.keep), JSON_PIECE_LINES):
+        chosen = lines.keep[offset : offset + JSON_PIECE_LINES]
+        shaped = _object_shaped(lines, chosen)
+        tables, slow = _fast(lines, chosen[shaped])
+        for part, table in tables:
+            if _lost_text(table, mapping):
+                slow.extend(part.tolist())
+            else:
+                yield _table_piece(lines, part, table, mapping, row)
+        slow_lines = np.sort(np.concatenate([chosen[~shaped], np.array(slow, dtype=np.int64)]))
+        if len(slow_lines):
+            yield _slow(lines, slow_lines, mapping, row)

@@ -1,0 +1,208 @@
+"""Reading raw columns from one read task, in bounded pieces, with row numbers and raw text for rejects.
+
+This layer only splits files into rows and picks the configured columns; turning values into canonical
+integers is ``convert``'s job. Text is parsed by pyarrow on whole blocks (all columns as strings, so a
+stray value never changes a column's type); Python touches single lines only where pyarrow cannot say
+which line failed: rows with the wrong field count (pyarrow's invalid-row handler) and JSON pieces that
+contain invalid JSON or conflicting types (parsed again line by line so only the bad lines are lost).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from freescale import storage
+
+from .formats import UNIT_SEPARATOR, Layout
+from .jsonl import json_pieces
+from .tasks import ReadTask, count_newlines, open_input
+from .textlines import RAW_LIMIT, Lines, RawPiece, split_lines
+
+__all__ = ["RawPiece", "iter_raw"]
+
+
+
+def _json_render(table: pa.Table) -> Callable[[np.ndarray], list[str]]:
+    def render(positions: np.ndarray) -> list[str]:
+        rows = table.take(pa.array(positions, pa.int64())).to_pylist()
+        return [json.dumps(r, default=str, ensure_ascii=False)[:RAW_LIMIT] for r in rows]
+
+    return render
+
+
+def _table_piece(table: pa.Table, mapping: tuple, first_row: int) -> RawPiece:
+    columns = {key: table.column(raw) for key, raw in mapping}
+    rows = np.arange(first_row, first_row + table.num_rows, dtype=np.int64)
+    return RawPiece(columns=columns, rows=rows, raw_text=_json_render(table))
+
+
+def _unique_raw(mapping: tuple) -> list[str]:
+    return list(dict.fromkeys(raw for _, raw in mapping))
+
+
+def _iter_parquet(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
+    handle = pq.ParquetFile(open_input(task.path, label))
+    row = task.first_row or 0
+    groups = list(range(task.start, task.stop))
+    columns = _unique_raw(task.mapping)
+    for batch in handle.iter_batches(batch_size=chunk_rows, row_groups=groups, columns=columns):
+        yield _table_piece(pa.Table.from_batches([batch]), task.mapping, row)
+        row += batch.num_rows
+
+
+def _iter_arrow(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
+    if storage.is_remote(task.path):
+        source = open_input(task.path, label)
+    else:
+        source = pa.memory_map(storage.filesystem(task.path)[1])
+    if task.kind == "arrow_stream":
+        batches: Iterator[pa.RecordBatch] = iter(ipc.open_stream(source))
+    else:
+        reader = ipc.open_file(source)
+        batches = (reader.get_batch(i) for i in range(task.start, task.stop))
+    names = _unique_raw(task.mapping)
+    row = task.first_row or 0
+    for batch in batches:
+        table = pa.Table.from_batches([batch]).select(names)
+        for offset in range(0, table.num_rows, chunk_rows):
+            part = table.slice(offset, chunk_rows)
+            yield _table_piece(part, task.mapping, row)
+            row += part.num_rows
+
+
+def _text_blocks(task: ReadTask, label: str, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Blocks of whole lines covering ``[start, stop)`` and the row number of each block's first line."""
+    handle = open_input(task.path, label)
+    row = task.first_row
+    if row is None:
+        row = count_newlines(handle, 0, task.start) - task.header_lines
+    pos, want = task.start, chunk_bytes
+    while pos < task.stop:
+        block = handle.read_at(min(want, task.stop - pos), pos)
+        if not block:
+            break
+        cut = len(block) if pos + len(block) >= task.stop else block.rfind(b"\n") + 1
+        if cut == 0:  # one line longer than the block: read more
+            want *= 2
+            continue
+        block, want = block[:cut], chunk_bytes
+        yield block, row
+        row += block.count(b"\n")
+        pos += cut
+
+
+def _csv_options(layout: Layout, task: ReadTask, size: int, handler: Callable) -> dict:
+    delimiter = UNIT_SEPARATOR if len(layout.delimiter) > 1 else layout.delimiter
+    names = _unique_raw(task.mapping)
+    return {
+        "read_options": pcsv.ReadOptions(
+            column_names=list(task.names), use_threads=False, block_size=max(size + 1, 1 << 16)
+        ),
+        "parse_options": pcsv.ParseOptions(
+            delimiter=delimiter,
+            quote_char='"' if layout.quoting else False,
+            newlines_in_values=False,
+            ignore_empty_lines=True,
+            invalid_row_handler=handler,
+        ),
+        "convert_options": pcsv.ConvertOptions(
+            include_columns=names,
+            column_types=dict.fromkeys(names, pa.string()),
+            strings_can_be_null=False,
+        ),
+    }
+
+
+def _csv_fast(lines: Lines, layout: Layout, task: ReadTask) -> tuple[pa.Table, np.ndarray] | None:
+    """pyarrow parse of the non-blank lines; ``None`` when its row count cannot be mapped to lines."""
+    buf = lines.joined(lines.keep)
+    if len(layout.delimiter) > 1:
+        buf = buf.replace(layout.delimiter.encode(), UNIT_SEPARATOR.encode())
+    invalid: list[int] = []
+
+    def handler(row: pcsv.InvalidRow) -> str:
+        invalid.append(-1 if row.number is None else row.number - 1)
+        return "skip"
+
+    try:
+        table = pcsv.read_csv(io.BytesIO(buf), **_csv_options(layout, task, len(buf), handler))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    bad = np.array(invalid, dtype=np.int64)
+    if table.num_rows + len(bad) != len(lines.keep) or (bad < 0).any():
+        return None
+    return table, bad
+
+
+def _split_fields(text: str, layout: Layout) -> list[str]:
+    if len(layout.delimiter) > 1 or not layout.quoting:
+        return text.split(layout.delimiter)
+    return next(csv.reader([text], delimiter=layout.delimiter), [])
+
+
+def _csv_slow(lines: Lines, layout: Layout, task: ReadTask) -> tuple[pa.Table, np.ndarray]:
+    """Line-by-line parse, used only when pyarrow rejects the block as a whole (e.g. bad UTF-8)."""
+    names = _unique_raw(task.mapping)
+    index = [task.names.index(n) for n in names]
+    values: list[list[str]] = [[] for _ in names]
+    bad = []
+    for position, line in enumerate(lines.keep):
+        try:
+            text = lines.block[lines.starts[line] : lines.ends[line]].decode("utf-8").rstrip("\r")
+            fields = _split_fields(text, layout)
+        except (UnicodeDecodeError, csv.Error):
+            fields = []
+        if len(fields) != len(task.names):
+            bad.append(position)
+            continue
+        for column, i in zip(values, index):
+            column.append(fields[i])
+    table = pa.table({n: pa.array(v, pa.string()) for n, v in zip(names, values)})
+    return table, np.array(bad, dtype=np.int64)
+
+
+def _csv_piece(lines: Lines, row: int, layout: Layout, task: ReadTask) -> RawPiece:
+    parsed = _csv_fast(lines, layout, task) or _csv_slow(lines, layout, task)
+    table, bad = parsed
+    good_lines = np.delete(lines.keep, bad)
+    bad_lines = lines.keep[bad]
+    columns = {key: table.column(raw) for key, raw in task.mapping}
+    return RawPiece(
+        columns=columns,
+        rows=row + good_lines,
+        raw_text=lambda pos: [lines.text(i) for i in good_lines[pos]],
+        bad_rows=row + bad_lines,
+        bad_raw=[lines.text(i) for i in bad_lines],
+    )
+
+
+def _iter_text(task: ReadTask, layout: Layout, label: str, chunk_bytes: int) -> Iterator[list[RawPiece]]:
+    for block, row in _text_blocks(task, label, chunk_bytes):
+        lines = split_lines(block)
+        if layout.kind == "json":
+            yield list(json_pieces(lines, row, task.mapping))
+        elif len(lines.keep):
+            yield [_csv_piece(lines, row, layout, task)]
+        else:
+            yield []
+
+
+def iter_raw(
+    task: ReadTask, layout: Layout, label: str, chunk_rows: int, chunk_bytes: int
+) -> Iterator[list[RawPiece]]:
+    """Groups of raw pieces; each group becomes one bounded chunk of canonical events."""
+    if task.kind == "parquet":
+        yield from ([p] for p in _iter_parquet(task, label, chunk_rows))
+    elif task.kind in ("arrow", "arrow_stream"):
+        yield from ([p] for p in _iter_arrow(task, label, chunk_rows))
+    else:
+        yield from _iter_text(task, layout, label, chunk_bytes)

@@ -1,0 +1,81 @@
+"""Rows of a text block and the raw pieces every reader hands to the converters.
+
+Text blocks are split into lines once with numpy (newline positions), so every later step can name a
+line by index: row numbers are block offset + line index, rejects quote the original line, and parsers
+may drop or reorder lines without losing track of which row is which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["RAW_LIMIT", "Lines", "RawPiece", "split_lines"]
+
+RAW_LIMIT = 500
+_WHITESPACE = np.array([9, 10, 11, 12, 13, 32], dtype=np.uint8)
+
+
+@dataclass
+class RawPiece:
+    """Rows of one piece: raw columns keyed by canonical key, their row numbers and parser rejects.
+
+    ``forced`` holds per-key codes decided while parsing (a JSON boolean where an id belongs is
+    ``bad_type`` before any conversion); ``raw_text(positions)`` renders table rows for quarantine.
+    """
+
+    columns: dict[str, pa.Array]
+    rows: np.ndarray
+    raw_text: Callable[[np.ndarray], list[str]]
+    bad_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bad_raw: list[str] = field(default_factory=list)
+    forced: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def rows_read(self) -> int:
+        return len(self.rows) + len(self.bad_rows)
+
+
+@dataclass
+class Lines:
+    """Line boundaries of a text block and which lines carry data (blank lines are skipped)."""
+
+    block: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+    keep: np.ndarray  # indices of non-blank lines
+
+    def text(self, line: int) -> str:
+        raw = self.block[self.starts[line] : self.ends[line]]
+        return raw.decode("utf-8", "replace").rstrip("\r")[:RAW_LIMIT]
+
+    def joined(self, lines: np.ndarray) -> bytes:
+        """The given lines as one buffer; a plain slice when they are contiguous in the block."""
+        if len(lines) and lines[-1] - lines[0] == len(lines) - 1:
+            return self.block[self.starts[lines[0]] : self.ends[lines[-1]]]
+        if len(lines) < 64:
+            return b"\n".join(self.block[self.starts[i] : self.ends[i]] for i in lines)
+        # many lines: one byte mask over the block (each kept line with its newline), no Python loop
+        delta = np.zeros(len(self.block) + 2, dtype=np.int32)
+        np.add.at(delta, self.starts[lines], 1)
+        np.add.at(delta, self.ends[lines] + 1, -1)
+        mask = np.cumsum(delta[: len(self.block)]) > 0
+        return np.frombuffer(self.block, dtype=np.uint8)[mask].tobytes()
+
+
+def split_lines(block: bytes) -> Lines:
+    data = np.frombuffer(block, dtype=np.uint8)
+    newlines = np.flatnonzero(data == 10)
+    starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
+    ends = np.concatenate((newlines, [len(block)])).astype(np.int64)
+    if starts[-1] >= len(block):  # the block ends with a newline: no line after it
+        starts, ends = starts[:-1], ends[:-1]
+    first = data[np.minimum(starts, max(len(block) - 1, 0))] if len(block) else np.zeros(0, np.uint8)
+    maybe_blank = (ends == starts) | np.isin(first, _WHITESPACE)
+    blank = np.zeros(len(starts), dtype=bool)
+    for i in np.flatnonzero(maybe_blank):
+        blank[i] = not block[starts[i] : ends[i]].strip()
+    return Lines(block, starts, ends, np.flatnonzero(~blank))
