@@ -24,6 +24,7 @@ import shutil
 import tempfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,18 @@ TARGET_ROWS_PER_TASK = 1_000_000
 
 class PrepareError(RuntimeError):
     """A prepare job that cannot go on; the message says why and what to change."""
+
+
+@dataclass
+class BuiltSamples:
+    """What phases 1–3 produced: accounting records and per-partition sample files
+    (``freescale.pipeline.sequences.read_samples(samples_dir, p)``)."""
+
+    scan: scan.ScanSummary
+    users: dict[str, Any]
+    partitions: list[dict[str, Any]]
+    samples_dir: str
+    n_partitions: int
 
 
 class PrepareJob:
@@ -102,11 +115,8 @@ class PrepareJob:
         if existing is not None:
             self._log("output is up to date (same config and sources): nothing to do")
             return existing
-        for sub in ("scan", "samples", "buckets"):
-            (self.work / sub).mkdir(parents=True, exist_ok=True)
-        scan_summary, users_record = self._scan()
-        removed_items = self._kcore()
-        sample_records = self._build_samples(removed_items, users_record["features"])
+        built = self.build_samples()
+        scan_summary, users_record, sample_records = built.scan, built.users, built.partitions
         plan_info = self._plan()
         self._write(plan_info, bool(users_record["features"]))
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
@@ -117,6 +127,20 @@ class PrepareJob:
         with contextlib.suppress(OSError):
             self.work.parent.rmdir()  # only when no other job's work is left there
         return manifest
+
+    def build_samples(self) -> BuiltSamples:
+        """Phases 1–3 (scan, k-core, samples), resumable; ``stats`` reuses them on raw sources."""
+        for sub in ("scan", "samples", "buckets"):
+            (self.work / sub).mkdir(parents=True, exist_ok=True)
+        scan_summary, users_record = self._scan()
+        removed_items = self._kcore()
+        records = self._build_samples(removed_items, users_record["features"])
+        return BuiltSamples(scan=scan_summary, users=users_record, partitions=records,
+                            samples_dir=str(self.work / "samples"), n_partitions=self._n_partitions)
+
+    def sample_metadata(self) -> dict[str, np.ndarray]:
+        """Partition, row and length of every built sample in canonical (user_id, window) order."""
+        return self._sample_metadata()
 
     def _log(self, message: str) -> None:
         if self.config.progress:
