@@ -49,6 +49,8 @@ class SampleConfig:
             raise ValueError(f"--min-len ({self.min_len}) exceeds --max-uih-len ({self.max_uih_len})")
         if self.kcore < 0:
             raise ValueError(f"--kcore must be >= 0, got {self.kcore}")
+        if self.kcore_max_iterations < 1:
+            raise ValueError(f"kcore_max_iterations must be >= 1, got {self.kcore_max_iterations}")
 
 
 @dataclass

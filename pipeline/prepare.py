@@ -22,13 +22,13 @@ import json
 import multiprocessing
 import shutil
 import tempfile
-from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pyarrow.fs as pafs
 from tqdm import tqdm
 
@@ -255,6 +255,12 @@ class PrepareJob:
         )
 
     def _kcore(self) -> str | None:
+        """Grow the set of removed items until a pass removes nothing new (a k-core fixpoint).
+
+        Users live in one partition each, so a pass drops weak users locally and returns item counts;
+        items are global, so the counts are summed here. The removed-item set fully determines the
+        state: users with fewer than k events left are dropped again when samples are built.
+        """
         k = self.config.samples.kcore
         if not k:
             return None
@@ -264,21 +270,17 @@ class PrepareJob:
         removed = np.zeros(0, np.int64)
         scan_dir = str(self.work / "scan")
         for iteration in range(self.config.samples.kcore_max_iterations):
-            counts = self._map(kcore_item_counts, [(scan_dir, p, removed, k) for p in range(self._n_partitions)],
-                               f"k-core pass {iteration + 1}", "partition")
-            totals = Counter()
-            for frame in counts:
-                totals.update(dict(zip(frame["item_id"].to_list(), frame["count"].to_list())))
-            all_items = set(totals)
-            weak = np.array(sorted(item for item, count in totals.items() if count < k), np.int64)
-            vanished = np.array(sorted(set(removed.tolist()) | set(weak.tolist())), np.int64)
-            if len(vanished) == len(removed):
+            jobs = [(scan_dir, p, removed, k) for p in range(self._n_partitions)]
+            counts = pl.concat(self._map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition"))
+            totals = counts.group_by("item_id").agg(pl.col("count").sum())
+            weak = totals.filter(pl.col("count") < k)["item_id"].to_numpy()
+            if len(weak) == 0:
                 break
-            removed = vanished
+            removed = np.union1d(removed, weak)
         else:
             raise PrepareError(f"k-core did not converge in {self.config.samples.kcore_max_iterations} passes; "
-                               "raise --kcore-max-iterations or lower --kcore")
-        self._log(f"k-core {k}: {len(removed)} items removed, {len(all_items)} kept")
+                               "raise kcore_max_iterations or lower --kcore")
+        self._log(f"k-core {k}: {len(removed)} items removed after {iteration + 1} passes, {totals.height} kept")
         np.save(path, removed)
         return str(path)
 

@@ -44,7 +44,7 @@ def sorted_events(scan_dir: str, partition: int, removed_items: np.ndarray | Non
     frame = pl.from_arrow(read_partition(scan_dir, partition))
     events_in = frame.height
     if removed_items is not None and len(removed_items):
-        frame = frame.filter(~pl.col("item_id").is_in(pl.Series(removed_items)))
+        frame = frame.filter(~pl.col("item_id").is_in(pl.Series(removed_items).implode()))
     return frame.sort(SORT_KEYS), events_in
 
 

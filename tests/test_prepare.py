@@ -212,3 +212,37 @@ def test_s3_sources_and_output(tiny_sources, s3_bucket, tmp_path) -> None:
     local_ds = PreparedDataset(str(tmp_path / "local"))
     local_keys = [int(s["user_id"]) for m in range(local_ds.n_micro_batches) for s in local_ds.micro_batch(m)]
     assert remote_keys == local_keys
+
+
+def test_kcore_and_sliding_windows(tiny_sources, tmp_path) -> None:
+    k = 4
+    samples = SampleConfig(max_uih_len=10_000, kcore=k)
+    manifest = prepare(make_config(tiny_sources, str(tmp_path / "kcore"), samples=samples))
+    dataset = PreparedDataset(str(tmp_path / "kcore"))
+    rows = [s for m in range(dataset.n_micro_batches) for s in dataset.micro_batch(m)]
+    items = np.concatenate([s["item_ids"] for s in rows])
+    assert min(len(s["item_ids"]) for s in rows) >= k
+    assert np.unique(items, return_counts=True)[1].min() >= k
+    assert manifest["rows"]["events_filtered"]["by_reason"]["kcore"] > 0
+    windows = SampleConfig(max_uih_len=16, window_stride=8)
+    manifest = prepare(make_config(tiny_sources, str(tmp_path / "windows"), samples=windows))
+    assert manifest["rows"]["samples"] > manifest["rows"]["users"]
+    assert manifest["lengths"]["max"] <= 16
+    rows = manifest["rows"]
+    dropped = rows["events_rejected"]["total"] + rows["events_filtered"]["total"]
+    assert rows["events_read"] == rows["events_used"] + dropped
+
+
+def test_cli_errors_are_one_clear_line(tmp_path) -> None:
+    (tmp_path / "sources.toml").write_text(
+        '[dataset]\nname = "x"\n[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n')
+    (tmp_path / "log.csv").write_text("u,item,t\n1,2,3\n")
+    result = subprocess.run([FREESCALE, "prepare", "--sources", str(tmp_path / "sources.toml"), "--output",
+                             str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "source 'log'" in result.stderr and "log.csv" in result.stderr and "column 'i'" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = subprocess.run([FREESCALE, "prepare", "--sources", str(tmp_path / "sources.toml"), "--output",
+                             str(tmp_path / "out"), "--group-size", "0"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "group_size" in result.stderr
