@@ -1,0 +1,250 @@
+"""Transport: the trainer's variable-size all-to-all behind one asynchronous interface.
+
+Why an interface: the balancer's dispatch (DESIGN.md §4) and the embedding communication must overlap
+compute, and how bytes move decides whether they slow that compute (§6). ``TorchDistTransport`` uses
+``torch.distributed`` (gloo on CPU, NCCL on GPU: SM-based kernels); ``CopyEngineTransport``
+(``transport_copy_engine``) moves bytes with CUDA copy engines between ranks of one node. Both expose:
+
+    handle = transport.start(send_buffer, send_counts, recv_counts=None)
+    ... overlapped work ...
+    recv_buffer = handle.wait()
+
+``send_buffer`` rows ``[sum(send_counts[:r]), sum(send_counts[:r+1]))`` go to rank ``r`` (the layout
+``dispatch`` produces); the receive buffer holds the rows from rank 0, then rank 1, ... When
+``recv_counts`` is unknown the counts are exchanged first (one small blocking all-to-all), because the
+receive buffer must be allocated before the payload moves. Payloads are sent as raw bytes, so every
+dtype (bf16 included) and any trailing shape works on every backend.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+TRANSPORTS = ("torch", "copy_engine", "auto")
+Counts = Sequence[int] | Tensor
+
+
+class TransportUnavailableError(RuntimeError):
+    """The requested transport cannot run here (no CUDA, ranks on several nodes, no peer access...)."""
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Which transport to build and how.
+
+    ``transport``: ``"torch"`` (torch.distributed collectives), ``"copy_engine"`` (CUDA IPC +
+    ``cudaMemcpyAsync`` on a side stream; one node only) or ``"auto"`` (copy_engine when every rank
+    can use it, else torch). ``p2p``: torch transport uses isend/irecv pairs instead of
+    ``all_to_all_single`` (for backends without uneven all-to-all). ``capacity_bytes``: initial
+    receive staging per rank for the copy-engine transport (it grows collectively when exceeded).
+    ``copy_out``: copy-engine ``wait()`` returns a fresh tensor instead of a view of the staging
+    buffer (a view is only valid until the next ``start``).
+    """
+
+    transport: str = "auto"
+    p2p: bool = False
+    capacity_bytes: int = 64 << 20
+    copy_out: bool = True
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"TransportConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0:
+            raise ValueError(
+                f"TransportConfig.capacity_bytes must be a positive int, got {self.capacity_bytes!r}"
+            )
+        for name in ("p2p", "copy_out"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TransportConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers shared by the implementations
+# --------------------------------------------------------------------------------------------------
+
+
+def counts_list(counts: Counts, world_size: int, what: str) -> list[int]:
+    """Validate per-rank row counts (length ``world_size``, non-negative) and return them as ints."""
+    values = counts.tolist() if isinstance(counts, Tensor) else [int(c) for c in counts]
+    if len(values) != world_size:
+        raise ValueError(f"{what} needs one entry per rank ({world_size}), got {len(values)}")
+    if any(c < 0 for c in values):
+        raise ValueError(f"{what} must be non-negative, got {values}")
+    return values
+
+
+def row_bytes(t: Tensor) -> int:
+    """Bytes per leading-dimension row (a 1-D tensor has one element per row)."""
+    return math.prod(t.shape[1:]) * t.element_size()
+
+
+def as_bytes(t: Tensor) -> Tensor:
+    """``[rows, row_bytes]`` uint8 view of a contiguous tensor: every dtype moves as raw bytes."""
+    return t.reshape(-1).view(torch.uint8).view(t.shape[0], row_bytes(t))
+
+
+def check_send(send: Tensor, send_counts: list[int]) -> Tensor:
+    if send.dim() < 1:
+        raise ValueError("send_buffer needs a leading row dimension")
+    if sum(send_counts) != send.shape[0]:
+        raise ValueError(f"send_counts sum to {sum(send_counts)} but send_buffer has {send.shape[0]} rows")
+    return send.contiguous()
+
+
+class TransportHandle(ABC):
+    """An in-flight exchange; ``wait()`` makes the receive buffer safe to use on the current stream."""
+
+    recv_counts: list[int]
+
+    @abstractmethod
+    def wait(self) -> Tensor:
+        """Block (host for gloo, stream for CUDA) until the receive buffer is complete; return it."""
+
+
+class Transport(ABC):
+    """Variable-size all-to-all over a process group (see the module docstring)."""
+
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def start(
+        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
+    ) -> TransportHandle:
+        """Start moving ``send_counts[r]`` rows to rank ``r``; rows from rank ``s`` arrive in order."""
+
+    @abstractmethod
+    def exchange_counts(self, send_counts: Counts) -> list[int]:
+        """How many rows every rank will send to this one (a blocking all-to-all of the counts)."""
+
+    def all_to_all(
+        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
+    ) -> Tensor:
+        """Synchronous convenience: ``start(...).wait()``."""
+        return self.start(send_buffer, send_counts, recv_counts).wait()
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release transport resources (collective for transports that own shared buffers)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.distributed
+# --------------------------------------------------------------------------------------------------
+
+
+class _WorkHandle(TransportHandle):
+    def __init__(self, works: list[Any], recv: Tensor, recv_counts: list[int]) -> None:
+        self._works, self._recv, self.recv_counts = works, recv, recv_counts
+
+    def wait(self) -> Tensor:
+        for w in self._works:
+            w.wait()
+        self._works = []
+        return self._recv
+
+
+class TorchDistTransport(Transport):
+    """All-to-all through ``torch.distributed``: gloo on CPU, NCCL on GPU (SM-based kernels).
+
+    gloo implements uneven ``all_to_all_single`` (verified by tests/test_transport.py for bf16,
+    multi-dim rows and zero-row splits), so the default is one collective; ``p2p=True`` uses
+    isend/irecv pairs instead, for backends that lack it.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, p2p: bool = False) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise TransportUnavailableError(
+                "torch transport needs an initialized torch.distributed process group"
+            )
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.p2p = p2p
+        backend = str(dist.get_backend(group)).lower()
+        self.count_device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend \
+            else torch.device("cpu")  # fmt: skip
+
+    def exchange_counts(self, send_counts: Counts) -> list[int]:
+        sent = torch.tensor(counts_list(send_counts, self.world_size, "send_counts"), dtype=torch.int64,
+                            device=self.count_device)  # fmt: skip
+        recv = torch.empty_like(sent)
+        dist.all_to_all_single(recv, sent, group=self.group)
+        return recv.tolist()
+
+    def start(
+        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
+    ) -> TransportHandle:
+        sc = counts_list(send_counts, self.world_size, "send_counts")
+        send = check_send(send_buffer, sc)
+        rc = self.exchange_counts(sc) if recv_counts is None else counts_list(recv_counts, self.world_size,
+                                                                               "recv_counts")  # fmt: skip
+        recv = send.new_empty((sum(rc), *send.shape[1:]))
+        if row_bytes(send) == 0 or (sum(sc) == 0 and sum(rc) == 0):
+            return _WorkHandle([], recv, rc)
+        sb, rb = as_bytes(send), as_bytes(recv)
+        if self.p2p:
+            works = self._start_p2p(sb, rb, sc, rc)
+        else:
+            works = [dist.all_to_all_single(rb, sb, output_split_sizes=rc, input_split_sizes=sc,
+                                            group=self.group, async_op=True)]  # fmt: skip
+        return _WorkHandle(works, recv, rc)
+
+    def _start_p2p(self, sb: Tensor, rb: Tensor, sc: list[int], rc: list[int]) -> list[Any]:
+        """isend/irecv with every peer that has rows to exchange; the self chunk is a local copy."""
+        s_off, r_off = _offsets(sc), _offsets(rc)
+        ops: list[dist.P2POp] = []
+        for peer in range(self.world_size):
+            send_chunk = sb[s_off[peer] : s_off[peer + 1]]
+            recv_chunk = rb[r_off[peer] : r_off[peer + 1]]
+            if peer == self.rank:
+                recv_chunk.copy_(send_chunk)
+                continue
+            gpeer = dist.get_global_rank(self.group, peer) if self.group is not None else peer
+            if sc[peer]:
+                ops.append(dist.P2POp(dist.isend, send_chunk, gpeer, self.group))
+            if rc[peer]:
+                ops.append(dist.P2POp(dist.irecv, recv_chunk, gpeer, self.group))
+        return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + c)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# selection
+# --------------------------------------------------------------------------------------------------
+
+
+def make_transport(config: TransportConfig | None = None, group: dist.ProcessGroup | None = None,
+                   device: torch.device | None = None) -> Transport:  # fmt: skip
+    """Build the configured transport; collective over ``group`` (every rank must call it).
+
+    ``"copy_engine"`` raises ``TransportUnavailableError`` naming the reason (no CUDA, ranks on
+    several nodes, no peer access between their GPUs); ``"auto"`` falls back to torch on the same
+    condition, decided identically on every rank.
+    """
+    cfg = config if config is not None else TransportConfig()
+    if cfg.transport == "torch":
+        return TorchDistTransport(group, p2p=cfg.p2p)
+    from .transport_copy_engine import CopyEngineTransport, copy_engine_unavailable_reason
+
+    reason = copy_engine_unavailable_reason(group, device)
+    if reason is None:
+        return CopyEngineTransport(group, device=device, capacity_bytes=cfg.capacity_bytes,
+                                   copy_out=cfg.copy_out)  # fmt: skip
+    if cfg.transport == "copy_engine":
+        raise TransportUnavailableError(f"transport='copy_engine' is unavailable: {reason}; "
+                                        "use transport='torch' or 'auto'")  # fmt: skip
+    return TorchDistTransport(group, p2p=cfg.p2p)
