@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import shutil
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,14 @@ class PrepareJob:
 
     def _map(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         """Run ``fn(*job)`` for each job (in worker processes when workers > 1), with a progress bar."""
+        started = time.perf_counter()
+        try:
+            return self._map_untimed(fn, jobs, desc, unit)
+        finally:
+            if jobs:
+                self._log(f"{desc}: {len(jobs)} {unit}s in {time.perf_counter() - started:.1f}s")
+
+    def _map_untimed(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         bar = tqdm(total=len(jobs), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
         results: list[Any] = []
         pool = self._pool()
