@@ -1,0 +1,368 @@
+"""Step-group planner: the offline load balancer of DESIGN §4.
+
+Ranks synchronise once per step, so only the costs *within* a step need to be equal. The planner
+chooses which samples share a step (a *step group* of G micro-batches, G = the largest world size
+planned for) and how a step's samples are split into its G micro-batches:
+
+* ``random`` — random batching, no balancing: the baseline every report compares against.
+* ``within_step`` — random step membership, then LPT/KK/swaps inside each step. It cannot absorb a
+  sample whose cost exceeds a rank's share of the step.
+* ``planned`` — steps are random except for outliers: the heaviest samples (the smallest share, at
+  most ``max_outlier_fraction``, that reaches ``target_imbalance``; found by bisection) fill
+  cost-sorted steps, so a 21k-long sample shares its step with samples of similar cost. The
+  price is batch-composition bias in those steps, reported as ``composition_bias``.
+
+Inside a step: equal-count (exactly k samples per micro-batch) runs greedy LPT with a cardinality
+constraint and balanced Karmarkar–Karp, keeps the better per step, then swap refinement; free-count
+(steps filled to ≈ G × budget, counts free) runs unconstrained LPT and KK the same way. Samples that
+do not fill a whole last step still appear exactly once, in a shorter last group (``leftover`` in
+the report). Same costs + config → the identical plan.
+
+A run with W ranks (W divides G) takes W consecutive micro-batches of a group per step; bins are
+stored heaviest first so each W-slice holds bins of similar cost (``plan_bin_costs``).
+
+Public helpers ``lower_bound``, ``predict_straggler_pct`` and ``plan_bin_costs`` are shared with the
+stats tool and the trainer; they use DESIGN §2's definitions.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .balance_report import build_report, lower_bound_over_mean, step_max_and_imbalance
+from .balance_steps import Ranked, Steps, assign_bins, stable_group, steps_equal, steps_free
+
+MODES = ("equal_count", "free_count")
+STRATEGIES = ("planned", "within_step", "random")
+ALGORITHMS = ("lpt", "kk")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass
+class BalanceConfig:
+    """Options of the step-group planner (DESIGN §4); errors name the option to change.
+
+    ``max_outlier_fraction`` is the knob that bounds batch-composition bias: at most that share of
+    the samples (the heaviest, in whole steps of G·k) is placed into cost-sorted steps; the planner
+    uses the smallest share whose plan reaches ``target_imbalance`` (max over full steps of max/mean
+    micro-batch cost) and reports ``target_reached`` when it cannot. ``refine_swaps`` bounds the
+    swap iterations per step (each moves one pair between the max and the min micro-batch).
+    Free-count mode fills steps to about G × ``cost_budget`` (raised to the step's largest item) and
+    lets counts per micro-batch vary; ``micro_batch_size`` then only sets the default budget.
+    """
+
+    group_size: int = 8  # G: the largest world size planned for
+    micro_batch_size: int = 32  # k: samples per micro-batch (equal_count) or their mean (free_count)
+    mode: str = "equal_count"
+    strategy: str = "planned"
+    max_outlier_fraction: float = 0.1  # largest share of samples that may go into cost-sorted steps
+    target_imbalance: float = 1.01  # stop adding outlier steps once max over steps of max/mean ≤ this
+    algorithms: tuple[str, ...] = ALGORITHMS  # per step the better one is kept
+    refine_swaps: int = 512  # max swap-refinement iterations per step (0 = off)
+    cost_budget: float | None = None  # free_count: per-micro-batch budget (None → k × mean cost)
+    seed: int = 0
+    compare_baselines: bool = True  # also plan random / within_step for the report
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.group_size) or self.group_size < 1:
+            raise ValueError(f"group_size must be an int >= 1, got {self.group_size!r}")
+        if not _is_int(self.micro_batch_size) or self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        f = self.max_outlier_fraction
+        if not _is_real(f) or not 0.0 <= f <= 1.0:
+            raise ValueError(f"max_outlier_fraction must be a number in [0, 1], got {f!r}")
+        t = self.target_imbalance
+        if not _is_real(t) or not np.isfinite(t) or t < 1.0:
+            raise ValueError(f"target_imbalance must be a finite number >= 1.0, got {t!r}")
+        algos = (self.algorithms,) if isinstance(self.algorithms, str) else tuple(self.algorithms)
+        if not algos or any(a not in ALGORITHMS for a in algos) or len(set(algos)) != len(algos):
+            raise ValueError(
+                f"algorithms must be a non-empty tuple of distinct names from {ALGORITHMS}, "
+                f"got {self.algorithms!r}"
+            )
+        self.algorithms = algos
+        if not _is_int(self.refine_swaps) or self.refine_swaps < 0:
+            raise ValueError(f"refine_swaps must be an int >= 0, got {self.refine_swaps!r}")
+        b = self.cost_budget
+        if b is not None and (not _is_real(b) or not np.isfinite(b) or b <= 0):
+            raise ValueError(f"cost_budget must be None or a finite number > 0, got {b!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not isinstance(self.compare_baselines, bool):
+            raise ValueError(f"compare_baselines must be a bool, got {self.compare_baselines!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["algorithms"] = list(self.algorithms)
+        return out
+
+
+@dataclass
+class BalancePlan:
+    """A plan: ``order[o[m]:o[m+1]]`` are the samples of micro-batch m, which belongs to step group
+    ``m // group_size``. ``report`` is JSON-serialisable (DESIGN §2 names)."""
+
+    order: np.ndarray
+    micro_batch_offsets: np.ndarray
+    group_size: int
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_micro_batches(self) -> int:
+        return int(self.micro_batch_offsets.size - 1)
+
+    @property
+    def n_step_groups(self) -> int:
+        return self.n_micro_batches // self.group_size
+
+    def micro_batch(self, m: int) -> np.ndarray:
+        return self.order[self.micro_batch_offsets[m] : self.micro_batch_offsets[m + 1]]
+
+    def micro_batch_ids(self) -> np.ndarray:
+        """Micro-batch of every position of ``order``."""
+        return np.repeat(np.arange(self.n_micro_batches), np.diff(self.micro_batch_offsets))
+
+
+# ---------------------------------------------------------------------------------------------
+# public helpers (DESIGN §2)
+
+
+def lower_bound(costs: np.ndarray, bins: int, items_per_bin: int | None = None) -> float:
+    """Best achievable max bin cost when ``costs`` are split into ``bins`` bins:
+    ``max(total / bins, largest)``; with (at least) ``items_per_bin`` items in every bin also
+    ``largest + sum of the items_per_bin − 1 smallest``."""
+    c = np.asarray(costs, dtype=np.float64).ravel()
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    if c.size == 0:
+        return 0.0
+    bound = max(float(c.sum()) / bins, float(c.max()))
+    if items_per_bin is not None and items_per_bin > 1:
+        if items_per_bin * bins > c.size:
+            raise ValueError(f"items_per_bin={items_per_bin} × bins={bins} exceeds {c.size} items")
+        smallest = np.partition(c, items_per_bin - 2)[: items_per_bin - 1] if c.size > 1 else c[:0]
+        bound = max(bound, float(c.max()) + float(smallest.sum()))
+    return bound
+
+
+def predict_straggler_pct(bin_costs: np.ndarray) -> float:
+    """DESIGN ``straggler_pct`` for steps ``bin_costs[n_steps, W]`` (rank r of step s costs
+    ``bin_costs[s, r]``): per step, idle = mean over ranks of (max − c_r), wall = max; returns
+    Σ idle / Σ wall over steps, in %."""
+    b = np.asarray(bin_costs, dtype=np.float64)
+    if b.ndim != 2:
+        raise ValueError(f"bin_costs must be 2-D [n_steps, ranks], got shape {b.shape}")
+    if b.size == 0:
+        return 0.0
+    wall = b.max(axis=1)
+    total = float(wall.sum())
+    return 0.0 if total <= 0 else 100.0 * float((wall - b.mean(axis=1)).sum()) / total
+
+
+def micro_batch_costs(plan: BalancePlan, costs: np.ndarray) -> np.ndarray:
+    """Cost of every micro-batch of ``plan`` (empty micro-batches cost 0)."""
+    c = np.asarray(costs, dtype=np.float64)
+    return np.bincount(plan.micro_batch_ids(), weights=c[plan.order], minlength=plan.n_micro_batches)
+
+
+def plan_bin_costs(plan: BalancePlan, costs: np.ndarray, world_size: int) -> np.ndarray:
+    """Per-step rank costs ``[n_steps, W]`` of a run with ``world_size`` ranks reading ``plan``:
+    step s reads micro-batches ``s·W … s·W + W − 1`` (W consecutive micro-batches of a group; the
+    DEVELOPERS.md formula ``(s // (G//W))·G + (s % (G//W))·W + rank`` is the same index)."""
+    if not _is_int(world_size) or world_size < 1 or plan.group_size % world_size:
+        raise ValueError(f"world_size must divide group_size={plan.group_size}, got {world_size!r}")
+    return micro_batch_costs(plan, costs).reshape(-1, world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# planner
+
+
+def _check_costs(costs: np.ndarray) -> np.ndarray:
+    c = np.asarray(costs)
+    if c.ndim != 1:
+        raise ValueError(f"costs must be a 1-D array, got shape {c.shape}")
+    if c.size and not np.issubdtype(c.dtype, np.number):
+        raise ValueError(f"costs must be numeric, got dtype {c.dtype}")
+    c = c.astype(np.float64, copy=False)
+    if c.size and (not np.isfinite(c).all() or (c < 0).any()):
+        raise ValueError("costs must be finite and >= 0")
+    return c
+
+
+def _budget(costs: np.ndarray, config: BalanceConfig) -> float:
+    if config.cost_budget is not None:
+        return float(config.cost_budget)
+    return config.micro_batch_size * float(costs.mean()) if costs.size else 0.0
+
+
+def _steps(ranked: Ranked, config: BalanceConfig, n_out: int, planned: bool) -> Steps:
+    """Steps whose ``n_out`` heaviest samples (a multiple of G·k) fill cost-sorted (outlier) steps
+    of G·k samples each; the rest random."""
+    g, k = config.group_size, config.micro_batch_size
+    units = n_out // (g * k)
+    if config.mode == "equal_count":
+        return steps_equal(ranked, g, k, units, config.seed, cheap_leftover=planned)
+    budget = _budget(ranked.costs, config)
+    return steps_free(ranked, g, k, budget, units, config.seed, config.target_imbalance)
+
+
+def _partition(ranked: Ranked, steps: Steps, config: BalanceConfig, balance: bool, algorithms=None,
+               above=1.0, probe=False):
+    return assign_bins(
+        ranked,
+        steps,
+        config.group_size,
+        config.mode == "equal_count",
+        balance,
+        config.algorithms if algorithms is None else algorithms,
+        config.refine_swaps,
+        above,
+        probe,
+    )
+
+
+def _outlier_candidates(costs: np.ndarray, config: BalanceConfig) -> np.ndarray:
+    """Outlier sample counts the search may choose from, ascending.
+
+    Whole steps (multiples of G·k), never above ``max_outlier_fraction``. Free-count starts with
+    enough steps to hold every sample costlier than a micro-batch budget: in a random step such a
+    sample would raise the step's budget and inflate its sample count."""
+    g, k = config.group_size, config.micro_batch_size
+    unit = g * k
+    limit = int(np.floor(config.max_outlier_fraction * costs.size + 1e-9)) // unit
+    start = 0
+    if config.mode == "free_count":
+        start = min(-(-int((costs > _budget(costs, config)).sum()) // unit), limit)
+    return np.arange(start, limit + 1, dtype=np.int64) * unit
+
+
+def _search_outliers(ranked: Ranked, config: BalanceConfig) -> tuple[int, dict]:
+    """Smallest outlier count whose plan reaches ``target_imbalance`` (max over full steps of
+    max/mean), in two bisections over the candidates.
+
+    1. Cheap: the floor lower_bound / mean of every step (no partition beats it) — O(n) per probe.
+    2. Full, only if needed: LPT + swap refinement from the smallest count that passes the floor.
+       Greedy plus swaps nearly always lands on the floor, so this is usually one probe. (KK rarely
+       changes the worst step, which its largest item bounds; the final plan keeps the better of
+       LPT and KK per step, then refines.)
+    """
+    g = config.group_size
+    costs = ranked.costs
+    cand = _outlier_candidates(costs, config)
+    target = config.target_imbalance
+    floors: dict[int, float] = {}
+    fulls: dict[int, float] = {}
+
+    def full_steps(steps: Steps) -> int:
+        return steps.n_steps - (1 if steps.partial and not steps.absorbed else 0)
+
+    k = config.micro_batch_size if config.mode == "equal_count" else None
+
+    def floor(i: int) -> float:
+        if i not in floors:
+            steps = _steps(ranked, config, int(cand[i]), planned=True)
+            floors[i] = lower_bound_over_mean(costs, steps, g, full_steps(steps), k)
+        return floors[i]
+
+    def worst(i: int) -> float:
+        if i not in fulls:
+            steps = _steps(ranked, config, int(cand[i]), planned=True)
+            bins, _ = _partition(ranked, steps, config, True, algorithms=("lpt",), above=target, probe=True)
+            fulls[i] = step_max_and_imbalance(costs, steps, bins, g, full_steps(steps))
+        return fulls[i]
+
+    def smallest_passing(lo: int, test, gallop: bool) -> int | None:
+        """Smallest i in [lo, last] with test(i) ≤ target, assuming monotone; None if none.
+        ``gallop``: probe lo+1, lo+2, lo+4, … first (the answer is usually close to lo)."""
+        last = cand.size - 1
+        if test(lo) <= target:
+            return lo
+        hi = last
+        if gallop:
+            step = 1
+            while lo + step < last and test(lo + step) > target:
+                lo, step = lo + step, step * 2
+            hi = min(lo + step, last)
+        if lo == hi or test(hi) > target:
+            return None
+        while hi - lo > 1:  # test(lo) > target >= test(hi)
+            mid = (lo + hi) // 2
+            if test(mid) <= target:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def info(reached: bool) -> dict[str, Any]:
+        return {
+            "probes": len(floors) + len(fulls),
+            "full_probes": len(fulls),
+            "target_reached": reached,
+            "max_outlier_samples": int(cand[-1]),
+            "min_outlier_samples": int(cand[0]),
+        }
+
+    start = smallest_passing(0, floor, gallop=False)
+    if start is None:  # even the largest share leaves a step whose largest item is too big
+        return int(cand[-1]), info(False)
+    found = smallest_passing(start, worst, gallop=True)
+    if found is None:
+        return int(cand[-1]), info(False)
+    return int(cand[found]), info(True)
+
+
+def _emit(steps: Steps, bins: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    step = np.repeat(np.arange(steps.n_steps), np.diff(steps.offsets))
+    key = step * group_size + bins
+    order = steps.items[stable_group(key)]
+    counts = np.bincount(key, minlength=steps.n_steps * group_size)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return order.astype(np.int64), offsets
+
+
+def plan_step_groups(costs: np.ndarray, config: BalanceConfig) -> BalancePlan:
+    """Plan step groups for per-sample ``costs`` (float64, ≥ 0). Same costs + config → same plan."""
+    t0 = time.perf_counter()
+    c = _check_costs(costs)
+    g = config.group_size
+    balance = config.strategy != "random"
+    planned = config.strategy == "planned"
+    ranked = Ranked.of(c, config.seed)
+    search: dict[str, Any] = {}
+    n_out = 0
+    if planned and c.size:
+        n_out, search = _search_outliers(ranked, config)
+    steps = _steps(ranked, config, n_out, planned)
+    bins, stats = _partition(ranked, steps, config, balance)
+    order, offsets = _emit(steps, bins, g)
+    plan = BalancePlan(order, offsets, g)
+    baselines: dict[str, tuple[Steps, np.ndarray]] = {}
+    if config.compare_baselines and c.size:
+        # random and within_step share their step membership (same seed), so they compare like
+        # with like; the plan's own steps stand in for its strategy
+        base_steps = steps if not planned else _steps(ranked, config, 0, planned=False)
+        for name, bal in (("random", False), ("within_step", True)):
+            if name == config.strategy:
+                baselines[name] = (steps, bins)
+            else:
+                baselines[name] = (base_steps, _partition(ranked, base_steps, config, bal)[0])
+    plan.report = build_report(ranked, config, plan, steps, bins, stats, baselines, search)
+    plan.report["runtime_s"] = round(time.perf_counter() - t0, 4)
+    return plan
