@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import io
 import json
 import multiprocessing
 import shutil
 import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,8 @@ class PrepareJob:
     """One ``prepare`` run; ``run()`` returns the manifest."""
 
     def __init__(self, config: PrepareConfig) -> None:
+        self._started = time.perf_counter()
+        self._executor: ProcessPoolExecutor | None = None
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (CostModel.from_file(config.cost_model_file) if config.cost_model_file
@@ -116,6 +120,15 @@ class PrepareJob:
         if existing is not None:
             self._log("output is up to date (same config and sources): nothing to do")
             return existing
+        if self.config.workers > 1:
+            # streaming's import (torch, transformers) takes seconds; do it while workers scan.
+            threading.Thread(target=importlib.import_module, args=("streaming",), daemon=True).start()
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> dict[str, Any]:
         built = self.build_samples()
         scan_summary, users_record, sample_records = built.scan, built.users, built.partitions
         plan_info = self._plan()
@@ -145,7 +158,7 @@ class PrepareJob:
 
     def _log(self, message: str) -> None:
         if self.config.progress:
-            tqdm.write(f"prepare: {message}")
+            tqdm.write(f"prepare [{time.perf_counter() - self._started:6.1f}s] {message}")
 
     def _check_output(self) -> dict[str, Any] | None:
         """Refuse to clobber a different dataset; report an identical finished one as up to date."""
@@ -184,38 +197,39 @@ class PrepareJob:
                 fs.delete_file(entry.path)
 
     def _pool(self) -> ProcessPoolExecutor | None:
+        """One spawn pool for the whole job: workers start (and import polars/pyarrow) once."""
         if self.config.workers == 1:
             return None
-        return ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"))
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(cancel_futures=True)
+            self._executor = None
 
     def _map(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*job)`` for each job (in worker processes when workers > 1), with a progress bar."""
+        """Run ``fn(*job)`` for each job (in worker processes when workers > 1), with a progress bar;
+        results come back in job order."""
         started = time.perf_counter()
-        try:
-            return self._map_untimed(fn, jobs, desc, unit)
-        finally:
-            if jobs:
-                self._log(f"{desc}: {len(jobs)} {unit}s in {time.perf_counter() - started:.1f}s")
-
-    def _map_untimed(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         bar = tqdm(total=len(jobs), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
-        results: list[Any] = []
         pool = self._pool()
         try:
             if pool is None:
+                results = []
                 for job in jobs:
                     results.append(fn(*job))
                     bar.update()
-            else:
-                futures = [pool.submit(fn, *job) for job in jobs]
-                for future in futures:
-                    results.append(future.result())
-                    bar.update()
+                return results
+            futures = [pool.submit(fn, *job) for job in jobs]
+            for _ in as_completed(futures):
+                bar.update()
+            return [future.result() for future in futures]
         finally:
             bar.close()
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
-        return results
+            if jobs:
+                self._log(f"{desc}: {len(jobs)} {unit}s in {time.perf_counter() - started:.1f}s")
 
     # ----------------------------------------------------------------- phases
     @property
@@ -362,6 +376,7 @@ class PrepareJob:
         write_mds(self.config.output, buckets_dir, n_buckets, with_features, self.config.shard_size_limit,
                   on_sample=bar.update)
         bar.close()
+        self._log("write: done")
 
     def _remove_partial_shards(self) -> None:
         """Shards of a killed write are rewritten from scratch (MDS writing is one sequential pass)."""
