@@ -33,7 +33,7 @@ from freescale import storage
 config = SourcesConfig.from_toml(sys.argv[1])
 frames = []
 for index, source in enumerate(config.sources):
-    files = storage.expand(source.path)
+    files = storage.expand(config.resolve(source.path))
     cols = source.columns
     if source.format == "parquet":
         frame = pl.scan_parquet(files)
