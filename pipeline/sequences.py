@@ -79,11 +79,12 @@ def _window_bounds(starts: np.ndarray, counts: np.ndarray, cfg: SampleConfig) ->
     return {"run": run, "window": window, "begin": begin, "end": end}
 
 
-def _gather(values: np.ndarray, begin: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _window_index(begin: np.ndarray, end: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """List offsets of the samples and the event index gathering every window's events, in order."""
     lengths = end - begin
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     index = np.repeat(begin - offsets[:-1], lengths) + np.arange(offsets[-1])
-    return offsets, values[index]
+    return pa.array(offsets), index
 
 
 def _user_feature_lists(users: np.ndarray, scan_dir: str, partition: int,
@@ -123,11 +124,12 @@ def build_samples(frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partiti
     oldest_begin = np.full(len(counts), np.iinfo(np.int64).max)
     np.minimum.at(oldest_begin, bounds["run"], bounds["begin"])
     used = int((starts + counts - oldest_begin).sum()) if len(counts) else 0
+    offsets, index = _window_index(bounds["begin"], bounds["end"])
     columns: dict[str, pa.Array] = {}
     for name, source_column, dtype in (("item_ids", "item_id", pa.int64()), ("timestamps", "ts", pa.int64()),
                                        ("actions", "action", pa.int32()), ("sources", "source", pa.int8())):
-        offsets, values = _gather(frame[source_column].to_numpy(), bounds["begin"], bounds["end"])
-        columns[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
+        values = frame[source_column].to_numpy()[index]
+        columns[name] = pa.ListArray.from_arrays(offsets, pa.array(values, type=dtype))
     sample_users = users_all[starts[bounds["run"]]] if len(counts) else np.zeros(0, np.int64)
     features, missing_profiles = _user_feature_lists(sample_users, scan_dir, partition, feature_names)
     table = pa.table(
