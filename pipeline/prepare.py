@@ -49,7 +49,15 @@ from freescale.pipeline.manifest import (
     read_manifest_if_any,
 )
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, read_samples, run_partition
-from freescale.pipeline.writer import save_json, scatter_done, scatter_partition, write_mds
+from freescale.pipeline.writer import (
+    PART_SIZE,
+    merge_part_indexes,
+    part_done,
+    save_json,
+    scatter_done,
+    scatter_partition,
+    write_part,
+)
 
 TARGET_ROWS_PER_TASK = 1_000_000
 
@@ -120,9 +128,6 @@ class PrepareJob:
         if existing is not None:
             self._log("output is up to date (same config and sources): nothing to do")
             return existing
-        if self.config.workers > 1:
-            # streaming's import (torch, transformers) takes seconds; do it while workers scan.
-            threading.Thread(target=importlib.import_module, args=("streaming",), daemon=True).start()
         try:
             return self._run()
         finally:
@@ -201,7 +206,8 @@ class PrepareJob:
         if self.config.workers == 1:
             return None
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_warm_up_worker)
         return self._executor
 
     def close(self) -> None:
@@ -371,22 +377,12 @@ class PrepareJob:
         self._log(f"write: {n} samples in {n_buckets} buckets → {self.config.output}")
         if not storage.is_remote(self.config.output):
             Path(self.config.output).mkdir(parents=True, exist_ok=True)
-        self._remove_partial_shards()
-        bar = tqdm(total=n, desc="write", unit="sample", disable=not self.config.progress, leave=False)
-        write_mds(self.config.output, buckets_dir, n_buckets, with_features, self.config.shard_size_limit,
-                  on_sample=bar.update)
-        bar.close()
-        self._log("write: done")
-
-    def _remove_partial_shards(self) -> None:
-        """Shards of a killed write are rewritten from scratch (MDS writing is one sequential pass)."""
-        fs, path = storage.filesystem(self.config.output)
-        if fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return
-        for entry in fs.get_file_info(pafs.FileSelector(path)):
-            name = Path(entry.path).name
-            if entry.type == pafs.FileType.File and (name == "index.json" or name.startswith("shard.")):
-                fs.delete_file(entry.path)
+        n_parts = -(-n // PART_SIZE)
+        parts = [(self.config.output, buckets_dir, bucket_size, part, n, with_features, self.config.shard_size_limit)
+                 for part in range(n_parts) if not part_done(buckets_dir, part)]
+        self._map(write_part, parts, "write", "part")
+        storage.write_bytes(storage.join(self.config.output, "index.json"),
+                            merge_part_indexes(self.config.output, n_parts))
 
     def _publish(self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary,
                  users: dict[str, Any]) -> None:
@@ -400,6 +396,12 @@ class PrepareJob:
                             quarantine_lines(examples).encode())
         storage.write_bytes(storage.join(self.config.output, MANIFEST_NAME),
                             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _warm_up_worker() -> None:
+    """Import mosaicml-streaming (torch, transformers: seconds) in the background while the worker
+    scans, so the write phase does not wait for it; the readers spend most time outside the GIL."""
+    threading.Thread(target=importlib.import_module, args=("streaming",), daemon=True).start()
 
 
 def quarantine_lines(examples: dict[str, list[dict]]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from freescale import storage
 from freescale.pipeline.sequences import read_samples
+
+storage_join = storage.join
 
 LIST_COLUMNS = {"item_ids": "int64", "timestamps": "int64", "actions": "int32", "sources": "int8"}
 SCALAR_COLUMNS = {"user_id": "int64", "window": "int32", "length": "int32", "cost": "float64",
@@ -68,12 +70,16 @@ def _column_arrays(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], values[offsets[0] : offsets[-1]]
 
 
-def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool):
-    """Samples of one bucket in plan order, as dicts ready for ``MDSWriter.write``."""
+def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool, start: int = 0,
+                        end: int = 2**62):
+    """Samples of one bucket with plan positions in [start, end), in plan order, as dicts ready for
+    ``MDSWriter.write``."""
     tables = [ipc.open_file(path).read_all() for path in bucket_files(buckets_dir, bucket)]
     if not tables:
         return
-    table = pa.concat_tables(tables).sort_by("position")
+    table = pa.concat_tables(tables)
+    position = table.column("position").to_numpy()
+    table = table.filter(pa.array((position >= start) & (position < end))).sort_by("position")
     lists = {name: _column_arrays(table, name) for name in LIST_COLUMNS}
     if with_user_features:
         lists["user_features"] = _column_arrays(table, "user_features")
@@ -130,15 +136,49 @@ _LIST_DTYPES = {**{name: np.dtype(dtype) for name, dtype in LIST_COLUMNS.items()
 _SCALAR_DTYPES = {"int64": np.int64, "int32": np.int32, "float64": np.float64}
 
 
-def write_mds(output: str, buckets_dir: str, n_buckets: int, with_user_features: bool,
-              shard_size_limit: int, on_sample: Callable[[], None] | None = None) -> None:
-    """Write all buckets in order into MDS shards at ``output`` (local directory or s3:// prefix)."""
-    with fast_mds_writer(with_user_features, out=output, size_limit=shard_size_limit, exist_ok=True) as writer:
-        for bucket in range(n_buckets):
-            for sample in iter_bucket_samples(buckets_dir, bucket, with_user_features):
+PART_SIZE = 32_768  # samples per part: parts are written in parallel; fixed so output bytes do not
+# depend on the number of workers
+
+
+def part_name(part: int) -> str:
+    return f"part-{part:05d}"
+
+
+def write_part(output: str, buckets_dir: str, bucket_size: int, part: int, n_samples: int,
+               with_user_features: bool, shard_size_limit: int) -> int:
+    """Write plan positions [part·PART_SIZE, (part+1)·PART_SIZE) as MDS shards under ``part-NNNNN/``.
+
+    The marker ``write.part-NNNNN.done`` lets a resumed job skip finished parts; an unfinished
+    part's directory is emptied by ``MDSWriter`` when it is written again.
+    """
+    start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
+    written = 0
+    with fast_mds_writer(with_user_features, out=storage_join(output, part_name(part)),
+                         size_limit=shard_size_limit, exist_ok=True) as writer:
+        for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
+            for sample in iter_bucket_samples(buckets_dir, bucket, with_user_features, start, end):
                 writer.write(sample)
-                if on_sample:
-                    on_sample()
+                written += 1
+    Path(buckets_dir, f"write.{part_name(part)}.done").touch()
+    return written
+
+
+def part_done(buckets_dir: str, part: int) -> bool:
+    return Path(buckets_dir, f"write.{part_name(part)}.done").exists()
+
+
+def merge_part_indexes(output: str, n_parts: int) -> bytes:
+    """The root ``index.json``: every part's shards in part order, basenames prefixed by the part
+    directory (what ``streaming.base.util.merge_index`` writes, without its download round trips)."""
+    shards = []
+    for part in range(n_parts):
+        index = json.loads(storage.read_bytes(storage_join(output, part_name(part), "index.json")))
+        for shard in index["shards"]:
+            for key in ("raw_data", "zip_data"):
+                if shard.get(key):
+                    shard[key]["basename"] = f"{part_name(part)}/{shard[key]['basename']}"
+            shards.append(shard)
+    return json.dumps({"shards": shards, "version": 2}, sort_keys=True).encode()
 
 
 def save_json(path: Path, data: Any) -> None:
