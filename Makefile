@@ -12,6 +12,7 @@ setup:
 
 demo: setup
 	$(FREESCALE) demo --out $(DEMO_DIR)
+	$(FREESCALE) stats $(DEMO_DIR)/prepared --out $(DEMO_DIR)/stats
 
 test: setup
 	$(VENV)/bin/ruff check .

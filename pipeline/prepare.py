@@ -84,6 +84,7 @@ class PrepareJob:
     def __init__(self, config: PrepareConfig) -> None:
         self._started = time.perf_counter()
         self._executor: ProcessPoolExecutor | None = None
+        self._writes_shards = False  # set by run(); build_samples() alone (stats) writes none
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (CostModel.from_file(config.cost_model_file) if config.cost_model_file
@@ -128,6 +129,7 @@ class PrepareJob:
         if existing is not None:
             self._log("output is up to date (same config and sources): nothing to do")
             return existing
+        self._writes_shards = True
         try:
             return self._run()
         finally:
@@ -206,8 +208,10 @@ class PrepareJob:
         if self.config.workers == 1:
             return None
         if self._executor is None:
+            # Workers that will write MDS shards import mosaicml-streaming early (see _warm_up_worker).
+            warm_up = _warm_up_worker if self._writes_shards else None
             self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_warm_up_worker)
+                                                 initializer=warm_up)
         return self._executor
 
     def close(self) -> None:

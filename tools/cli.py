@@ -78,11 +78,66 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="demo_out", help="working directory for the demo (default demo_out)")
 
 
+def _add_stats(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="dataset statistics: sparsity, batch overlap, hash collisions, stragglers",
+                       description="Describe raw sources (a source config TOML, or a folder holding "
+                                   "sources.toml) or a prepared dataset (local or s3://): UIH lengths, sparsity "
+                                   "(paper Eq. 1), predicted straggler_pct at W ranks x k samples, "
+                                   "batch_overlap_rate per table, item popularity (Zipf fit) and "
+                                   "hash_collision_rate. Writes stats.json and PNG plots to --out.")
+    p.add_argument("input", help="source config TOML (or its folder) or prepared dataset (local or s3://)")
+    p.add_argument("--out", "--output", dest="output", default="freescale-stats",
+                   help="directory (or s3:// prefix) for stats.json and the plots (default freescale-stats)")
+    p.add_argument("--world-sizes", help="W values, comma-separated (default 8,64,256; plus a prepared "
+                                         "dataset's G)")
+    p.add_argument("--micro-batch-size", "-k", type=int, help="k: samples per rank per step (default 32, or "
+                                                               "the prepared dataset's)")
+    p.add_argument("--batch-size", type=int, help="batch size for sparsity (default k)")
+    p.add_argument("--global-batch-size", type=int, help="headline batch_overlap_rate batch (default: largest "
+                                                          "W*k with 2 full batches; a prepared dataset's step group)")
+    p.add_argument("--global-batch-sizes", help="curve of batch_overlap_rate, comma-separated "
+                                                "(default k*4^j up to half the samples, and every W*k)")
+    p.add_argument("--table-sizes", default="100000,1000000,10000000",
+                   help="embedding table sizes T for hash_collision_rate, comma-separated")
+    p.add_argument("--length-thresholds", default="256,1024,4096,16384",
+                   help="report the share of samples longer than each of these")
+    p.add_argument("--sample-fraction", type=float, default=1.0,
+                   help="describe this share of users (selected by a hash of the user id); figures are "
+                        "then estimates with standard errors")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random batching")
+    p.add_argument("--max-uih-len", type=int, default=21000, help="raw sources: as in prepare")
+    p.add_argument("--window-stride", type=int, default=0, help="raw sources: as in prepare")
+    p.add_argument("--min-len", type=int, default=2, help="raw sources: as in prepare")
+    p.add_argument("--kcore", type=int, default=0, help="raw sources: as in prepare")
+    p.add_argument("--model-config", help="TOML with a [model] table (cost model, as in prepare)")
+    p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (as in prepare)")
+    p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--work-dir", help="raw sources: keep prepare's scan/samples here; a re-run with the same "
+                                      "options and sources skips them")
+    p.add_argument("--cache-dir", help="prepared dataset on s3://: local shard cache")
+    p.add_argument("--no-plots", action="store_true", help="write stats.json only")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train on a prepared dataset with torchrun (FreeScale or TorchRec engine)",
+                       description="Validate the run config, then start torchrun with --nproc ranks of "
+                                   "`python -m freescale.trainer` (gloo on CPU, NCCL on CUDA). Writes metrics.jsonl, "
+                                   "bubbles.json, trace.json, timeline.png and summary.txt to logging.out_dir.")
+    p.add_argument("--config", required=True, help="run config TOML ([model], [data], [optimizer], [engine], ...)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (default 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="overrides engine.device")
+    p.add_argument("--engine", choices=["freescale", "torchrec"], help="overrides engine.name")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE",
+                   help="override a config option with a TOML value, e.g. --set data.max_steps=50")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freescale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"freescale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo):
+    for add in (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo, _add_stats, _add_train):
         add(sub)
     return parser
 
@@ -207,8 +262,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_prepare(build_parser().parse_args(prepare_args))
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    from freescale.pipeline.config import SampleConfig, parse_size
+    from freescale.pipeline.cost import ModelConfig
+    from freescale.pipeline.stats import StatsConfig, run_stats
+    from freescale.pipeline.stats_report import print_stats_summary
+
+    def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
+        if text is None:
+            return None
+        try:
+            return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+        except ValueError as error:
+            raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from error
+
+    config = StatsConfig(
+        input=args.input,
+        output=args.output,
+        world_sizes=_int_list(args.world_sizes, "--world-sizes"),
+        micro_batch_size=args.micro_batch_size,
+        batch_size=args.batch_size,
+        global_batch_size=args.global_batch_size,
+        global_batch_sizes=_int_list(args.global_batch_sizes, "--global-batch-sizes"),
+        table_sizes=_int_list(args.table_sizes, "--table-sizes"),
+        length_thresholds=_int_list(args.length_thresholds, "--length-thresholds"),
+        sample_fraction=args.sample_fraction,
+        seed=args.seed,
+        samples=SampleConfig(max_uih_len=args.max_uih_len, window_stride=args.window_stride,
+                             min_len=args.min_len, kcore=args.kcore),
+        model=ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig(),
+        cost_model_file=args.cost_model,
+        memory_limit=parse_size(args.memory_limit, "--memory-limit"),
+        workers=args.workers,
+        work_dir=args.work_dir,
+        cache_dir=args.cache_dir,
+        plots=not args.no_plots,
+        progress=not args.quiet,
+    )
+    report = run_stats(config)
+    print_stats_summary(report)
+    files = ", ".join(["stats.json", *report["plots"].values()])
+    print(f"wrote {files} to {args.output} ({report['runtime_s']:.1f} s)")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from freescale.trainer.launch import launch
+
+    overrides = list(args.overrides)
+    if args.engine:
+        overrides.append(f'engine.name="{args.engine}"')
+    return launch(args.config, nproc=args.nproc, device=args.device, overrides=overrides)
+
+
 COMMANDS = {"generate": cmd_generate, "prepare": cmd_prepare, "inspect": cmd_inspect, "bench": cmd_bench,
-            "demo": cmd_demo}
+            "demo": cmd_demo, "stats": cmd_stats, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

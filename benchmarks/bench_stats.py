@@ -1,0 +1,178 @@
+"""bench_stats: wall time and peak memory of ``freescale stats`` against a raw polars baseline.
+
+Both run in one invocation on the same generated sources (the ``large`` preset by default, ~25M
+events). The baseline is the least a user would write to learn the UIH length distribution:
+polars scans every source, counts events per user (string user ids mapped with the same
+``stable_id`` so sources agree) and sums over sources — per-user lengths only: no validation, no
+time merge, no truncation, no ids, no batching figures.
+
+``freescale stats`` runs twice with the same ``--work-dir``:
+
+* cold — an empty work directory: ``prepare``'s phases 1–3 (scan, k-core, samples) plus every
+  figure (lengths, sparsity, straggler predictions at W = 8, 64, 256, batch_overlap_rate curve,
+  popularity, hash collisions, plots);
+* warm — the phases resume from their completion markers, so this is the cost of the figures alone
+  (what a second run, e.g. with other W or table sizes, pays).
+
+Peak RSS is the peak of the summed RSS of the whole process tree (workers included), sampled every
+50 ms. Target (issue 3): stats ≤ 2× the baseline's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+TARGET_RATIO = 2.0
+
+BASELINE = r"""
+import sys, polars as pl
+from freescale import storage
+from freescale.datasets.config import SourcesConfig
+from freescale.datasets.ids import stable_id
+config = SourcesConfig.from_toml(sys.argv[1])
+per_source = []
+for source in config.sources:
+    files = storage.expand(config.resolve(source.path))
+    if source.format == "parquet":
+        frame = pl.scan_parquet(files)
+    elif source.format == "jsonl":
+        frame = pl.scan_ndjson(files, infer_schema_length=10000)
+    else:
+        frame = pl.scan_csv(files, separator="\t" if source.format == "tsv" else ",")
+    users = frame.group_by(pl.col(source.columns["user"]).alias("user")).agg(pl.len().alias("n")).collect()
+    if users["user"].dtype == pl.String:
+        users = users.with_columns(pl.Series("user", stable_id(users["user"].to_arrow())))
+    per_source.append(users.with_columns(pl.col("user").cast(pl.Int64), pl.col("n").cast(pl.Int64)))
+lengths = pl.concat(per_source).group_by("user").agg(pl.col("n").sum())["n"]
+print(lengths.len(), lengths.sum(), lengths.mean(), lengths.quantile(0.99), lengths.max())
+"""
+
+
+def run_measured(cmd: list[str], label: str) -> dict:
+    """Run ``cmd``; return wall seconds, peak summed RSS of its process tree and its stdout."""
+    start = time.perf_counter()
+    # Run outside the repository so the root folders (e.g. datasets/) cannot shadow installed packages.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tempfile.gettempdir())
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        root = psutil.Process(proc.pid)
+        while not stop.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    out, err = proc.communicate()
+    stop.set()
+    thread.join()
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
+    return {"wall_s": wall, "peak_rss_bytes": peak, "stdout": out}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="large")
+    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "freescale-bench-data"))
+    parser.add_argument("--memory-limit", default="2GB")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=str(RESULTS / "bench_stats.json"))
+    args = parser.parse_args()
+
+    freescale = [str(Path(sys.executable).parent / "freescale")]
+    data = Path(args.data_dir) / args.preset
+    if not (data / "sources.toml").exists():
+        print(f"generating the {args.preset} preset into {data} (once; reused by later runs)")
+        subprocess.run([*freescale, "generate", "--preset", args.preset, "--out", str(data)], check=True)
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    work = Path(tempfile.mkdtemp(prefix="bench-stats-"))
+    stats_cmd = [*freescale, "stats", str(data / "sources.toml"), "--out", str(work / "stats"), "--work-dir",
+                 str(work / "work"), "--memory-limit", args.memory_limit, "--workers", str(args.workers), "--quiet"]
+    try:
+        print("baseline: polars scans the same sources and computes per-user lengths")
+        base = run_measured([sys.executable, "-c", BASELINE, str(data / "sources.toml")], "baseline")
+        users, events, mean, p99, longest = base["stdout"].strip().splitlines()[-1].split()
+        print("freescale stats, cold (prepare's phases 1-3 + figures)")
+        cold = run_measured(stats_cmd, "stats cold")
+        print("freescale stats, warm (same --work-dir: figures only)")
+        warm = run_measured(stats_cmd, "stats warm")
+        report = json.loads((work / "stats" / "stats.json").read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    if int(events) != report["rows"]["events_read"]:
+        raise SystemExit(f"baseline counted {events} events, stats read {report['rows']['events_read']}")
+    at = report["straggler"]["by_world_size"]
+    result = {
+        "benchmark": "bench_stats",
+        "preset": args.preset,
+        "environment": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
+                        "machine": platform.machine(), "memory_limit": args.memory_limit, "workers": args.workers,
+                        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]}},
+        "events": report["rows"]["events_read"],
+        "baseline": {"wall_s": base["wall_s"], "peak_rss_bytes": base["peak_rss_bytes"], "users": int(users),
+                     "events": int(events), "mean_length": float(mean), "p99_length": float(p99),
+                     "max_length": int(longest)},
+        "stats_cold": {"wall_s": cold["wall_s"], "peak_rss_bytes": cold["peak_rss_bytes"]},
+        "stats_warm": {"wall_s": warm["wall_s"], "peak_rss_bytes": warm["peak_rss_bytes"]},
+        "figures": {
+            "samples": report["lengths"]["merged"]["count"],
+            "mean_length": report["lengths"]["merged"]["mean"],
+            "p99_length": report["lengths"]["merged"]["p99"],
+            "sparsity": report["sparsity"]["random"]["sparsity"],
+            "wasted_compute_pct": report["sparsity"]["random"]["wasted_compute_pct"],
+            "straggler_pct": {w: {s: e.get("straggler_pct") for s, e in v.items()} for w, v in at.items()},
+            "batch_overlap_rate_item": report["batch_overlap"]["headline"]["tables"]["item"]["batch_overlap_rate"],
+            "headline_global_batch_size": report["batch_overlap"]["headline"]["global_batch_size"],
+            "zipf_exponent": report["popularity"]["zipf_exponent"],
+        },
+    }
+    ratio_cold = cold["wall_s"] / base["wall_s"]
+    ratio_warm = warm["wall_s"] / base["wall_s"]
+    result["wall_ratio_cold"] = ratio_cold
+    result["wall_ratio_warm"] = ratio_warm
+    result["prepare_phases_s_estimate"] = cold["wall_s"] - warm["wall_s"]
+    result["targets"] = {f"cold_wall_le_{TARGET_RATIO:g}x_baseline": ratio_cold <= TARGET_RATIO,
+                         f"warm_wall_le_{TARGET_RATIO:g}x_baseline": ratio_warm <= TARGET_RATIO}
+    mb = 2**20
+    print(f"\n{'':20}{'baseline (polars)':>19}{'stats cold':>13}{'ratio':>8}{'stats warm':>13}{'ratio':>8}")
+    print(f"{'wall time (s)':20}{base['wall_s']:>19.1f}{cold['wall_s']:>13.1f}{ratio_cold:>8.2f}"
+          f"{warm['wall_s']:>13.1f}{ratio_warm:>8.2f}")
+    print(f"{'peak RSS (MB)':20}{base['peak_rss_bytes'] / mb:>19,.0f}{cold['peak_rss_bytes'] / mb:>13,.0f}"
+          f"{cold['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}{warm['peak_rss_bytes'] / mb:>13,.0f}"
+          f"{warm['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}")
+    print(f"{'users / samples':20}{int(users):>19,}{report['lengths']['merged']['count']:>13,}")
+    print(f"{'mean / p99 length':20}{float(mean):>12.1f} / {float(p99):>4,.0f}"
+          f"{report['lengths']['merged']['mean']:>8.1f} / {report['lengths']['merged']['p99']:,.0f}")
+    print(f"prepare phases 1-3 ≈ {result['prepare_phases_s_estimate']:.1f} s of the cold run")
+    print(f"targets: {result['targets']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

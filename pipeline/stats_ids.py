@@ -1,0 +1,317 @@
+"""Id statistics of ``freescale stats`` with bounded memory: ``batch_overlap_rate`` per table and
+global batch size, item popularity, unique ids, id ranges and ``hash_collision_rate``.
+
+Every sample carries ids of several *tables* (``item`` and ``action`` per event, ``user`` and each
+user feature per sample) and a *fine batch*: the finest common refinement of every batch layout the
+report asks for (e.g. global batches of 256, 1024, … consecutive samples of the random order, or a
+prepared dataset's step groups). Each layout's batch is a non-decreasing function of the fine
+batch, so one set of records serves all of them.
+
+1. ``spill_chunk`` (per partition or chunk of rows, in worker processes): per table, the
+   ``(id, fine)`` records, packed into one int64 key and deduplicated with counts when the ids
+   are small enough, and spilled into ``n_buckets`` files by a hash of the id.
+2. ``IdReducer.reduce`` (one bucket at a time): records sorted by key give per id its occurrence
+   count (popularity), per layout the distinct ids of every batch and how many of them were also
+   in the previous batch (an id in batches n-1 and n is two adjacent records), and per table
+   size T which rows of a modulo-hashed table are taken.
+
+A bucket holds every record of its ids, so all counters are exact; memory holds one bucket, the
+per-batch counters and one byte per row of each hashed table size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from freescale.pipeline import stats_figures as figures
+
+BYTES_PER_RECORD_IN_MEMORY = 48  # a record while a bucket is sorted (key, count, sort copies)
+BASE_TABLES = ("item", "action", "user")
+
+
+def table_names(features: list[str]) -> list[str]:
+    """``item``, ``action`` (per event), ``user`` and ``user.<feature>`` (per sample)."""
+    return [*BASE_TABLES, *(f"user.{name}" for name in features)]
+
+
+def bucket_count(records: int, memory_limit: int) -> int:
+    """Buckets such that one bucket's records fit in half the memory limit."""
+    budget = max(memory_limit // 2, 32 * 2**20)
+    return max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
+
+
+def fine_bits(n_fine: int) -> int:
+    return max(int(n_fine - 1).bit_length(), 1)
+
+
+def _bucket_of(ids: np.ndarray, n_buckets: int) -> np.ndarray:
+    if n_buckets == 1:
+        return np.zeros(ids.size, np.int64)
+    with np.errstate(over="ignore"):
+        mixed = ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(32)) % np.uint64(n_buckets)).astype(np.int64)
+
+
+def _write(path: Path, **arrays: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        np.savez(handle, **arrays)
+    os.replace(tmp, path)
+
+
+def spill_table(spill_dir: str, table: int, chunk: int, n_buckets: int, bits: int, ids: np.ndarray,
+                fine: np.ndarray) -> int:
+    """Spill one table's ``(id, fine)`` records of one chunk into id-hash buckets; returns the count.
+
+    Ids that fit beside the fine batch in 62 bits are packed into one int64 key and deduplicated
+    here (with counts): one sort instead of a multi-column one. Others (63-bit hashed ids) are
+    written raw and ranked at reduce time."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size == 0:
+        return 0
+    fine = np.asarray(fine, dtype=np.int64)
+    if ids.min() >= 0 and int(ids.max()) < (1 << (62 - bits)):
+        keys, counts = np.unique((ids << bits) | fine, return_counts=True)
+        arrays, bucket = {"key": keys, "count": counts.astype(np.int64)}, _bucket_of(keys >> bits, n_buckets)
+    else:
+        arrays, bucket = {"id": ids, "fine": fine}, _bucket_of(ids, n_buckets)
+    order = np.argsort(bucket, kind="stable") if n_buckets > 1 else None
+    bounds = np.searchsorted(bucket[order] if order is not None else bucket, np.arange(n_buckets + 1))
+    for b in range(n_buckets):
+        if bounds[b] == bounds[b + 1]:
+            continue
+        rows = order[bounds[b]:bounds[b + 1]] if order is not None else slice(None)
+        _write(Path(spill_dir) / f"t{table:03d}.b{b:05d}.c{chunk:05d}.npz",
+               **{name: values[rows] for name, values in arrays.items()})
+    return int(next(iter(arrays.values())).size)
+
+
+def spill_chunk(spill_dir: str, chunk: int, n_buckets: int, bits: int, fine: np.ndarray, lengths: np.ndarray,
+                items: np.ndarray, actions: np.ndarray, users: np.ndarray, features: np.ndarray | None) -> int:
+    """Spill the id records of one chunk of samples; returns how many were written.
+
+    ``fine``/``lengths``/``users``/``features`` are per sample, ``items``/``actions`` per event
+    (samples back to back). Files ``t<table>.b<bucket>.c<chunk>.npz`` appear atomically."""
+    fine = np.asarray(fine, dtype=np.int64)
+    per_event = np.repeat(fine, np.asarray(lengths, dtype=np.int64))
+    parts = [(items, per_event), (actions, per_event), (users, fine)]
+    if features is not None:
+        parts += [(features[:, j], fine) for j in range(features.shape[1])]
+    return sum(spill_table(spill_dir, j, chunk, n_buckets, bits, ids, f) for j, (ids, f) in enumerate(parts))
+
+
+def _sorted_records(files: list[Path], bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Sorted distinct keys ``rank_or_id << bits | fine`` with summed counts; ``uid`` maps ranks to ids
+    when raw (unpackable) records were present, else None (the key holds the id itself)."""
+    loaded = [np.load(path) for path in files]
+    if all("key" in data for data in loaded):
+        keys = np.concatenate([data["key"] for data in loaded])
+        counts = np.concatenate([data["count"] for data in loaded])
+        uid = None
+    else:
+        ids, fine, cnt = [], [], []
+        for data in loaded:
+            if "key" in data:
+                ids.append(data["key"] >> bits)
+                fine.append(data["key"] & ((1 << bits) - 1))
+                cnt.append(data["count"])
+            else:
+                ids.append(data["id"])
+                fine.append(data["fine"])
+                cnt.append(np.ones(data["id"].size, np.int64))
+        raw_ids = np.concatenate(ids)
+        rank = pl.Series(raw_ids).rank("dense").to_numpy().astype(np.int64) - 1
+        uid = np.empty(int(rank.max()) + 1, np.int64)
+        uid[rank] = raw_ids
+        keys, counts = (rank << bits) | np.concatenate(fine), np.concatenate(cnt)
+    frame = pl.DataFrame({"key": keys, "count": counts}).sort("key")
+    keys, counts = frame["key"].to_numpy(), frame["count"].to_numpy()
+    first = np.ones(keys.size, dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    starts = np.flatnonzero(first)
+    return keys[starts], np.add.reduceat(counts, starts), uid
+
+
+@dataclass
+class Layout:
+    """One way of cutting the sample order into global batches: ``batch_of_fine[f]`` is the batch
+    of fine batch f (non-decreasing); batches ``< full_batches`` are complete."""
+
+    name: str
+    global_batch_size: int | None  # None: variable (a prepared dataset's step groups)
+    batch_of_fine: np.ndarray
+    n_batches: int
+    full_batches: int
+
+
+@dataclass
+class IdReducer:
+    """Exact per-table counters, merged bucket after bucket."""
+
+    tables: list[str]
+    table_sizes: tuple[int, ...]
+    layouts: list[Layout]
+    bits: int  # fine_bits(number of fine batches)
+    distinct: np.ndarray = field(init=False)
+    occurrences: np.ndarray = field(init=False)
+    min_id: list[int | None] = field(init=False)
+    max_id: list[int | None] = field(init=False)
+    freq_of_freq: list[Counter] = field(init=False)
+    unique: list[np.ndarray] = field(init=False)
+    overlap: list[np.ndarray] = field(init=False)
+    rows: dict[tuple[int, int], np.ndarray] = field(init=False)
+    _order: list[int] = field(init=False)
+    _identity: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.tables)
+        self.distinct = np.zeros(n, np.int64)
+        self.occurrences = np.zeros(n, np.int64)
+        self.min_id, self.max_id = [None] * n, [None] * n
+        self.freq_of_freq = [Counter() for _ in range(n)]
+        self.unique = [np.zeros((n, layout.n_batches), np.int64) for layout in self.layouts]
+        self.overlap = [np.zeros((n, layout.n_batches), np.int64) for layout in self.layouts]
+        self.rows = {}
+        sizes = [layout.global_batch_size or 0 for layout in self.layouts]
+        self._identity = [np.array_equal(layout.batch_of_fine, np.arange(layout.batch_of_fine.size))
+                          for layout in self.layouts]
+        self._order = sorted(range(len(self.layouts)), key=lambda i: (self.layouts[i].name != "step_group", sizes[i]))
+
+    def reduce(self, spill_dir: str, bucket: int) -> None:
+        """Merge one bucket of every table into the counters, then delete its files."""
+        for j in range(len(self.tables)):
+            files = sorted(Path(spill_dir).glob(f"t{j:03d}.b{bucket:05d}.c*.npz"))
+            if not files:
+                continue
+            keys, counts, uid = _sorted_records(files, self.bits)
+            for path in files:
+                path.unlink()
+            id_part, fine = keys >> self.bits, keys & ((1 << self.bits) - 1)
+            new_id = np.ones(keys.size, dtype=bool)
+            new_id[1:] = id_part[1:] != id_part[:-1]
+            starts = np.flatnonzero(new_id)
+            ids = id_part[starts] if uid is None else uid[id_part[starts]]
+            self._add_table(j, ids, np.add.reduceat(counts, starts))
+            self._add_layouts(j, fine, new_id)
+
+    def _add_table(self, j: int, ids: np.ndarray, freq: np.ndarray) -> None:
+        self.distinct[j] += ids.size
+        self.occurrences[j] += int(freq.sum())
+        low, high = int(ids.min()), int(ids.max())
+        self.min_id[j] = low if self.min_id[j] is None else min(self.min_id[j], low)
+        self.max_id[j] = high if self.max_id[j] is None else max(self.max_id[j], high)
+        values, mult = np.unique(freq, return_counts=True)
+        self.freq_of_freq[j].update(dict(zip(values.tolist(), mult.tolist())))
+        for size in self.table_sizes:
+            state = self.rows.get((j, size))
+            if state is None:
+                state = self.rows[(j, size)] = np.zeros(size, np.uint8)
+            used, hits = np.unique(ids % size, return_counts=True)
+            state[used] = np.minimum(state[used].astype(np.int64) + hits, 2).astype(np.uint8)
+
+    def _add_layouts(self, j: int, fine: np.ndarray, new_id: np.ndarray) -> None:
+        """Distinct ids per batch and those also in the previous batch, for every layout: after
+        mapping fine batches to a layout's batches, an id in batches n-1 and n is two adjacent
+        records. Layouts whose size is a multiple of the previous one start from its (smaller)
+        deduplicated records."""
+        previous: tuple[int, np.ndarray, np.ndarray] | None = None  # (size, batch, first-of-id)
+        for index in self._order:
+            layout = self.layouts[index]
+            size = layout.global_batch_size
+            if self._identity[index]:  # batch = fine batch: records are distinct (id, batch) already
+                batch, first = fine, new_id
+            else:
+                if previous is not None and size is not None and size % previous[0] == 0:
+                    batch, first = previous[1] // (size // previous[0]), previous[2]
+                else:
+                    batch, first = layout.batch_of_fine[fine], new_id
+                keep = first.copy()
+                keep[1:] |= batch[1:] != batch[:-1]
+                batch, first = batch[keep], first[keep]
+            nb = layout.n_batches
+            self.unique[index][j] += np.bincount(batch, minlength=nb)
+            again = ~first[1:] & (batch[1:] == batch[:-1] + 1)
+            self.overlap[index][j] += np.bincount(batch[1:][again], minlength=nb)
+            if size is not None and layout.name != "step_group":
+                previous = (size, batch, first)
+
+    # ---------------------------------------------------------------------------------- results
+    def ids_report(self) -> dict[str, Any]:
+        """Unique ids, id range and ``hash_collision_rate`` per table and table size."""
+        out: dict[str, Any] = {}
+        for j, name in enumerate(self.tables):
+            n = int(self.distinct[j])
+            entry: dict[str, Any] = {"unique_ids": n, "occurrences": int(self.occurrences[j]),
+                                     "min_id": self.min_id[j], "max_id": self.max_id[j],
+                                     "hash_collision_rate": {}, "colliding_ids": {}, "rows_used": {},
+                                     "expected_if_random": {}}
+            for size in self.table_sizes:
+                state = self.rows.get((j, size))
+                used, single = figures.collision_counts(state) if state is not None else (0, 0)
+                entry["hash_collision_rate"][str(size)] = figures.hash_collision_rate(n, single)
+                entry["colliding_ids"][str(size)] = n - single
+                entry["rows_used"][str(size)] = used
+                entry["expected_if_random"][str(size)] = figures.expected_collision_rate(n, size)
+            out[name] = entry
+        return out
+
+    def overlap_report(self, index: int) -> dict[str, Any]:
+        layout = self.layouts[index]
+        return {name: figures.overlap_rates(self.overlap[index][j], self.unique[index][j], layout.full_batches)
+                for j, name in enumerate(self.tables)}
+
+
+def fine_batches_equal(n: int, sizes: list[int]) -> tuple[int, list[Layout]]:
+    """Fine batches of ``gcd(sizes)`` consecutive positions and one layout per global batch size."""
+    g0 = int(np.gcd.reduce(np.asarray(sizes, dtype=np.int64)))
+    n_fine = max(-(-n // g0), 1)
+    starts = np.arange(n_fine, dtype=np.int64) * g0
+    layouts = [Layout(f"global_batch_{b}", b, starts // b, max(-(-n // b), 1), n // b) for b in sizes]
+    return g0, layouts
+
+
+@dataclass
+class FineTracker:
+    """Fine batches for rows read in order whose layouts are known only while reading (a prepared
+    dataset's step groups next to batches of consecutive rows): a new fine batch starts whenever
+    the step group or the ``gcd(sizes)`` cell of the position changes."""
+
+    sizes: list[int]
+    g0: int = field(init=False)
+    groups: list[np.ndarray] = field(default_factory=list)
+    starts: list[np.ndarray] = field(default_factory=list)
+    last: tuple[int, int] | None = None
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.g0 = int(np.gcd.reduce(np.asarray(self.sizes, dtype=np.int64)))
+
+    def assign(self, positions: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        """Fine batch of each row (positions ascending, continuing the previous call)."""
+        if positions.size == 0:
+            return np.zeros(0, np.int64)
+        cell = positions // self.g0
+        change = np.ones(positions.size, dtype=bool)
+        change[1:] = (cell[1:] != cell[:-1]) | (groups[1:] != groups[:-1])
+        if self.last is not None and (int(cell[0]), int(groups[0])) == self.last:
+            change[0] = False
+        fine = self.count - (0 if change[0] else 1) + np.cumsum(change) - (1 if change[0] else 0)
+        self.groups.append(groups[change])
+        self.starts.append(positions[change])
+        self.count = int(fine[-1]) + 1
+        self.last = (int(cell[-1]), int(groups[-1]))
+        return fine.astype(np.int64)
+
+    def layouts(self, n: int, n_groups: int, group_batch: int | None) -> list[Layout]:
+        groups = np.concatenate(self.groups) if self.groups else np.zeros(1, np.int64)
+        starts = np.concatenate(self.starts) if self.starts else np.zeros(1, np.int64)
+        out = [Layout("step_group", group_batch, groups, max(n_groups, 1), n_groups)]
+        out += [Layout(f"global_batch_{b}", b, starts // b, max(-(-n // b), 1), n // b) for b in self.sizes]
+        return out
