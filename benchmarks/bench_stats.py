@@ -25,14 +25,12 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import psutil
+from measure import FREESCALE, ensure_preset, run_measured
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -62,37 +60,6 @@ print(lengths.len(), lengths.sum(), lengths.mean(), lengths.quantile(0.99), leng
 """
 
 
-def run_measured(cmd: list[str], label: str) -> dict:
-    """Run ``cmd``; return wall seconds, peak summed RSS of its process tree and its stdout."""
-    start = time.perf_counter()
-    # Run outside the repository so the root folders (e.g. datasets/) cannot shadow installed packages.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tempfile.gettempdir())
-    peak = 0
-    stop = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        root = psutil.Process(proc.pid)
-        while not stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-                peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    out, err = proc.communicate()
-    stop.set()
-    thread.join()
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
-    return {"wall_s": wall, "peak_rss_bytes": peak, "stdout": out}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="large")
@@ -102,11 +69,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "bench_stats.json"))
     args = parser.parse_args()
 
-    freescale = [str(Path(sys.executable).parent / "freescale")]
-    data = Path(args.data_dir) / args.preset
-    if not (data / "sources.toml").exists():
-        print(f"generating the {args.preset} preset into {data} (once; reused by later runs)")
-        subprocess.run([*freescale, "generate", "--preset", args.preset, "--out", str(data)], check=True)
+    freescale = FREESCALE
+    data = ensure_preset(args.preset, args.data_dir)
     load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
     work = Path(tempfile.mkdtemp(prefix="bench-stats-"))
     stats_cmd = [*freescale, "stats", str(data / "sources.toml"), "--out", str(work / "stats"), "--work-dir",

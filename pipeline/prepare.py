@@ -84,7 +84,6 @@ class PrepareJob:
     def __init__(self, config: PrepareConfig) -> None:
         self._started = time.perf_counter()
         self._executor: ProcessPoolExecutor | None = None
-        self._writes_shards = False  # set by run(); build_samples() alone (stats) writes none
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (CostModel.from_file(config.cost_model_file) if config.cost_model_file
@@ -129,7 +128,9 @@ class PrepareJob:
         if existing is not None:
             self._log("output is up to date (same config and sources): nothing to do")
             return existing
-        self._writes_shards = True
+        # mosaicml-streaming's import (torch, transformers) costs seconds and ~600 MB: only this process
+        # writes shards, and it imports streaming in the background while the workers scan.
+        threading.Thread(target=importlib.import_module, args=("streaming",), daemon=True).start()
         try:
             return self._run()
         finally:
@@ -208,10 +209,7 @@ class PrepareJob:
         if self.config.workers == 1:
             return None
         if self._executor is None:
-            # Workers that will write MDS shards import mosaicml-streaming early (see _warm_up_worker).
-            warm_up = _warm_up_worker if self._writes_shards else None
-            self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=warm_up)
+            self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"))
         return self._executor
 
     def close(self) -> None:
@@ -382,9 +380,11 @@ class PrepareJob:
         if not storage.is_remote(self.config.output):
             Path(self.config.output).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
-        parts = [(self.config.output, buckets_dir, bucket_size, part, n, with_features, self.config.shard_size_limit)
-                 for part in range(n_parts) if not part_done(buckets_dir, part)]
-        self._map(write_part, parts, "write", "part")
+        todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
+        for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
+            write_part(self.config.output, buckets_dir, bucket_size, part, n, with_features,
+                       self.config.shard_size_limit)
+        self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
         storage.write_bytes(storage.join(self.config.output, "index.json"),
                             merge_part_indexes(self.config.output, n_parts))
 
@@ -400,12 +400,6 @@ class PrepareJob:
                             quarantine_lines(examples).encode())
         storage.write_bytes(storage.join(self.config.output, MANIFEST_NAME),
                             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
-
-
-def _warm_up_worker() -> None:
-    """Import mosaicml-streaming (torch, transformers: seconds) in the background while the worker
-    scans, so the write phase does not wait for it; the readers spend most time outside the GIL."""
-    threading.Thread(target=importlib.import_module, args=("streaming",), daemon=True).start()
 
 
 def quarantine_lines(examples: dict[str, list[dict]]) -> str:

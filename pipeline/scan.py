@@ -21,19 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from freescale.datasets.sources import SourcesConfig, plan_read_tasks, read_task, read_user_table
+from freescale.datasets.sources import EVENT_SCHEMA, SourcesConfig, plan_read_tasks, read_task, read_user_table
 
-EVENT_SCHEMA = pa.schema(
-    [
-        ("user_id", pa.int64()),
-        ("item_id", pa.int64()),
-        ("ts", pa.int64()),
-        ("action", pa.int32()),
-        ("source", pa.int8()),
-        ("file_index", pa.int32()),
-        ("row", pa.int64()),
-    ]
-)
 # Bytes one event occupies while a partition is sorted and grouped (columns + sort copies).
 BYTES_PER_EVENT_IN_MEMORY = 160
 # Conservative on-disk bytes per event by format, to size partitions before reading anything.

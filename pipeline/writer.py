@@ -136,8 +136,7 @@ _LIST_DTYPES = {**{name: np.dtype(dtype) for name, dtype in LIST_COLUMNS.items()
 _SCALAR_DTYPES = {"int64": np.int64, "int32": np.int32, "float64": np.float64}
 
 
-PART_SIZE = 32_768  # samples per part: parts are written in parallel; fixed so output bytes do not
-# depend on the number of workers
+PART_SIZE = 32_768  # samples per part (resume granularity); fixed so output bytes never depend on the job
 
 
 def part_name(part: int) -> str:
