@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import io
 import json
 import multiprocessing
 import shutil
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -60,6 +58,7 @@ from freescale.pipeline.writer import (
 )
 
 TARGET_ROWS_PER_TASK = 1_000_000
+WRITER_IMPORT_BYTES = 900 * 2**20  # resident cost of importing mosaicml-streaming (measured, torch 2.14)
 
 
 class PrepareError(RuntimeError):
@@ -128,9 +127,6 @@ class PrepareJob:
         if existing is not None:
             self._log("output is up to date (same config and sources): nothing to do")
             return existing
-        # mosaicml-streaming's import (torch, transformers) costs seconds and ~600 MB: only this process
-        # writes shards, and it imports streaming in the background while the workers scan.
-        threading.Thread(target=importlib.import_module, args=("streaming",), daemon=True).start()
         try:
             return self._run()
         finally:
@@ -362,7 +358,9 @@ class PrepareJob:
         position[plan["order"]] = np.arange(n)
         micro_batch = np.repeat(np.arange(len(plan["offsets"]) - 1), np.diff(plan["offsets"]))[position]
         total_events = int(plan["length"].sum())
-        budget_events = max(self.config.memory_limit // (4 * scan.BYTES_PER_EVENT_IN_MEMORY), 1)
+        # The writer process also holds mosaicml-streaming (torch, transformers: ~900 MB resident).
+        writer_budget = max(self.config.memory_limit - WRITER_IMPORT_BYTES, self.config.memory_limit // 8)
+        budget_events = max(writer_budget // (3 * scan.BYTES_PER_EVENT_IN_MEMORY), 1)
         bucket_size = max(1, int(n * budget_events // max(total_events, 1)))
         n_buckets = -(-n // bucket_size)
         buckets_dir = str(self.work / "buckets")
@@ -380,6 +378,7 @@ class PrepareJob:
         if not storage.is_remote(self.config.output):
             Path(self.config.output).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
+        self.close()  # idle workers keep their peak memory: release it before this process imports streaming
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
             write_part(self.config.output, buckets_dir, bucket_size, part, n, with_features,
