@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -80,6 +81,7 @@ def main() -> None:
     limit = parse_size(args.memory_limit, "--memory-limit")
     result = {
         "preset": args.preset,
+        "environment": {"cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0]},
         "events": events,
         "baseline": {"wall_s": base["wall_s"], "events_per_s": events_baseline / base["wall_s"],
                      "peak_rss_bytes": base["peak_rss_bytes"], "events": events_baseline},
