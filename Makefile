@@ -25,6 +25,9 @@ lint: setup
 bench: setup
 	$(PY) benchmarks/bench_balance.py
 	$(PY) benchmarks/bench_prepare.py
+	$(PY) benchmarks/bench_stats.py
+	$(PY) benchmarks/bench_bubbles.py
+	$(PY) benchmarks/bench_quality.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache .ruff_cache

@@ -13,7 +13,7 @@ Target: our balanced shards cut the measured ``straggler_pct`` by ≥ 80% relati
 on the same data. On a shared 2-core machine other processes add noise that looks like idle time on
 a rank; the JSON keeps the per-step values and the median so a reader can judge it.
 
-    python benchmarks/bench_bubbles.py              # ~5 minutes on 2 cores
+    python benchmarks/bench_bubbles.py              # ~3 minutes on 2 cores
     python benchmarks/bench_bubbles.py --quick      # smoke run (tiny data, no result files unless --out)
 """
 
@@ -48,7 +48,7 @@ class Settings:
     median: float = 64.0
     sigma: float = 1.5
     cap: int = 768
-    micro_batch_size: int = 4
+    micro_batch_size: int = 8
     group_size: int = 8
     d_model: int = 64
     num_layers: int = 2

@@ -50,7 +50,11 @@ class PreparedDataset:
 
     @property
     def rows(self) -> Any:
-        """The MDS rows (``StreamingDataset``), opened lazily: the import is heavy."""
+        """The MDS rows (``StreamingDataset``), opened lazily: the import is heavy.
+
+        Under torch.distributed, opening it is collective (streaming synchronises the ranks), so every
+        rank must open it at the same point, not lazily in a prefetch thread. ``size`` is the
+        dataset's total row count (``len()`` would be this rank's share of streaming's own split)."""
         if self._rows is None:
             from streaming import StreamingDataset
 
@@ -58,8 +62,8 @@ class PreparedDataset:
             local = self.cache_dir if remote else self.uri
             self._rows = StreamingDataset(remote=remote, local=local, shuffle=False, batch_size=1,
                                           allow_unsafe_types=False)
-            if len(self._rows) != int(self.offsets[-1]):
-                raise ManifestError(f"{self.uri}: {len(self._rows)} rows in the shards but the plan "
+            if self._rows.size != int(self.offsets[-1]):
+                raise ManifestError(f"{self.uri}: {self._rows.size} rows in the shards but the plan "
                                     f"covers {int(self.offsets[-1])}")
         return self._rows
 

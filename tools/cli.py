@@ -74,7 +74,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="generate demo data, prepare it and print the balance report")
+    p = sub.add_parser("demo", help="generate demo data, prepare it, print the balance report, train 2 ranks")
     p.add_argument("--out", default="demo_out", help="working directory for the demo (default demo_out)")
 
 
@@ -254,12 +254,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     data = out / "sources"
     dataset = out / "prepared"
-    print("== 1/2 generate the demo sources")
+    print("== 1/3 generate the demo sources")
     cmd_generate(build_parser().parse_args(["generate", "--preset", "demo", "--out", str(data)]))
-    print("== 2/2 prepare load-balanced shards (G = 8 ranks, k = 32 samples per micro-batch)")
+    print("== 2/3 prepare load-balanced shards (G = 8 ranks, k = 32 samples per micro-batch)")
     prepare_args = ["prepare", "--sources", str(data / "sources.toml"), "--output", str(dataset),
                     "--group-size", "8", "--micro-batch-size", "32", "--max-uih-len", "4096", "--overwrite"]
-    return cmd_prepare(build_parser().parse_args(prepare_args))
+    status = cmd_prepare(build_parser().parse_args(prepare_args))
+    if status:
+        return status
+    print("== 3/3 train on 2 CPU ranks for about a minute and print the bubble table")
+    from freescale.trainer.demo import demo_train
+
+    return demo_train(str(data / "sources.toml"), str(out / "train"), seconds=60.0)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -1,0 +1,227 @@
+"""Trainer pieces in one process: jagged attention, model, sparse optimizers, bubble arithmetic,
+evaluation metrics, table initialisation and the run config's errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from freescale.pipeline.cost import ModelConfig
+from freescale.tools.cli import main as cli_main
+from freescale.trainer.bubbles import analyze, step_metrics, summarize, summary_table
+from freescale.trainer.config import ModelExtraConfig, RunConfig
+from freescale.trainer.data import CollateConfig, collate
+from freescale.trainer.engine import batch_features, batch_loss
+from freescale.trainer.evaluate import metrics_from_ranks, popularity_metrics
+from freescale.trainer.instrument import CommRecord, StageSpan, StepRecord
+from freescale.trainer.jagged import build_layout, group_by_length, padded_sum_of_squares
+from freescale.trainer.model import SequentialTransducer
+from freescale.trainer.sharded import init_rows, shard_bounds, split_features
+from freescale.trainer.sparse_optim import LazyAdam, RowWiseAdagrad, sum_by_row
+
+
+def make_samples(lengths: list[int], seed: int = 0, n_items: int = 50) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"item_ids": rng.integers(0, n_items, n), "actions": rng.integers(0, 3, n),
+             "timestamps": np.cumsum(rng.integers(1, 10_000, n)), "cost": float(n * n), "user_id": u,
+             "window": 0, "length": n} for u, n in enumerate(lengths)]
+
+
+def collate_cfg(**overrides) -> CollateConfig:
+    options = {"num_items": 50, "num_actions": 4, "max_len": 64, "num_negatives": 8, "inbatch_negatives": 4}
+    return CollateConfig(**(options | overrides))
+
+
+@pytest.mark.parametrize("architecture", ["hstu", "sasrec"])
+def test_jagged_batch_equals_each_sample_alone(architecture: str) -> None:
+    """Length groups and padding must not change any sample's output (no batch-max padding)."""
+    torch.manual_seed(0)
+    model = SequentialTransducer(ModelConfig(d_model=16, num_layers=2, num_heads=2, max_uih_len=64),
+                                 ModelExtraConfig(architecture=architecture, length_group_ratio=1.5)).eval()
+    lengths = [5, 17, 2, 9, 30, 16]
+    layout = build_layout(torch.tensor(lengths), ratio=1.5)
+    n = sum(lengths)
+    items, actions = torch.randn(n, 16), torch.randn(n, 16)
+    times = torch.cumsum(torch.randint(1, 5000, (n,)), 0)
+    together = model(items, actions, layout, times)
+    start = 0
+    for length in lengths:
+        rows = slice(start, start + length)
+        alone = model(items[rows], actions[rows], build_layout(torch.tensor([length])), times[rows])
+        torch.testing.assert_close(together[rows], alone, atol=1e-5, rtol=1e-5)
+        start += length
+
+
+def test_length_groups_bound_attention_work() -> None:
+    lengths = torch.tensor([400, 3, 390, 120, 100, 7, 8, 350, 2, 96])
+    layout = build_layout(lengths, ratio=1.25)
+    done, ideal = padded_sum_of_squares(layout)
+    assert ideal <= done <= 1.25**2 * ideal
+    batch_max = len(lengths) * int(lengths.max()) ** 2
+    assert done < 0.5 * batch_max  # what padding to the batch max would cost
+    assert sorted(i for g in group_by_length(lengths.tolist(), 1.25) for i in g) == list(range(len(lengths)))
+
+
+def test_collate_holds_out_last_event_and_draws_reproducible_negatives() -> None:
+    samples = make_samples([6, 1, 4])
+    batch = collate(samples, collate_cfg(), step=3, rank=1)
+    assert batch.lengths.tolist() == [5, 3]  # the 1-event sample is dropped, last events held out
+    assert batch.num_positions == 4 + 2
+    first = torch.from_numpy(samples[0]["item_ids"][:5] % 50)
+    assert batch.item_ids[:5].tolist() == first.tolist()
+    assert batch.item_ids[batch.target_index[:4]].tolist() == first[1:].tolist()
+    again = collate(samples, collate_cfg(), step=3, rank=1)
+    assert torch.equal(batch.negative_ids, again.negative_ids)
+    assert not torch.equal(batch.negative_ids, collate(samples, collate_cfg(), step=4, rank=1).negative_ids)
+    evaluation = collate(samples, collate_cfg(), step=0, rank=0, holdout=False)
+    assert evaluation.lengths.tolist() == [6, 4]
+
+
+def test_loss_backpropagates_to_rows_and_dense_params() -> None:
+    torch.manual_seed(0)
+    model = SequentialTransducer(ModelConfig(d_model=8, num_layers=1, num_heads=2, max_uih_len=64), ModelExtraConfig())
+    batch = collate(make_samples([7, 12, 3]), collate_cfg(), step=0, rank=0)
+    ids = split_features(batch_features(batch))
+    tables = {"item": torch.randn(50, 8, requires_grad=True), "action": torch.randn(4, 8, requires_grad=True)}
+    rows = {"item": tables["item"][ids["item"]], "action": tables["action"][ids["action"]],
+            "neg": tables["item"][ids["neg"]]}
+    loss = batch_loss(model, batch, rows, temperature=0.1)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and float(loss.detach()) > 0
+    assert all(p.grad is not None for p in model.parameters())
+    assert tables["item"].grad.abs().sum() > 0
+
+
+def test_rowwise_adagrad_and_lazy_adam_touch_only_given_rows() -> None:
+    weight = torch.ones(5, 2)
+    adagrad = RowWiseAdagrad(5, 2, lr=0.1, eps=1e-8, device=torch.device("cpu"))
+    rows, grads = sum_by_row(torch.tensor([3, 1, 3]), torch.tensor([[1.0, 1.0], [2.0, 0.0], [1.0, 1.0]]))
+    assert rows.tolist() == [1, 3] and grads.tolist() == [[2.0, 0.0], [2.0, 2.0]]
+    adagrad.step(weight, rows, grads)
+    assert adagrad.state["momentum"].tolist() == [0.0, 2.0, 0.0, 4.0, 0.0]
+    torch.testing.assert_close(weight[3], torch.tensor([1 - 0.1 * 2 / 2, 1 - 0.1 * 2 / 2]))
+    torch.testing.assert_close(weight[1], torch.tensor([1 - 0.1 * 2 / math.sqrt(2), 1.0]))
+    assert weight[[0, 2, 4]].eq(1).all()
+    adam_weight = torch.zeros(4, 2)
+    adam = LazyAdam(4, 2, lr=0.01, eps=1e-8, betas=(0.9, 0.99), device=torch.device("cpu"))
+    adam.step(adam_weight, torch.tensor([2]), torch.tensor([[3.0, -3.0]]))
+    torch.testing.assert_close(adam_weight[2], torch.tensor([-0.01, 0.01]))  # first Adam step: lr·sign
+    assert adam.state["steps"].tolist() == [0, 0, 1, 0]
+
+
+def test_table_shards_concatenate_to_the_whole_table() -> None:
+    rows, world = 10_000, 3
+    whole = init_rows(7, 1, rows, 0, rows, 4)
+    pieces = [init_rows(7, 1, rows, *shard_bounds(rows, world, r), 4) for r in range(world)]
+    assert torch.equal(torch.cat(pieces), whole)
+    assert shard_bounds(rows, world, 2) == (6668, 10_000)
+    assert whole.abs().max() <= (1 / rows) ** 0.5
+
+
+def _record(rank: int, step: int, start: float, comm_at: float, arrive_wait: float, end: float) -> StepRecord:
+    """A step: data, compute until comm_at, one collective waited until arrive_wait, compute to end."""
+    return StepRecord(step=step, rank=rank, start=start, end=end, samples=4, loss=1.0, cost=comm_at - start,
+                      stages=[StageSpan("data", "data", start, start + 1), StageSpan("forward", "compute", start + 1,
+                                                                                     comm_at),
+                              StageSpan("gradient_comm", "comm", comm_at, arrive_wait),
+                              StageSpan("dense_update", "compute", arrive_wait, end)],
+                      comms=[CommRecord("dense", comm_at, comm_at, arrive_wait)])
+
+
+def test_bubble_split_of_a_known_straggler() -> None:
+    # rank 0 reaches the all-reduce at t=4, rank 1 at t=8; the transfer then takes 1 (done at 9)
+    records = [[_record(0, 0, 0.0, 4.0, 9.0, 10.0)], [_record(1, 0, 0.0, 8.0, 9.0, 10.0)]]
+    (step,) = analyze(records)
+    fast, slow = step
+    assert (fast.idle, fast.comm, fast.data, fast.compute) == pytest.approx((4.0, 1.0, 1.0, 4.0))
+    assert (slow.idle, slow.comm, slow.compute) == pytest.approx((0.0, 1.0, 8.0))
+    for rank_step in step:
+        assert rank_step.parts_total() == pytest.approx(rank_step.wall)
+        assert rank_step.untimed == pytest.approx(0.0)
+    metrics = step_metrics(step)
+    assert metrics["straggler_pct"] == pytest.approx(20.0)  # mean idle (4 + 0) / 2 over wall 10
+    assert metrics["exposed_comm_pct"] == pytest.approx(10.0)
+    assert metrics["bubble_pct"] == pytest.approx(30.0)
+    summary = summarize(analyze(records))
+    assert summary["straggler_pct"] == pytest.approx(20.0)
+    assert "straggler%" in summary_table(summary, "t")
+
+
+def test_ranking_metrics_and_popularity_baseline() -> None:
+    metrics = metrics_from_ranks(np.array([0, 1, 9, 10, 500]), k=10)
+    assert metrics["hr@10"] == pytest.approx(3 / 5)
+    assert metrics["ndcg@10"] == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(11)) / 5)
+    train = np.array([5, 5, 5, 7, 7, 1])
+    popular = popularity_metrics(train, np.array([5, 7, 1, 2]), num_items=20, k=2)
+    assert popular["hr@2"] == pytest.approx(0.5)  # 5 (rank 0) and 7 (rank 1) are hits
+
+
+def write_config(path: Path, **tables: dict) -> str:
+    base = {"data": {"path": "/tmp/x"}}
+    base.update(tables)
+    lines = []
+    for table, values in base.items():
+        lines.append(f"[{table}]")
+        lines.extend(f"{key} = {value!r}".replace("'", '"') for key, value in values.items())
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(("tables", "message"), [
+    ({"model": {"d_model": 30, "num_heads": 4}}, "model.d_model"),
+    ({"model": {"layers": 2}}, r"unknown option\(s\) \['layers'\] in \[model\]"),
+    ({"model_extra": {"architecture": "bert"}}, "model_extra.architecture"),
+    ({"model_extra": {"temperature": 0}}, "model_extra.temperature"),
+    ({"optimizer": {"sparse": "sgd"}}, "optimizer.sparse"),
+    ({"optimizer": {"dense_lr": -1}}, "optimizer.dense_lr"),
+    ({"engine": {"name": "megatron"}}, "engine.name"),
+    ({"engine": {"backend": "nccl"}}, "engine.backend"),
+    ({"data": {"path": ""}}, "data.path"),
+    ({"data": {"path": "x", "max_steps": -2}}, "data.max_steps"),
+    ({"checkpoint": {"every": 5}}, "checkpoint.dir"),
+    ({"engine": {"name": "torchrec"}, "checkpoint": {"dir": "/tmp/c"}}, "checkpoint.dir must be empty"),
+    ({"logging": {"log_every": 0}}, "logging.log_every"),
+    ({"eval": {"k": 0}}, "eval.k"),
+    ({"trainer": {"x": 1}}, r"unknown table\(s\) \['trainer'\]"),
+])
+def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
+    path = write_config(tmp_path / "run.toml", **tables)
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_toml(path)
+
+
+def test_config_round_trip_overrides_and_model_table(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.toml", model={"d_model": 32, "num_heads": 2, "max_uih_len": 128})
+    cfg = RunConfig.from_toml(path, ["engine.name=torchrec", "data.max_steps=7", 'data.path="s3://b/p"'])
+    assert (cfg.engine.name, cfg.data.max_steps, cfg.data.path) == ("torchrec", 7, "s3://b/p")
+    assert ModelConfig.from_toml(path).d_model == 32  # [model] stays readable by `prepare --model-config`
+    (tmp_path / "resolved.toml").write_text(cfg.to_toml())
+    assert RunConfig.from_toml(str(tmp_path / "resolved.toml")) == cfg
+    with pytest.raises(ValueError, match=r"table\.option=value"):
+        RunConfig.from_toml(path, ["max_steps=3"])
+
+
+def test_cli_train_reports_config_errors_with_status_2(tmp_path: Path, capsys) -> None:
+    path = write_config(tmp_path / "run.toml", engine={"threads": 0})
+    assert cli_main(["train", "--config", path, "--nproc", "2"]) == 2
+    assert "engine.threads" in capsys.readouterr().err
+    assert cli_main(["train", "--config", path, "--nproc", "0", "--set", "engine.threads=1"]) == 2
+    assert "--nproc" in capsys.readouterr().err
+
+
+def test_sharded_tables_read_torchrec_keyed_jagged_tensors() -> None:
+    """The KJT boundary: our tables take TorchRec's KeyedJaggedTensor as well as their own JaggedIds."""
+    pytest.importorskip("torchrec")
+    from freescale.trainer.kjt import batch_to_kjt
+
+    batch = collate(make_samples([6, 3, 9]), collate_cfg(), step=0, rank=0)
+    kjt = batch_to_kjt(batch)
+    ours, theirs = split_features(batch_features(batch)), split_features(kjt)
+    assert list(theirs) == ["item", "action", "neg"]
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    assert kjt.stride() == batch.num_samples

@@ -1,0 +1,184 @@
+"""Turn gathered step records into ``straggler_pct``, ``exposed_comm_pct`` and ``bubble_pct`` (DESIGN §2).
+
+For collective ``i`` of step ``s`` every rank recorded its arrival (launch) and the interval it
+blocked waiting. The collective cannot complete before the slowest rank arrives, so for rank ``r``
+
+    idle_r  = max(0, min(wait_end_r, max_r' launch_r') - wait_start_r)   (waiting for stragglers)
+    comm_r  = (wait_end_r - wait_start_r) - idle_r                        (exposed communication)
+
+and, from the rank's contiguous stages, ``data`` (loader) and ``compute`` = stage time - data - all
+waits (forward, backward, optimizer, local lookup, bucketing). The parts add up to the stage total;
+``untimed`` = wall - stage total is what no stage covers. Our engine's stages tile the step
+(``StepTimer.stage`` is contiguous), so there it is zero by construction and the test checks the
+split instead: no part negative, waits inside stages, parts = wall within 5%.
+
+Per step: ``straggler_pct`` = mean over ranks of idle_r / wall_r, ``exposed_comm_pct`` likewise for
+comm_r, ``bubble_pct`` their sum. Run summaries are time-weighted (Σ idle / Σ wall over ranks and
+steps) and leave out the first ``skip_steps`` warm-up steps.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from freescale.trainer.instrument import StepRecord
+
+PARTS = ("compute", "data", "comm", "idle", "untimed")
+
+
+@dataclass
+class RankStep:
+    """One rank's step split into parts (seconds)."""
+
+    step: int
+    rank: int
+    wall: float
+    compute: float
+    data: float
+    comm: float
+    idle: float
+    untimed: float
+    samples: int
+    loss: float
+    cost: float
+    stages: dict[str, float]
+
+    def parts_total(self) -> float:
+        return self.compute + self.data + self.comm + self.idle + self.untimed
+
+    def parts(self) -> dict[str, float]:
+        """Seconds per part plus wall, step and rank (``bubbles.json`` → ``rank_steps``)."""
+        return {"step": self.step, "rank": self.rank, "wall": self.wall,
+                **{part: getattr(self, part) for part in PARTS}, "stages": self.stages}
+
+
+def max_launches(records: list[StepRecord]) -> list[float]:
+    """Latest arrival per collective ordinal over ranks (ranks issue the same collectives in order)."""
+    count = min(len(r.comms) for r in records)
+    return [max(r.comms[i].launch for r in records) for i in range(count)]
+
+
+def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
+    """Split one rank's step into compute / data / comm / idle / untimed."""
+    waits = idle = 0.0
+    for i, comm in enumerate(record.comms):
+        blocked = max(0.0, comm.wait_end - comm.wait_start)
+        waits += blocked
+        if i < len(max_launch):
+            idle += min(blocked, max(0.0, min(comm.wait_end, max_launch[i]) - comm.wait_start))
+    stages: dict[str, float] = defaultdict(float)
+    data = 0.0
+    for span in record.stages:
+        stages[span.name] += span.end - span.start
+        if span.kind == "data":
+            data += span.end - span.start
+    staged = sum(stages.values())
+    wall = record.end - record.start
+    return RankStep(step=record.step, rank=record.rank, wall=wall, compute=staged - data - waits,
+                    data=data, comm=waits - idle, idle=idle, untimed=wall - staged, samples=record.samples,
+                    loss=record.loss, cost=record.cost, stages=dict(stages))
+
+
+def analyze(records_by_rank: list[list[StepRecord]]) -> list[list[RankStep]]:
+    """Per step (in step order), the ``RankStep`` of every rank."""
+    by_step: dict[int, list[StepRecord]] = defaultdict(list)
+    for rank_records in records_by_rank:
+        for record in rank_records:
+            by_step[record.step].append(record)
+    steps = []
+    for step in sorted(by_step):
+        records = sorted(by_step[step], key=lambda r: r.rank)
+        max_launch = max_launches(records)
+        steps.append([split_rank_step(r, max_launch) for r in records])
+    return steps
+
+
+def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
+    """The per-step JSONL fields for one step (all ranks)."""
+    def pct(part: str) -> float:
+        return 100.0 * sum(getattr(r, part) / r.wall for r in ranks if r.wall > 0) / len(ranks)
+
+    wall = max(r.wall for r in ranks)
+    costs = [r.cost for r in ranks]
+    mean_cost = sum(costs) / len(costs)
+    straggler, comm = pct("idle"), pct("comm")
+    return {
+        "step": ranks[0].step,
+        "loss": sum(r.loss for r in ranks) / len(ranks),
+        "samples": sum(r.samples for r in ranks),
+        "step_ms": 1000.0 * wall,
+        "samples_per_s": sum(r.samples for r in ranks) / wall if wall > 0 else 0.0,
+        "straggler_pct": straggler,
+        "exposed_comm_pct": comm,
+        "bubble_pct": straggler + comm,
+        "compute_pct": pct("compute"),
+        "data_pct": pct("data"),
+        "untimed_pct": pct("untimed"),
+        "imbalance": max(costs) / mean_cost if mean_cost > 0 else 1.0,
+        "rank_ms": [1000.0 * r.wall for r in ranks],
+        "rank_idle_ms": [1000.0 * r.idle for r in ranks],
+    }
+
+
+def summarize(steps: list[list[RankStep]], skip_steps: int = 0) -> dict[str, Any]:
+    """Time-weighted run summary, per rank and overall, without the first ``skip_steps`` steps."""
+    kept = steps[skip_steps:] if len(steps) > skip_steps else steps
+    if not kept:
+        return {"steps": 0}
+    world = len(kept[0])
+    per_rank = [_totals([s[r] for s in kept if r < len(s)]) for r in range(world)]
+    overall = _totals([rank_step for s in kept for rank_step in s])
+    step_walls = [max(r.wall for r in s) for s in kept]
+    samples = sum(r.samples for s in kept for r in s)
+    stage_ms: dict[str, float] = defaultdict(float)
+    for s in kept:
+        for r in s:
+            for name, seconds in r.stages.items():
+                stage_ms[name] += 1000.0 * seconds / (len(kept) * world)
+    return {
+        "steps": len(kept),
+        "skipped_steps": len(steps) - len(kept),
+        "world_size": world,
+        "step_ms": 1000.0 * sum(step_walls) / len(step_walls),
+        "samples_per_s": samples / sum(step_walls) if sum(step_walls) > 0 else 0.0,
+        **overall,
+        "per_rank": per_rank,
+        "stage_ms": dict(stage_ms),
+        "per_step": {
+            key: [step_metrics(s)[key] for s in kept]
+            for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")
+        },
+    }
+
+
+def _totals(rank_steps: list[RankStep]) -> dict[str, float]:
+    wall = sum(r.wall for r in rank_steps)
+    if wall <= 0:
+        return {f"{p}_pct": 0.0 for p in PARTS} | {"straggler_pct": 0.0, "exposed_comm_pct": 0.0, "bubble_pct": 0.0}
+    share = {f"{p}_pct": 100.0 * sum(getattr(r, p) for r in rank_steps) / wall for p in PARTS}
+    share["straggler_pct"] = share["idle_pct"]
+    share["exposed_comm_pct"] = share["comm_pct"]
+    share["bubble_pct"] = share["idle_pct"] + share["comm_pct"]
+    return share
+
+
+def summary_table(summary: dict[str, Any], title: str = "") -> str:
+    """A plain-text table of a run summary (printed at the end of a run and by ``make demo``)."""
+    if not summary.get("steps"):
+        return f"{title}: no steps measured"
+    header = f"{'':8} {'compute%':>9} {'data%':>7} {'exposed_comm%':>14} {'straggler%':>11} {'bubble%':>8}"
+    lines = [title, f"steps {summary['steps']} (after {summary['skipped_steps']} warm-up), "
+                    f"{summary['world_size']} ranks, {summary['step_ms']:.1f} ms/step, "
+                    f"{summary['samples_per_s']:.1f} samples/s", header]
+
+    def row(name: str, values: dict[str, float]) -> str:
+        return (f"{name:8} {values['compute_pct']:9.1f} {values['data_pct']:7.1f} {values['exposed_comm_pct']:14.1f} "
+                f"{values['straggler_pct']:11.1f} {values['bubble_pct']:8.1f}")
+
+    lines.extend(row(f"rank {r}", values) for r, values in enumerate(summary["per_rank"]))
+    lines.append(row("all", summary))
+    stages = ", ".join(f"{name} {ms:.2f}" for name, ms in summary["stage_ms"].items())
+    lines.append(f"stage ms/step: {stages}")
+    return "\n".join(line for line in lines if line)

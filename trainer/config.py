@@ -1,0 +1,292 @@
+"""The trainer's run config: one TOML file, validated on load, errors that name the option.
+
+Tables: ``[model]`` is ``freescale.pipeline.cost.ModelConfig`` unchanged, so the same file can be
+passed to ``freescale prepare --model-config`` and the planner costs samples with the dimensions the
+trainer runs. Options only the trainer needs live in ``[model_extra]`` (a separate dataclass, so
+``ModelConfig.from_dict`` keeps reading ``[model]``). ``[data]``, ``[optimizer]``, ``[engine]``,
+``[eval]``, ``[checkpoint]`` and ``[logging]`` follow. Unknown tables or keys are errors: a typo
+must not silently fall back to a default in a benchmark.
+
+Every dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming
+``table.option``; ``RunConfig.from_toml`` adds the file name.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from freescale.pipeline.cost import ModelConfig
+
+ARCHITECTURES = ("hstu", "sasrec")
+ENGINES = ("freescale", "torchrec")
+DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam")
+DEVICES = ("cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
+
+
+def _check(condition: bool, option: str, message: str, value: Any) -> None:
+    if not condition:
+        raise ValueError(f"{option} {message}, got {value!r}")
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, option, f"must be one of {list(choices)}", value)
+
+
+@dataclass
+class ModelExtraConfig:
+    """Trainer-only model options (``[model_extra]``); ``[model]`` stays ``ModelConfig``."""
+
+    architecture: str = "hstu"
+    num_items: int = 1_000  # item table rows; raw ids are taken modulo this (hash_collision_rate)
+    num_actions: int = 16  # action table rows; action ids modulo this
+    inbatch_negatives: int = 32  # targets of the same micro-batch used as extra negatives
+    temperature: float = 0.05  # softmax temperature over l2-normalised embeddings (HSTU practice)
+    dropout: float = 0.0
+    time_buckets: int = 64  # log-spaced buckets of |Δt| for the HSTU relative time bias
+    length_group_ratio: float = 1.25  # jagged attention pads only samples within this length ratio
+    ffn_multiplier: int = 4  # SASRec feed-forward width
+
+    def __post_init__(self) -> None:
+        _choice("model_extra.architecture", self.architecture, ARCHITECTURES)
+        for name in ("num_items", "num_actions", "time_buckets", "ffn_multiplier"):
+            _check(getattr(self, name) >= 1, f"model_extra.{name}", "must be >= 1", getattr(self, name))
+        _check(self.inbatch_negatives >= 0, "model_extra.inbatch_negatives", "must be >= 0",
+               self.inbatch_negatives)
+        _check(self.temperature > 0, "model_extra.temperature", "must be > 0", self.temperature)
+        _check(0.0 <= self.dropout < 1.0, "model_extra.dropout", "must be in [0, 1)", self.dropout)
+        _check(self.length_group_ratio >= 1.0, "model_extra.length_group_ratio", "must be >= 1.0",
+               self.length_group_ratio)
+
+
+@dataclass
+class DataConfig:
+    """Which prepared dataset to stream and how much of it."""
+
+    path: str = ""  # prepared dataset: local directory or s3:// prefix
+    cache_dir: str = ""  # local cache for s3:// (default: a temp directory keyed by the URI)
+    epochs: float = 1.0  # used when max_steps is 0
+    max_steps: int = 0  # > 0: stop after this many steps (wrapping around epochs)
+    max_seconds: float = 0.0  # > 0: also stop at the first log flush after this much training time
+    holdout_last: bool = True  # never train on a user's last event: it is the eval target
+    prefetch: int = 2  # micro-batches read ahead by a background thread (0: read inline)
+    seed: int = 0  # negatives and dropout draw from (seed, step, rank)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "data.path", "is required (a prepared dataset directory or s3:// prefix)",
+               self.path)
+        _check(self.epochs > 0, "data.epochs", "must be > 0", self.epochs)
+        _check(self.max_steps >= 0, "data.max_steps", "must be >= 0", self.max_steps)
+        _check(self.max_seconds >= 0, "data.max_seconds", "must be >= 0", self.max_seconds)
+        _check(self.prefetch >= 0, "data.prefetch", "must be >= 0", self.prefetch)
+        _check(self.seed >= 0, "data.seed", "must be >= 0", self.seed)
+
+
+@dataclass
+class OptimizerConfig:
+    """Dense (data-parallel) and sparse (row-wise sharded) optimizers."""
+
+    dense: str = "adam"
+    dense_lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    sparse: str = "rowwise_adagrad"
+    sparse_lr: float = 0.05
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _choice("optimizer.dense", self.dense, DENSE_OPTIMIZERS)
+        _choice("optimizer.sparse", self.sparse, SPARSE_OPTIMIZERS)
+        for name in ("dense_lr", "sparse_lr", "eps"):
+            _check(getattr(self, name) > 0, f"optimizer.{name}", "must be > 0", getattr(self, name))
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", self.weight_decay)
+        self.betas = tuple(self.betas)  # TOML gives a list
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
+               "must be two numbers in [0, 1)", self.betas)
+
+
+@dataclass
+class EngineConfig:
+    """Which engine runs the step and on what."""
+
+    name: str = "freescale"
+    device: str = "cpu"
+    backend: str = "auto"  # auto: gloo on CPU, nccl on CUDA
+    threads: int = 1  # torch.set_num_threads per rank (benchmarks: 1)
+    seed: int = 0  # model and table initialisation
+    instrument: bool = True  # per-stage timers (CUDA: synchronises at stage boundaries)
+    torchrec_pipeline: str = "auto"  # auto: TrainPipelineSparseDist (runs on CPU too), see torchrec_engine
+
+    def __post_init__(self) -> None:
+        _choice("engine.name", self.name, ENGINES)
+        _choice("engine.device", self.device, DEVICES)
+        _choice("engine.backend", self.backend, BACKENDS)
+        _choice("engine.torchrec_pipeline", self.torchrec_pipeline, TORCHREC_PIPELINES)
+        _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
+        _check(self.seed >= 0, "engine.seed", "must be >= 0", self.seed)
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ValueError("engine.backend 'nccl' needs engine.device 'cuda' (use gloo on CPU)")
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+@dataclass
+class EvalConfig:
+    """Leave-last-out evaluation: HR@k and NDCG@k of each user's held-out last item."""
+
+    every: int = 0  # steps between evaluations; 0: only at the end
+    at_end: bool = True
+    max_users: int = 1_000  # evaluated users (window-0 samples), split over ranks
+    num_candidates: int = 0  # 0: full ranking over the catalogue; > 0: that many sampled negatives
+    k: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("every", "max_users", "num_candidates"):
+            _check(getattr(self, name) >= 0, f"eval.{name}", "must be >= 0", getattr(self, name))
+        _check(self.k >= 1, "eval.k", "must be >= 1", self.k)
+
+
+@dataclass
+class CheckpointConfig:
+    """torch.distributed.checkpoint of tables, dense params, both optimizers and the loader step."""
+
+    dir: str = ""  # empty: no checkpoints
+    every: int = 0  # steps between checkpoints (0: off)
+    steps: list[int] = field(default_factory=list)  # extra steps to checkpoint after
+    at_end: bool = True
+    resume: str = ""  # "" | "latest" | a step directory (checkpoint.dir/step_00000012)
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "checkpoint.every", "must be >= 0", self.every)
+        _check(all(int(s) >= 1 for s in self.steps), "checkpoint.steps", "must hold steps >= 1", self.steps)
+        self.steps = sorted({int(s) for s in self.steps})
+        wants = self.every or self.steps or self.resume
+        _check(bool(self.dir) or not wants, "checkpoint.dir",
+               "is required when checkpoint.every, checkpoint.steps or checkpoint.resume is set", self.dir)
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run writes: metrics.jsonl, bubbles.json, trace.json, timeline.png, summary.txt."""
+
+    out_dir: str = "runs/default"
+    log_every: int = 10  # steps per flush (bubble metrics need a gather across ranks)
+    progress: bool = True
+    trace_steps: int = 20  # steps in the Chrome/Perfetto trace
+    timeline_steps: int = 4  # steps drawn in timeline.png
+    skip_steps: int = 2  # warm-up steps left out of the run summary
+
+    def __post_init__(self) -> None:
+        _check(bool(self.out_dir), "logging.out_dir", "is required", self.out_dir)
+        _check(self.log_every >= 1, "logging.log_every", "must be >= 1", self.log_every)
+        for name in ("trace_steps", "timeline_steps", "skip_steps"):
+            _check(getattr(self, name) >= 0, f"logging.{name}", "must be >= 0", getattr(self, name))
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "model_extra": ModelExtraConfig, "data": DataConfig, "optimizer": OptimizerConfig,
+    "engine": EngineConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig, "logging": LoggingConfig,
+}
+
+
+def _section(cls: type, values: Any, name: str) -> Any:
+    if not isinstance(values, dict):
+        raise ValueError(f"[{name}] must be a table, got {values!r}")
+    if cls is ModelConfig:
+        return ModelConfig.from_dict(values, where=name)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} in [{name}]; known: {sorted(known)}")
+    try:
+        return cls(**values)
+    except TypeError as error:  # a wrong type that the comparison in __post_init__ trips over
+        raise ValueError(f"[{name}]: {error}") from error
+
+
+@dataclass
+class RunConfig:
+    """A whole training run; ``RunConfig.from_toml(path)`` or ``from_dict``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    model_extra: ModelExtraConfig = field(default_factory=ModelExtraConfig)
+    data: DataConfig = field(default_factory=lambda: DataConfig(path="data/prepared"))
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if self.engine.name == "torchrec" and self.checkpoint.dir:
+            raise ValueError("checkpoint.dir must be empty with engine.name 'torchrec': checkpoint/resume is "
+                             "implemented for the FreeScale engine; the TorchRec baseline runs without checkpoints")
+        if self.model.num_negatives + self.model_extra.inbatch_negatives < 1:
+            raise ValueError("model.num_negatives + model_extra.inbatch_negatives must be >= 1 "
+                             "(the sampled softmax needs at least one negative)")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        unknown = sorted(set(data) - set(SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown table(s) {unknown}; known: {sorted(SECTIONS)}")
+        if "data" not in data:
+            raise ValueError("[data] is required (data.path: the prepared dataset)")
+        return cls(**{name: _section(kind, data.get(name, {}), name) for name, kind in SECTIONS.items()})
+
+    @classmethod
+    def from_toml(cls, path: str, overrides: list[str] | None = None) -> RunConfig:
+        """Read and validate ``path``; ``overrides`` are ``table.option=value`` strings (TOML values)."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: not valid TOML ({error})") from error
+        apply_overrides(data, overrides or [])
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from error
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML (written next to the run's logs)."""
+        lines: list[str] = []
+        for name, section in self.to_dict().items():
+            lines.append(f"[{name}]")
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in section.items())
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """``engine.name=torchrec`` / ``data.max_steps=20`` / ``data.path="s3://b/p"`` into ``data``."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        table, dot, option = key.strip().partition(".")
+        if not sep or not dot or not option:
+            raise ValueError(f"--set {item!r}: expected table.option=value (e.g. data.max_steps=20)")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text  # a bare string
+        data.setdefault(table, {})[option] = value

@@ -1,0 +1,169 @@
+"""The FreeScale engine: one training step as seven explicit, separately timed stages.
+
+    input_dist → embedding_lookup → embedding_comm → forward → backward → gradient_comm
+    → sparse_update → dense_update
+
+Each stage is a method-sized piece so the next issues can move them: prioritized embedding
+communication (DESIGN §5) splits ``input_dist``/``embedding_comm`` into overlapped and non-overlapped
+ids and defers part of ``sparse_update``; the online balancer inserts dispatch/combine after
+``embedding_comm`` and before ``gradient_comm``; SM-free transport replaces the all-to-alls.
+
+Dense parameters are data parallel with DDP semantics (identical initial weights broadcast from
+rank 0, gradients averaged over ranks before the update), but the all-reduce is an explicit stage —
+one flat buffer after backward — instead of DDP's hooks inside backward, so it can be timed and
+reordered. Embedding gradients are *summed* over ranks (each rank's loss is a mean over its own
+positions), which is what TorchRec does; the single-process reference in the tests replays exactly
+this rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from freescale.trainer.checkpoint import FreeScaleCheckpointer
+from freescale.trainer.config import RunConfig
+from freescale.trainer.data import Batch
+from freescale.trainer.instrument import StepTimer, TimedComm
+from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
+from freescale.trainer.sharded import JaggedIds, RowWiseShardedTables, TableSpec
+from freescale.trainer.sparse_optim import make_dense_optimizer
+
+FEATURES = ("item", "action", "neg")
+
+
+def table_specs(cfg: RunConfig) -> list[TableSpec]:
+    """The item table (history, targets and negatives read it) and the action table."""
+    d = cfg.model.d_model
+    return [TableSpec("item", cfg.model_extra.num_items, d, ("item", "neg")),
+            TableSpec("action", cfg.model_extra.num_actions, d, ("action",))]
+
+
+def batch_features(batch: Batch) -> JaggedIds:
+    """The batch's sparse features, keyed like the TorchRec ``KeyedJaggedTensor`` of ``kjt.py``."""
+    values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids])
+    return JaggedIds(list(FEATURES), values, [batch.item_ids.numel(), batch.action_ids.numel(),
+                                              batch.negative_ids.numel()])
+
+
+def batch_loss(model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor],
+               temperature: float) -> torch.Tensor:
+    """Autoregressive sampled-softmax loss of one micro-batch given its features' embedding rows."""
+    items, actions = rows["item"], rows["action"]
+    inputs = batch.input_index
+    outputs = model(items[inputs], actions[inputs], batch.layout, batch.timestamps[inputs])
+    targets = batch.target_index
+    return sampled_softmax_loss(outputs, items[targets], rows["neg"], batch.item_ids[targets],
+                                batch.negative_ids, temperature)
+
+
+def batch_queries(model: SequentialTransducer, batch: Batch,
+                  rows: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sample's query (output at its last input), its target's row and target id (evaluation)."""
+    items, actions = rows["item"], rows["action"]
+    inputs = batch.input_index
+    outputs = model(items[inputs], actions[inputs], batch.layout, batch.timestamps[inputs])
+    last = batch.last_input_rows()
+    target_rows = batch.target_index[last]
+    return outputs[last], items[target_rows], batch.item_ids[target_rows]
+
+
+def broadcast_parameters(module: torch.nn.Module) -> None:
+    """Rank 0's initial dense weights everywhere (what DDP does at construction)."""
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+class FreeScaleEngine:
+    """Row-wise sharded tables + data-parallel dense model, every step stage explicit."""
+
+    name = "freescale"
+
+    def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.timer = StepTimer(rank, device, cfg.engine.instrument)
+        self.comm = TimedComm(self.timer)
+        torch.manual_seed(cfg.engine.seed)
+        self.model = SequentialTransducer(cfg.model, cfg.model_extra).to(device)
+        broadcast_parameters(self.model)
+        self.tables = RowWiseShardedTables(table_specs(cfg), rank, world_size, device, cfg.engine.seed,
+                                           cfg.optimizer, self.comm)
+        self.dense_optimizer = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
+
+    # the step ----------------------------------------------------------------------------------
+    def step(self, batches: Iterator[Batch]) -> None:
+        """Read this rank's next micro-batch (the ``data`` stage) and train on it."""
+        with self.timer.stage("data", "data"):
+            batch = next(batches).to(self.device)
+        self.train_step(batch)
+
+    def describe(self) -> str:
+        return "row-wise sharded tables, explicit all-to-alls, flat dense all-reduce"
+
+    def checkpointer(self) -> FreeScaleCheckpointer:
+        return FreeScaleCheckpointer(self)
+
+    def train_step(self, batch: Batch) -> float:
+        """One synchronous step on this rank's micro-batch (already on the device); returns the local loss."""
+        self.model.train()
+        stage = self.timer.stage
+        with stage("input_dist", "comm"):
+            ctx = self.tables.input_dist(batch_features(batch))
+        with stage("embedding_lookup", "compute"):
+            owned_rows = self.tables.lookup(ctx)
+        with stage("embedding_comm", "comm"):
+            unique_rows = [rows.requires_grad_() for rows in self.tables.output_dist(ctx, owned_rows)]
+        with stage("forward", "compute"):
+            loss = batch_loss(self.model, batch, self.tables.feature_rows(ctx, unique_rows),
+                              self.cfg.model_extra.temperature)
+        with stage("backward", "compute"):
+            loss.backward()
+        with stage("gradient_comm", "comm"):
+            owner_grads = self.tables.grad_dist(ctx, [rows.grad for rows in unique_rows])
+            self._all_reduce_dense_grads()
+        with stage("sparse_update", "compute"):
+            self.tables.sparse_update(ctx, owner_grads)
+        with stage("dense_update", "compute"):
+            self.dense_optimizer.step()
+            self.dense_optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach())
+        if self.timer.current is not None:
+            record = self.timer.current
+            record.loss, record.samples, record.positions = value, batch.num_samples, batch.num_positions
+            record.cost = batch.cost
+        return value
+
+    def _all_reduce_dense_grads(self) -> None:
+        """Average dense gradients over ranks in one flat buffer (missing grads count as zero)."""
+        params = list(self.model.parameters())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        self.comm.all_reduce("gradient_comm.dense", flat)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    # evaluation hooks (collective: every rank calls them the same number of times) ---------------
+    @torch.no_grad()
+    def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, target rows and target ids of ``batch`` (no timing, no update)."""
+        batch = batch.to(self.device)
+        self.model.eval()
+        ctx = self.tables.input_dist(batch_features(batch))
+        unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
+        return batch_queries(self.model, batch, self.tables.feature_rows(ctx, unique_rows))
+
+    @torch.no_grad()
+    def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of arbitrary item ids through the sharded lookup (sampled evaluation)."""
+        features = JaggedIds(["item"], ids.to(self.device), [ids.numel()])
+        ctx = self.tables.input_dist(features)
+        unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
+        return self.tables.feature_rows(ctx, unique_rows)["item"]
+
+    def local_item_rows(self) -> tuple[int, torch.Tensor]:
+        """(first global row, rows) of this rank's item-table shard (full-catalogue ranking)."""
+        return self.tables.bounds[0][0], self.tables.weights[0]

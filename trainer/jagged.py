@@ -1,0 +1,127 @@
+"""Jagged sequences without padding every sample to the batch max (DESIGN §3).
+
+A micro-batch is a flat tensor of all samples' positions plus per-sample lengths. Projections run
+on the flat ``[N, d]`` values (cost ∝ Σ L_i). Attention needs a square per sample; padding the whole
+batch to ``max L`` would cost ``B · max L²`` — exactly the waste ``sparsity`` measures. Instead the
+samples are sorted by length and cut into *length groups* whose longest member is at most
+``ratio`` × the shortest, and each group is padded only to its own max: attention then costs at most
+``ratio² · Σ L_i²``. Padded keys are masked and padded queries are dropped, so the result equals
+per-sample attention exactly (up to float summation order) and does not depend on which other
+samples share the micro-batch. A Triton jagged kernel can replace ``LengthGroup`` batching behind
+the same ``JaggedLayout`` interface later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LengthGroup:
+    """Samples padded together: ``index[b, t]`` is the flat position (``N`` = the zero pad row)."""
+
+    samples: torch.Tensor  # [B_g] sample numbers
+    index: torch.Tensor  # [B_g, L_max] into the flat values, N where padded
+    valid: torch.Tensor  # [B_g, L_max] bool
+    lengths: torch.Tensor  # [B_g]
+
+    @property
+    def max_len(self) -> int:
+        return int(self.index.shape[1])
+
+
+@dataclass
+class JaggedLayout:
+    """Where each sample's positions live in the flat tensor, and its length groups."""
+
+    lengths: torch.Tensor  # [B] int64, positions per sample
+    offsets: torch.Tensor  # [B + 1] int64
+    groups: list[LengthGroup]
+    inverse: torch.Tensor  # [N]: row of the concatenated valid group outputs holding flat position n
+    positions: torch.Tensor  # [N] int64: position of each flat row within its sample
+    sample_of: torch.Tensor  # [N] int64: sample of each flat row
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.lengths.numel())
+
+    def to(self, device: torch.device) -> JaggedLayout:
+        groups = [LengthGroup(*(t.to(device) for t in (g.samples, g.index, g.valid, g.lengths))) for g in self.groups]
+        return JaggedLayout(self.lengths.to(device), self.offsets.to(device), groups, self.inverse.to(device),
+                            self.positions.to(device), self.sample_of.to(device))
+
+
+MAX_GROUP_ELEMENTS = 2**24  # B_g · L_max² per group: bounds one attention score tensor per head
+
+
+def group_by_length(lengths: list[int], ratio: float, max_elements: int = MAX_GROUP_ELEMENTS) -> list[list[int]]:
+    """Sample numbers in groups (longest first) where max length ≤ ratio × min length.
+
+    A group also stops growing at ``max_elements`` padded score entries, so a step full of long
+    outliers runs as several moderate batches instead of one that does not fit in memory.
+    """
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            longest = lengths[groups[-1][0]]
+            fits = (len(groups[-1]) + 1) * longest * longest <= max_elements
+            if longest <= ratio * lengths[i] and fits:
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def build_layout(lengths: torch.Tensor, ratio: float = 1.25) -> JaggedLayout:
+    """A ``JaggedLayout`` for per-sample ``lengths`` (CPU int64; move it with ``.to``)."""
+    lengths = lengths.to(torch.int64).cpu()
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    groups = []
+    for members in group_by_length(lengths.tolist(), ratio):
+        group_lengths = lengths[members]
+        width = int(group_lengths.max())
+        steps = torch.arange(width)
+        valid = steps[None, :] < group_lengths[:, None]
+        index = torch.where(valid, offsets[members][:, None] + steps[None, :], torch.full_like(valid, total,
+                                                                                                 dtype=torch.int64))
+        groups.append(LengthGroup(torch.tensor(members, dtype=torch.int64), index, valid, group_lengths))
+    order = torch.cat([g.index[g.valid] for g in groups]) if groups else torch.zeros(0, dtype=torch.int64)
+    inverse = torch.empty(total, dtype=torch.int64)
+    inverse[order] = torch.arange(total)
+    sample_of = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    positions = torch.arange(total) - offsets[:-1][sample_of]
+    return JaggedLayout(lengths, offsets, groups, inverse, positions, sample_of)
+
+
+def pad_source(values: torch.Tensor) -> torch.Tensor:
+    """``values`` with one zero row appended: the row padded slots read."""
+    return torch.cat([values, values.new_zeros((1, *values.shape[1:]))])
+
+
+def to_padded(source: torch.Tensor, group: LengthGroup) -> torch.Tensor:
+    """``[B_g, L_max, ...]`` rows of ``pad_source(values)`` for one group."""
+    return source[group.index]
+
+
+def from_groups(outputs: list[torch.Tensor], layout: JaggedLayout) -> torch.Tensor:
+    """Flat ``[N, ...]`` from per-group padded outputs (padded rows dropped), in sample order."""
+    if not outputs:
+        raise ValueError("from_groups needs at least one group")
+    valid_rows = torch.cat([out[group.valid] for out, group in zip(outputs, layout.groups)])
+    return valid_rows[layout.inverse]
+
+
+def padded_sum_of_squares(layout: JaggedLayout) -> tuple[int, int]:
+    """(Σ over groups of B_g·L_max², Σ L_i²): the attention work done vs the jagged ideal."""
+    done = sum(int(g.index.shape[0]) * g.max_len**2 for g in layout.groups)
+    ideal = int((layout.lengths.to(torch.float64) ** 2).sum())
+    return done, ideal

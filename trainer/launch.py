@@ -1,0 +1,67 @@
+"""``freescale train``: validate the run config, then start torchrun with one process per rank.
+
+The config is validated in the launching process first, so a typo fails in a second with a message
+naming the option instead of after N ranks have imported torch. Children get ``PYTHONSAFEPATH=1``
+(the working directory is not put on ``sys.path``: from the repository root the ``datasets/`` folder
+would shadow Hugging Face's package) and ``OMP_NUM_THREADS`` = ``engine.threads``. For several nodes
+run torchrun yourself: ``torchrun --nnodes … -m freescale.trainer --config run.toml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from freescale.trainer.config import RunConfig
+
+
+def rank_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m freescale.trainer",
+                                     description="One rank of a FreeScale training run (started by torchrun).")
+    parser.add_argument("--config", required=True, help="run config TOML")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE",
+                        help="override a config option (TOML value), e.g. --set data.max_steps=20")
+    return parser
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """Run this process as one rank; config errors exit with status 2 and one line."""
+    args = rank_parser().parse_args(argv)
+    try:
+        cfg = RunConfig.from_toml(args.config, args.overrides)
+    except ValueError as error:
+        print(f"freescale train: error: {error}", file=sys.stderr)
+        return 2
+    from freescale.trainer.runner import main
+
+    main(cfg)
+    return 0
+
+
+def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]:
+    """The torchrun command line that starts ``nproc`` ranks on this machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "freescale.trainer", "--config", str(Path(config).absolute())]
+    for override in overrides:
+        command += ["--set", override]
+    return command
+
+
+def launch(config: str, nproc: int = 1, device: str | None = None, overrides: list[str] | None = None) -> int:
+    """Validate ``config`` (+ overrides), then run torchrun and return its exit status."""
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    overrides = list(overrides or [])
+    if device is not None:
+        overrides.append(f'engine.device="{device}"')
+    cfg = RunConfig.from_toml(config, overrides)
+    if cfg.engine.device == "cuda" and nproc > 1:
+        import torch
+
+        if torch.cuda.device_count() < nproc:
+            raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices, {torch.cuda.device_count()} visible")
+    env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
+    return subprocess.call(torchrun_command(config, nproc, overrides), env=env)

@@ -1,0 +1,244 @@
+"""The per-rank training loop that torchrun starts (``python -m freescale.trainer``).
+
+It owns everything around the step: process group, dataset and loader, engine, resume, evaluation,
+checkpoints and logs. Every ``logging.log_every`` steps the ranks' step records are gathered on
+rank 0 (outside any step's timing) so the bubble split can compare arrivals across ranks; rank 0
+writes one JSONL line per step. At the end it writes ``bubbles.json`` (summary + per-step metrics),
+``trace.json`` (Chrome/Perfetto), ``timeline.png`` and ``summary.txt``, and prints the bubble table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from freescale.pipeline.reader import PreparedDataset
+from freescale.trainer import bubbles
+from freescale.trainer.checkpoint import resolve_resume
+from freescale.trainer.config import RunConfig
+from freescale.trainer.data import CollateConfig, StepLoader, eval_samples, open_dataset
+from freescale.trainer.evaluate import evaluate
+from freescale.trainer.instrument import StepRecord, clock_offsets, gather_records
+from freescale.trainer.trace import plot_timeline, write_trace
+
+
+def collate_config(cfg: RunConfig) -> CollateConfig:
+    return CollateConfig(num_items=cfg.model_extra.num_items, num_actions=cfg.model_extra.num_actions,
+                         max_len=cfg.model.max_uih_len, num_negatives=cfg.model.num_negatives,
+                         inbatch_negatives=cfg.model_extra.inbatch_negatives,
+                         length_group_ratio=cfg.model_extra.length_group_ratio,
+                         holdout_last=cfg.data.holdout_last, seed=cfg.data.seed)
+
+
+def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> Any:
+    """The engine ``engine.name`` selects; TorchRec is imported only for ``torchrec``."""
+    if cfg.engine.name == "torchrec":
+        from freescale.trainer.torchrec_engine import TorchRecEngine
+
+        return TorchRecEngine(cfg, rank, world_size, device)
+    from freescale.trainer.engine import FreeScaleEngine
+
+    return FreeScaleEngine(cfg, rank, world_size, device)
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of a step's torch RNG (dropout): a function of (seed, step, rank) so resume replays it."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+def total_steps(cfg: RunConfig, dataset: PreparedDataset, world_size: int) -> int:
+    if cfg.data.max_steps:
+        return cfg.data.max_steps
+    return max(1, math.ceil(cfg.data.epochs * dataset.steps_per_epoch(world_size)))
+
+
+@dataclass
+class RunState:
+    """What the loop accumulates: pending records (this rank) and all gathered ones (rank 0)."""
+
+    pending: list[StepRecord] = field(default_factory=list)
+    gathered: list[list[StepRecord]] = field(default_factory=list)
+    step_lines: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Trainer:
+    """One rank of a training run."""
+
+    def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.out = Path(cfg.logging.out_dir)
+        self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
+        self.dataset.check_world_size(world_size)
+        self.collate_cfg = collate_config(cfg)
+        self.engine = make_engine(cfg, rank, world_size, device)
+        self.checkpointer = self.engine.checkpointer() if cfg.checkpoint.dir else None
+        self.offset = clock_offsets()[rank]
+        self.state = RunState()
+        self._eval_samples: list[dict[str, Any]] | None = None
+        self.metrics_file = self.out / "metrics.jsonl"
+
+    # the loop ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        start = self._resume()
+        end = total_steps(self.cfg, self.dataset, self.world_size)
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "run.toml").write_text(self.cfg.to_toml())
+            if start == 0 and self.metrics_file.exists():
+                self.metrics_file.unlink()
+        loader = StepLoader(self.dataset, self.world_size, self.rank, start, end, self.collate_cfg,
+                            self.cfg.data.prefetch)
+        progress = self._progress(start, end)
+        try:
+            end = self._loop(iter(loader), start, end, progress)
+        finally:
+            loader.close()
+            if hasattr(self.engine, "close"):
+                self.engine.close()
+            if progress is not None:
+                progress.close()
+        return self._finish(end)
+
+    def _loop(self, batches: Any, start: int, end: int, progress: Any) -> int:
+        """Train steps ``[start, end)``; returns the step count reached (``data.max_seconds`` may stop early)."""
+        timer = self.engine.timer
+        started = time.perf_counter()
+        for step in range(start, end):
+            torch.manual_seed(step_seed(self.cfg.engine.seed, step, self.rank))
+            timer.begin_step(step)
+            self.engine.step(batches)
+            self.state.pending.append(timer.end_step())
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{self.state.pending[-1].loss:.4f}")
+            done = step + 1
+            flushed = done % self.cfg.logging.log_every == 0 or done == end
+            if flushed:
+                self._flush()
+            stop = flushed and done != end and self._out_of_time(started)
+            if stop:
+                end = done
+            if self.cfg.eval.every and done % self.cfg.eval.every == 0 and done != end:
+                self._evaluate(done)
+            if self._checkpoint_due(done, end):
+                self.checkpointer.save(self.cfg.checkpoint.dir, done)
+            if stop:
+                break
+        return end
+
+    def _out_of_time(self, started: float) -> bool:
+        """All ranks agree (one all-reduce at a flush) whether ``data.max_seconds`` is used up."""
+        if not self.cfg.data.max_seconds:
+            return False
+        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=self.device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed) >= self.cfg.data.max_seconds
+
+    def _progress(self, start: int, end: int) -> Any:
+        if self.rank != 0 or not self.cfg.logging.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=end - start, initial=0, desc=f"train {self.engine.name}", unit="step", leave=False)
+
+    def _checkpoint_due(self, done: int, end: int) -> bool:
+        ck = self.cfg.checkpoint
+        if self.checkpointer is None:
+            return False
+        return bool((ck.every and done % ck.every == 0) or done in ck.steps or (ck.at_end and done == end))
+
+    def _resume(self) -> int:
+        ck = self.cfg.checkpoint
+        path = resolve_resume(ck.dir, ck.resume) if self.checkpointer is not None else None
+        if path is None:
+            return 0
+        step = self.checkpointer.load(path)
+        if self.rank == 0:
+            print(f"resumed from {path} at step {step}", flush=True)
+        return step
+
+    # logging ---------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        """Gather pending step records on rank 0 and append their JSONL lines."""
+        gathered = gather_records(self.state.pending, self.offset)
+        self.state.pending = []
+        if gathered is None:
+            return
+        for rank, records in enumerate(gathered):
+            if len(self.state.gathered) <= rank:
+                self.state.gathered.append([])
+            self.state.gathered[rank].extend(records)
+        lines = [{"engine": self.engine.name, **bubbles.step_metrics(ranks)} for ranks in bubbles.analyze(gathered)]
+        self.state.step_lines.extend(lines)
+        with self.metrics_file.open("a") as handle:
+            for line in lines:
+                handle.write(json.dumps(line) + "\n")
+
+    def _evaluate(self, step: int) -> None:
+        if self._eval_samples is None:
+            self._eval_samples = eval_samples(self.dataset, self.world_size, self.rank, self.cfg.eval.max_users)
+        started = time.perf_counter()
+        result = evaluate(self.engine, self._eval_samples, self.collate_cfg, self.cfg.eval.num_candidates,
+                          self.cfg.eval.k, seed=self.cfg.data.seed)
+        result["seconds"] = time.perf_counter() - started
+        if self.rank == 0:
+            line = {"step": step, "eval": result}
+            self.state.evals.append(line)
+            with self.metrics_file.open("a") as handle:
+                handle.write(json.dumps(line) + "\n")
+
+    def _finish(self, end: int) -> dict[str, Any] | None:
+        if self.cfg.eval.at_end and self.cfg.eval.max_users:
+            self._evaluate(end)
+        if self.rank != 0:
+            return None
+        records = self.state.gathered
+        steps = bubbles.analyze(records)
+        summary = bubbles.summarize(steps, self.cfg.logging.skip_steps)
+        title = f"bubbles: engine={self.engine.name} ({self.engine.describe()}), data={self.cfg.data.path}"
+        table = bubbles.summary_table(summary, title)
+        report = {"engine": self.engine.name, "pipeline": self.engine.describe(), "world_size": self.world_size,
+                  "config": self.cfg.to_dict(), "summary": summary, "evals": self.state.evals,
+                  "steps": self.state.step_lines, "rank_steps": [r.parts() for ranks in steps for r in ranks]}
+        (self.out / "bubbles.json").write_text(json.dumps(report, indent=1, default=str))
+        write_trace(self.out / "trace.json", records, self.cfg.logging.trace_steps)
+        first = steps[min(self.cfg.logging.skip_steps, len(steps) - 1)][0].step if steps else 0
+        plot_timeline(self.out / "timeline.png", records, first, self.cfg.logging.timeline_steps, title)
+        (self.out / "summary.txt").write_text(table + "\n")
+        print(table, flush=True)
+        for line in self.state.evals[-1:]:
+            print(f"eval @ step {line['step']}: {json.dumps(line['eval'])}", flush=True)
+        return report
+
+
+def device_for(cfg: RunConfig, local_rank: int) -> torch.device:
+    if cfg.engine.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("engine.device is 'cuda' but no CUDA device is visible")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def main(cfg: RunConfig) -> dict[str, Any] | None:
+    """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    torch.set_num_threads(cfg.engine.threads)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = device_for(cfg, local_rank)
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(cfg.engine.resolved_backend(), **kwargs)
+    try:
+        return Trainer(cfg, dist.get_rank(), dist.get_world_size(), device).run()
+    finally:
+        dist.destroy_process_group()

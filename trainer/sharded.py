@@ -1,0 +1,238 @@
+"""Embedding tables sharded row-wise across ranks, with every communication step explicit.
+
+Rank ``r`` of ``W`` owns rows ``[r·⌈R/W⌉, (r+1)·⌈R/W⌉)`` of each table (``torch.chunk`` layout, so a
+shard is exactly a ``DTensor`` ``Shard(0)`` piece and torch.distributed.checkpoint can save, load
+and reshard it). A step uses the tables in separate stages that the engine times one by one and that
+the next issues (prioritized embedding communication, SM-free transport) will reorder or replace:
+
+1. ``input_dist``: unique ids per table, bucketed by owner; all-to-all of counts, then of ids;
+2. ``lookup``: owners gather the requested rows (local, no communication);
+3. ``output_dist``: all-to-all of the rows back to the requesters;
+4. (dense forward/backward on leaf tensors of the unique rows, outside this module);
+5. ``grad_dist``: all-to-all of the unique rows' gradients back to their owners;
+6. ``sparse_update``: owners sum duplicate gradients and apply the row-wise optimizer.
+
+Several features can share a table (the item table serves the history, the targets and the
+negatives); ids of all features of a table are de-duplicated together, so each row crosses the
+network once per step. Payloads of all tables travel in one all-to-all per stage.
+
+Features arrive as anything with ``keys()``, ``values()`` and ``length_per_key()``: our ``JaggedIds``
+or TorchRec's ``KeyedJaggedTensor`` (the interop boundary; TorchRec itself is never imported here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from freescale.trainer.config import OptimizerConfig
+from freescale.trainer.instrument import TimedComm
+from freescale.trainer.sparse_optim import SparseOptimizer, make_sparse_optimizer, sum_by_row
+
+INIT_CHUNK_ROWS = 4096
+
+
+@dataclass
+class TableSpec:
+    """One embedding table and the features that read it."""
+
+    name: str
+    rows: int
+    dim: int
+    features: tuple[str, ...]
+
+
+@dataclass
+class JaggedIds:
+    """Keyed jagged ids (the subset of ``KeyedJaggedTensor`` this module needs)."""
+
+    key_list: list[str]
+    value_tensor: torch.Tensor
+    length_list: list[int]  # ids per key
+
+    def keys(self) -> list[str]:
+        return self.key_list
+
+    def values(self) -> torch.Tensor:
+        return self.value_tensor
+
+    def length_per_key(self) -> list[int]:
+        return self.length_list
+
+
+def split_features(features: Any) -> dict[str, torch.Tensor]:
+    """Per-key id tensors of a ``JaggedIds`` or a TorchRec ``KeyedJaggedTensor``."""
+    chunks = torch.split(features.values(), list(features.length_per_key()))
+    return dict(zip(features.keys(), chunks))
+
+
+def init_rows(seed: int, table_index: int, total_rows: int, lo: int, hi: int, dim: int) -> torch.Tensor:
+    """Rows ``[lo, hi)`` of a table's initial weights, identical for every sharding of the table.
+
+    Uniform(±sqrt(1/R)) like TorchRec's default, drawn per 4096-row chunk from a generator seeded by
+    (seed, table, chunk): any rank can produce its shard, and a single process the whole table.
+    """
+    bound = (1.0 / total_rows) ** 0.5
+    out = torch.empty(max(0, hi - lo), dim, dtype=torch.float32)
+    for chunk in range(lo // INIT_CHUNK_ROWS, -(-hi // INIT_CHUNK_ROWS)):
+        start = chunk * INIT_CHUNK_ROWS
+        rows = min(INIT_CHUNK_ROWS, total_rows - start)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + table_index * 7_919 + chunk)
+        block = torch.rand(rows, dim, generator=generator) * (2 * bound) - bound
+        a, b = max(lo, start), min(hi, start + rows)
+        out[a - lo : b - lo] = block[a - start : b - start]
+    return out
+
+
+def shard_bounds(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """``torch.chunk`` row range of ``rank`` (the last shards may be short or empty)."""
+    per_rank = -(-rows // world_size)
+    return min(rows, rank * per_rank), min(rows, (rank + 1) * per_rank)
+
+
+@dataclass
+class DistContext:
+    """What a step's later stages need to route rows and gradients back and forth."""
+
+    feature_index: dict[str, tuple[int, torch.Tensor]]  # feature → (table, rows of the table's unique ids)
+    unique: list[torch.Tensor]  # per table, sorted unique ids this rank asked for
+    send_position: list[torch.Tensor]  # per table: where each unique id sits in the send buffer
+    send_splits: list[int]  # ids sent to each rank
+    recv_splits: list[int]  # ids received from each rank
+    recv_ids: torch.Tensor  # ids this rank owns and was asked for, src-major then table
+    recv_table: torch.Tensor  # their table
+
+
+class RowWiseShardedTables:
+    """This rank's shards of several equal-width tables and their sparse optimizers."""
+
+    def __init__(self, specs: list[TableSpec], rank: int, world_size: int, device: torch.device, seed: int,
+                 optimizer: OptimizerConfig, comm: TimedComm) -> None:
+        dims = {spec.dim for spec in specs}
+        if len(dims) != 1:
+            raise ValueError(f"all tables must share one embedding dim, got {sorted(dims)}")
+        self.specs, self.rank, self.world_size, self.device, self.comm = specs, rank, world_size, device, comm
+        self.dim = dims.pop()
+        self.bounds = [shard_bounds(spec.rows, world_size, rank) for spec in specs]
+        self.rows_per_rank = [-(-spec.rows // world_size) for spec in specs]
+        self.weights = [init_rows(seed, t, spec.rows, lo, hi, self.dim).to(device)
+                        for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))]
+        self.optimizers: list[SparseOptimizer] = [make_sparse_optimizer(optimizer, hi - lo, self.dim, device)
+                                                  for lo, hi in self.bounds]
+        self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
+
+    # 1. input distribution -------------------------------------------------------------------
+    def input_dist(self, features: Any) -> DistContext:
+        """De-duplicate ids per table, send each owner the ids it holds (two all-to-alls)."""
+        per_feature = split_features(features)
+        unknown = sorted(set(per_feature) - set(self.table_of))
+        if unknown:
+            raise ValueError(f"features {unknown} have no table; known: {sorted(self.table_of)}")
+        unique, feature_index = self._unique_per_table(per_feature)
+        send_ids, send_position, counts = self._bucket_by_owner(unique)
+        recv_counts = torch.empty_like(counts.flatten())
+        splits = [len(self.specs)] * self.world_size
+        self.comm.all_to_all("input_dist.counts", recv_counts, counts.flatten(), splits, splits)
+        recv_counts = recv_counts.view(self.world_size, len(self.specs))
+        send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
+        recv_ids = send_ids.new_empty(sum(recv_splits))
+        self.comm.all_to_all("input_dist.ids", recv_ids, send_ids, recv_splits, send_splits)
+        tables = torch.arange(len(self.specs), device=self.device).repeat(self.world_size)
+        recv_table = torch.repeat_interleave(tables, recv_counts.flatten().to(self.device))
+        return DistContext(feature_index, unique, send_position, send_splits, recv_splits, recv_ids, recv_table)
+
+    def _unique_per_table(self, per_feature: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
+        grouped: list[list[str]] = [[] for _ in self.specs]
+        for feature in per_feature:
+            grouped[self.table_of[feature]].append(feature)
+        unique, feature_index = [], {}
+        for t, names in enumerate(grouped):
+            ids = [per_feature[name].to(self.device, torch.int64) for name in names]
+            ids_all = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64, device=self.device)
+            if ids_all.numel() and (int(ids_all.min()) < 0 or int(ids_all.max()) >= self.specs[t].rows):
+                raise ValueError(f"table {self.specs[t].name}: ids must be in [0, {self.specs[t].rows})")
+            table_unique, inverse = torch.unique(ids_all, sorted=True, return_inverse=True)
+            unique.append(table_unique)
+            for name, part in zip(names, torch.split(inverse, [i.numel() for i in ids])):
+                feature_index[name] = (t, part)
+        return unique, feature_index
+
+    def _bucket_by_owner(self, unique: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """Send buffer ordered (owner, table); sorted unique ids make each (owner, table) a slice."""
+        counts = torch.zeros(self.world_size, len(self.specs), dtype=torch.int64, device=self.device)
+        owners = []
+        for t, ids in enumerate(unique):
+            owner = torch.div(ids, self.rows_per_rank[t], rounding_mode="floor")
+            owners.append(owner)
+            counts[:, t] = torch.bincount(owner, minlength=self.world_size)
+        starts = torch.cumsum(counts.flatten(), 0) - counts.flatten()
+        send_position = []
+        for t, (ids, owner) in enumerate(zip(unique, owners)):
+            first_of_owner = torch.cumsum(counts[:, t], 0) - counts[:, t]
+            rank_in_owner = torch.arange(ids.numel(), device=self.device) - first_of_owner[owner]
+            send_position.append(starts.view(self.world_size, -1)[owner, t] + rank_in_owner)
+        send_ids = torch.empty(int(counts.sum()), dtype=torch.int64, device=self.device)
+        for ids, position in zip(unique, send_position):
+            send_ids[position] = ids
+        return send_ids, send_position, counts
+
+    # 2. lookup ------------------------------------------------------------------------------------
+    def lookup(self, ctx: DistContext) -> torch.Tensor:
+        """Rows of the received ids from the local shards, in receive order."""
+        rows = torch.empty(ctx.recv_ids.numel(), self.dim, dtype=torch.float32, device=self.device)
+        for t, weight in enumerate(self.weights):
+            mask = ctx.recv_table == t
+            rows[mask] = weight[ctx.recv_ids[mask] - self.bounds[t][0]]
+        return rows
+
+    # 3. output distribution ----------------------------------------------------------------------
+    def output_dist(self, ctx: DistContext, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Send rows back; returns per table the rows of this rank's unique ids (plain tensors)."""
+        received = rows.new_empty(sum(ctx.send_splits), self.dim)
+        self.comm.all_to_all("embedding_comm.rows", received, rows, ctx.send_splits, ctx.recv_splits)
+        return [received[position] for position in ctx.send_position]
+
+    @staticmethod
+    def feature_rows(ctx: DistContext, unique_rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per feature, one row per id (differentiable w.r.t. ``unique_rows``)."""
+        return {name: unique_rows[t][index] for name, (t, index) in ctx.feature_index.items()}
+
+    # 5. gradient distribution --------------------------------------------------------------------
+    def grad_dist(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
+        """Send each unique row's gradient to its owner; returns grads aligned with ``ctx.recv_ids``."""
+        send = torch.zeros(sum(ctx.send_splits), self.dim, dtype=torch.float32, device=self.device)
+        for position, grad in zip(ctx.send_position, unique_grads):
+            if grad is not None:
+                send[position] = grad
+        received = send.new_empty(sum(ctx.recv_splits), self.dim)
+        self.comm.all_to_all("gradient_comm.embeddings", received, send, ctx.recv_splits, ctx.send_splits)
+        return received
+
+    # 6. sparse update ----------------------------------------------------------------------------
+    def sparse_update(self, ctx: DistContext, grads: torch.Tensor) -> None:
+        """Sum duplicate rows' gradients (several requesters) and step each table's optimizer."""
+        for t, (weight, optimizer) in enumerate(zip(self.weights, self.optimizers)):
+            mask = ctx.recv_table == t
+            rows, summed = sum_by_row(ctx.recv_ids[mask] - self.bounds[t][0], grads[mask])
+            optimizer.step(weight, rows, summed)
+
+    # checkpointing ---------------------------------------------------------------------------
+    def local_state(self) -> dict[str, torch.Tensor]:
+        """This rank's shard of every table and optimizer state tensor, by checkpoint key."""
+        state = {}
+        for spec, weight, optimizer in zip(self.specs, self.weights, self.optimizers):
+            state[f"tables.{spec.name}.weight"] = weight
+            for key, tensor in optimizer.state.items():
+                state[f"tables.{spec.name}.{key}"] = tensor
+        return state
+
+    def global_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Full (unsharded) shape of every ``local_state`` tensor."""
+        shapes = {}
+        for spec, optimizer in zip(self.specs, self.optimizers):
+            shapes[f"tables.{spec.name}.weight"] = (spec.rows, self.dim)
+            for key, tensor in optimizer.state.items():
+                shapes[f"tables.{spec.name}.{key}"] = (spec.rows, *tensor.shape[1:])
+        return shapes
