@@ -116,6 +116,21 @@ def _lpt(x: np.ndarray, group_size: int, sizes: np.ndarray | None, constrained: 
     return bins
 
 
+def _kk_merge(sums: np.ndarray, spread: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One differencing step per row: tuple ``a`` absorbs ``b`` (largest bin with smallest), stays
+    sorted descending, ``b`` is retired; returns the inverse sort map to unwind assignments later."""
+    g = sums.shape[2]
+    merged = sums[rows, a] + sums[rows, b][:, ::-1]
+    perm = np.argsort(-merged, axis=1, kind="stable")
+    new = np.take_along_axis(merged, perm, axis=1)
+    sums[rows, a] = new
+    spread[rows, a] = new[:, 0] - new[:, -1]
+    spread[rows, b] = -np.inf
+    inv = np.empty_like(perm)
+    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(g), perm.shape), axis=1)
+    return inv
+
+
 def kk_equal(x: np.ndarray, group_size: int) -> np.ndarray:
     """Balanced (cardinality-respecting) multiway Karmarkar–Karp: ``x[S, R*G]`` → bins ``[S, R*G]``.
 
@@ -135,15 +150,7 @@ def kk_equal(x: np.ndarray, group_size: int) -> np.ndarray:
         # two largest spreads per step (ties → lowest tuple id, deterministic)
         pick = np.argsort(-spread, axis=1, kind="stable")[:, :2]
         a, b = pick[:, 0], pick[:, 1]
-        merged = sums[rows, a] + sums[rows, b][:, ::-1]
-        perm = np.argsort(-merged, axis=1, kind="stable")
-        new = np.take_along_axis(merged, perm, axis=1)
-        sums[rows, a] = new
-        spread[rows, a] = new[:, 0] - new[:, -1]
-        spread[rows, b] = -np.inf
-        inv = np.empty_like(perm)
-        np.put_along_axis(inv, perm, np.broadcast_to(np.arange(g), perm.shape), axis=1)
-        history.append((a, b, inv))
+        history.append((a, b, _kk_merge(sums, spread, rows, a, b)))
     maps = np.zeros((n_steps, rounds, g), dtype=np.int64)
     root = np.argmax(spread, axis=1) if rounds > 1 else np.zeros(n_steps, dtype=np.int64)
     maps[rows, root] = np.arange(g)
@@ -177,15 +184,7 @@ def kk_free(x: np.ndarray, group_size: int, head: int) -> tuple[np.ndarray, np.n
         a = np.argmax(spread, axis=1)
         spread[rows, a] = -np.inf
         b = np.argmax(spread, axis=1)
-        merged = sums[rows, a] + sums[rows, b][:, ::-1]
-        perm = np.argsort(-merged, axis=1, kind="stable")
-        new = np.take_along_axis(merged, perm, axis=1)
-        sums[rows, a] = new
-        spread[rows, a] = new[:, 0] - new[:, -1]
-        spread[rows, b] = -np.inf
-        inv = np.empty_like(perm)
-        np.put_along_axis(inv, perm, np.broadcast_to(np.arange(g), perm.shape), axis=1)
-        history.append((a, b, inv))
+        history.append((a, b, _kk_merge(sums, spread, rows, a, b)))
     root = np.argmax(spread, axis=1)
     loads = sums[rows, root]
     maps = np.zeros((n_steps, head, g), dtype=np.int64)
