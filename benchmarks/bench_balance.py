@@ -132,8 +132,7 @@ def bench_one(costs: np.ndarray, s: Settings, g: int, mode: str) -> dict[str, An
     row["ratios"] = {
         "random_over_plan": st["random"]["straggler_pct"] / max(plan_pct, 1e-9),
         "within_step_over_plan": st["within_step"]["straggler_pct"] / max(plan_pct, 1e-9),
-        "within_step_over_random": st["within_step"]["straggler_pct"]
-        / max(st["random"]["straggler_pct"], 1e-9),
+        "within_step_over_random": st["within_step"]["straggler_pct"] / max(st["random"]["straggler_pct"], 1e-9),
     }
     # random ≥ 50% is the paper's equal-count setting; free-count rows only need the plan ≤ 1%
     random_ok = mode != "equal_count" or st["random"]["straggler_pct"] >= TARGET_RANDOM_PCT

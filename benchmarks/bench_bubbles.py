@@ -66,8 +66,13 @@ class Settings:
             raise ValueError(f"--group-size must be even (2 ranks), got {self.group_size}")
 
     def model_table(self) -> dict[str, int]:
-        return {"d_model": self.d_model, "num_layers": self.num_layers, "num_heads": self.num_heads,
-                "num_negatives": self.num_negatives, "max_uih_len": self.cap}
+        return {
+            "d_model": self.d_model,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_negatives": self.num_negatives,
+            "max_uih_len": self.cap,
+        }
 
 
 def make_data(s: Settings, work: Path) -> dict[str, Any]:
@@ -83,24 +88,42 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
     from freescale.trainer.calibrate import calibrate
     from freescale.trainer.config import ModelExtraConfig
 
-    generate(preset("demo", n_users=s.users, n_items=s.items, median=s.median, sigma=s.sigma, max_len=s.cap,
-                    seed=s.seed), str(work / "sources"))
+    generate(
+        preset("demo", n_users=s.users, n_items=s.items, median=s.median, sigma=s.sigma, max_len=s.cap, seed=s.seed),
+        str(work / "sources"),
+    )
     torch.set_num_threads(1)
     model = ModelConfig(**s.model_table())
-    cost = calibrate(model, ModelExtraConfig(num_items=s.items, inbatch_negatives=s.inbatch_negatives), s.cap,
-                     str(work / "cost.json"))
+    cost = calibrate(
+        model,
+        ModelExtraConfig(num_items=s.items, inbatch_negatives=s.inbatch_negatives),
+        s.cap,
+        str(work / "cost.json"),
+    )
     datasets = {}
     for strategy in ("random", "planned"):
         out = work / f"prepared-{strategy}"
-        manifest = prepare(PrepareConfig(
-            sources=str(work / "sources" / "sources.toml"), output=str(out), samples=SampleConfig(max_uih_len=s.cap),
-            model=model, cost_model_file=str(work / "cost.json"),
-            balance=BalanceConfig(group_size=s.group_size, micro_batch_size=s.micro_batch_size, strategy=strategy,
-                                  seed=s.seed),
-            workers=1, progress=False, overwrite=True))
+        manifest = prepare(
+            PrepareConfig(
+                sources=str(work / "sources" / "sources.toml"),
+                output=str(out),
+                samples=SampleConfig(max_uih_len=s.cap),
+                model=model,
+                cost_model_file=str(work / "cost.json"),
+                balance=BalanceConfig(
+                    group_size=s.group_size, micro_batch_size=s.micro_batch_size, strategy=strategy, seed=s.seed
+                ),
+                workers=1,
+                progress=False,
+                overwrite=True,
+            )
+        )
         predicted = manifest["balance"].get("straggler_pct_by_world_size", {}).get("2")
-        datasets[strategy] = {"path": str(out), "samples": manifest["rows"]["samples"],
-                              "predicted_straggler_pct_w2": predicted}
+        datasets[strategy] = {
+            "path": str(out),
+            "samples": manifest["rows"]["samples"],
+            "predicted_straggler_pct_w2": predicted,
+        }
     return {"datasets": datasets, "cost_model": {"a": cost.a, "b": cost.b, "c": cost.c, **cost.details}}
 
 
@@ -122,8 +145,14 @@ def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> s
         "data": {"path": data, "max_steps": steps, "prefetch": 0},
         "engine": {"threads": 1, "seed": s.seed},
         "eval": {"max_users": 0},
-        "logging": {"out_dir": str(out), "log_every": 20, "progress": False, "skip_steps": 2,
-                    "trace_steps": 12, "timeline_steps": 4},
+        "logging": {
+            "out_dir": str(out),
+            "log_every": 20,
+            "progress": False,
+            "skip_steps": 2,
+            "trace_steps": 12,
+            "timeline_steps": 4,
+        },
     }
     lines = []
     for table, values in tables.items():
@@ -135,8 +164,12 @@ def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> s
 
 def train(config: str, engine: str, cwd: Path) -> float:
     start = time.perf_counter()
-    result = subprocess.run([FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine],
-                            cwd=cwd, capture_output=True, text=True)
+    result = subprocess.run(
+        [FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode:
         raise RuntimeError(f"{engine} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     return time.perf_counter() - start
@@ -157,17 +190,36 @@ def run_all(s: Settings, work: Path, runs: tuple[tuple[str, str], ...]) -> dict[
         report = json.loads((out / "bubbles.json").read_text())
         summary = report["summary"]
         per_step = summary["per_step"]
-        results.append({
-            "run": name, "engine": engine, "data": strategy, "pipeline": report["pipeline"], "wall_s": seconds,
-            **{key: summary[key] for key in ("steps", "step_ms", "samples_per_s", "compute_pct", "data_pct",
-                                             "straggler_pct", "exposed_comm_pct", "bubble_pct", "untimed_pct")},
-            "median_step_straggler_pct": float(np.median(per_step["straggler_pct"])),
-            "per_step": {key: per_step[key] for key in ("straggler_pct", "exposed_comm_pct", "samples_per_s",
-                                                          "imbalance")},
-            "stage_ms": summary["stage_ms"],
-            "predicted_straggler_pct_w2": data["datasets"][strategy]["predicted_straggler_pct_w2"],
-            "timeline": str(out / "timeline.png"),
-        })
+        results.append(
+            {
+                "run": name,
+                "engine": engine,
+                "data": strategy,
+                "pipeline": report["pipeline"],
+                "wall_s": seconds,
+                **{
+                    key: summary[key]
+                    for key in (
+                        "steps",
+                        "step_ms",
+                        "samples_per_s",
+                        "compute_pct",
+                        "data_pct",
+                        "straggler_pct",
+                        "exposed_comm_pct",
+                        "bubble_pct",
+                        "untimed_pct",
+                    )
+                },
+                "median_step_straggler_pct": float(np.median(per_step["straggler_pct"])),
+                "per_step": {
+                    key: per_step[key] for key in ("straggler_pct", "exposed_comm_pct", "samples_per_s", "imbalance")
+                },
+                "stage_ms": summary["stage_ms"],
+                "predicted_straggler_pct_w2": data["datasets"][strategy]["predicted_straggler_pct_w2"],
+                "timeline": str(out / "timeline.png"),
+            }
+        )
     return {"settings": asdict(s), "steps_per_run": steps, "epoch_steps": epoch, **data, "runs": results}
 
 
@@ -190,18 +242,24 @@ def comparisons(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
-    header = (f"{'run':20} {'ms/step':>8} {'samples/s':>10} {'compute%':>9} {'data%':>6} {'exp_comm%':>10} "
-              f"{'straggler%':>11} {'(median)':>9} {'bubble%':>8} {'predicted':>10}")
+    header = (
+        f"{'run':20} {'ms/step':>8} {'samples/s':>10} {'compute%':>9} {'data%':>6} {'exp_comm%':>10} "
+        f"{'straggler%':>11} {'(median)':>9} {'bubble%':>8} {'predicted':>10}"
+    )
     lines = [header]
     for r in report["runs"]:
         predicted = r["predicted_straggler_pct_w2"]
-        lines.append(f"{r['run']:20} {r['step_ms']:8.1f} {r['samples_per_s']:10.1f} {r['compute_pct']:9.1f} "
-                     f"{r['data_pct']:6.1f} {r['exposed_comm_pct']:10.1f} {r['straggler_pct']:11.1f} "
-                     f"{r['median_step_straggler_pct']:9.1f} {r['bubble_pct']:8.1f} "
-                     f"{predicted if predicted is not None else float('nan'):10.1f}")
+        lines.append(
+            f"{r['run']:20} {r['step_ms']:8.1f} {r['samples_per_s']:10.1f} {r['compute_pct']:9.1f} "
+            f"{r['data_pct']:6.1f} {r['exposed_comm_pct']:10.1f} {r['straggler_pct']:11.1f} "
+            f"{r['median_step_straggler_pct']:9.1f} {r['bubble_pct']:8.1f} "
+            f"{predicted if predicted is not None else float('nan'):10.1f}"
+        )
     lines.append("")
-    lines.extend(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}"
-                 for key, value in report["comparisons"].items())
+    lines.extend(
+        f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}"
+        for key, value in report["comparisons"].items()
+    )
     return "\n".join(lines)
 
 
@@ -215,8 +273,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["run"] for r in runs]
     bottom = np.zeros(len(runs))
-    for part, color in (("compute_pct", "#4C72B0"), ("data_pct", "#8C8C8C"), ("exposed_comm_pct", "#DD8452"),
-                        ("straggler_pct", "#C44E52")):
+    for part, color in (
+        ("compute_pct", "#4C72B0"),
+        ("data_pct", "#8C8C8C"),
+        ("exposed_comm_pct", "#DD8452"),
+        ("straggler_pct", "#C44E52"),
+    ):
         values = np.array([r[part] for r in runs])
         left.bar(names, values, bottom=bottom, color=color, label=part.removesuffix("_pct"))
         bottom += values

@@ -121,9 +121,7 @@ def bench_world(s: Settings, world: int) -> dict[str, object]:
         back = combine_jagged(out.buffer, out.plan, kernel=k)
         if not _same(out.buffer, ref.buffer) or not _same(back, batch):
             raise AssertionError(f"kernel {k} disagrees with {s.kernels[0]} at W={world}")
-        row["dispatch_ms"][k] = time_ms(
-            lambda k=k: dispatch_jagged(batch, dest, world, kernel=k, config=cfg), s
-        )
+        row["dispatch_ms"][k] = time_ms(lambda k=k: dispatch_jagged(batch, dest, world, kernel=k, config=cfg), s)
         row["combine_ms"][k] = time_ms(lambda k=k, o=out: combine_jagged(o.buffer, o.plan, kernel=k), s)
     row["speedup"] = _speedups(row)
     return row
@@ -176,9 +174,7 @@ def check_targets(rows: list[dict[str, object]], kernels: list[str]) -> dict[str
 
 
 def environment(s: Settings) -> dict[str, object]:
-    env: dict[str, object] = {
-        "torch": torch.__version__, "python": platform.python_version(), "device": s.device
-    }
+    env: dict[str, object] = {"torch": torch.__version__, "python": platform.python_version(), "device": s.device}
     try:
         import triton
 

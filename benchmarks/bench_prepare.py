@@ -64,13 +64,29 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     try:
         print("baseline: polars reads the same sources and writes one Parquet file")
-        base = run_measured([sys.executable, "-c", BASELINE, str(data / "sources.toml"), str(work / "all.parquet")],
-                            "baseline")
+        base = run_measured(
+            [sys.executable, "-c", BASELINE, str(data / "sources.toml"), str(work / "all.parquet")], "baseline"
+        )
         events_baseline = int(base["stdout"].strip().splitlines()[-1])
         print(f"freescale prepare --memory-limit {args.memory_limit}")
-        ours = run_measured([*freescale, "prepare", "--sources", str(data / "sources.toml"),
-                             "--output", str(work / "prepared"), "--memory-limit", args.memory_limit,
-                             "--group-size", "64", "--micro-batch-size", "32", "--quiet"], "prepare")
+        ours = run_measured(
+            [
+                *freescale,
+                "prepare",
+                "--sources",
+                str(data / "sources.toml"),
+                "--output",
+                str(work / "prepared"),
+                "--memory-limit",
+                args.memory_limit,
+                "--group-size",
+                "64",
+                "--micro-batch-size",
+                "32",
+                "--quiet",
+            ],
+            "prepare",
+        )
         manifest = json.loads((work / "prepared" / "manifest.json").read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -83,22 +99,37 @@ def main() -> None:
         "preset": args.preset,
         "environment": {"cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0]},
         "events": events,
-        "baseline": {"wall_s": base["wall_s"], "events_per_s": events_baseline / base["wall_s"],
-                     "peak_rss_bytes": base["peak_rss_bytes"], "events": events_baseline},
-        "prepare": {"wall_s": ours["wall_s"], "events_per_s": events / ours["wall_s"],
-                    "peak_rss_bytes": ours["peak_rss_bytes"], "memory_limit_bytes": limit,
-                    "samples": manifest["rows"]["samples"], "straggler_pct": manifest["balance"]["straggler_pct"]},
+        "baseline": {
+            "wall_s": base["wall_s"],
+            "events_per_s": events_baseline / base["wall_s"],
+            "peak_rss_bytes": base["peak_rss_bytes"],
+            "events": events_baseline,
+        },
+        "prepare": {
+            "wall_s": ours["wall_s"],
+            "events_per_s": events / ours["wall_s"],
+            "peak_rss_bytes": ours["peak_rss_bytes"],
+            "memory_limit_bytes": limit,
+            "samples": manifest["rows"]["samples"],
+            "straggler_pct": manifest["balance"]["straggler_pct"],
+        },
     }
     ratio = result["prepare"]["events_per_s"] / result["baseline"]["events_per_s"]
     result["throughput_ratio"] = ratio
-    result["targets"] = {"throughput_ratio_ge_0.5": ratio >= 0.5,
-                         "peak_rss_under_limit": ours["peak_rss_bytes"] < limit}
+    result["targets"] = {
+        "throughput_ratio_ge_0.5": ratio >= 0.5,
+        "peak_rss_under_limit": ours["peak_rss_bytes"] < limit,
+    }
     print(f"\n{'':24}{'baseline (polars)':>20}{'freescale prepare':>20}{'ratio':>10}")
     print(f"{'wall time (s)':24}{base['wall_s']:>20.1f}{ours['wall_s']:>20.1f}{ours['wall_s'] / base['wall_s']:>10.2f}")
-    print(f"{'events/s':24}{result['baseline']['events_per_s']:>20,.0f}{result['prepare']['events_per_s']:>20,.0f}"
-          f"{ratio:>10.2f}")
-    print(f"{'peak RSS (MB)':24}{base['peak_rss_bytes'] / 2**20:>20,.0f}{ours['peak_rss_bytes'] / 2**20:>20,.0f}"
-          f"{ours['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>10.2f}")
+    print(
+        f"{'events/s':24}{result['baseline']['events_per_s']:>20,.0f}{result['prepare']['events_per_s']:>20,.0f}"
+        f"{ratio:>10.2f}"
+    )
+    print(
+        f"{'peak RSS (MB)':24}{base['peak_rss_bytes'] / 2**20:>20,.0f}{ours['peak_rss_bytes'] / 2**20:>20,.0f}"
+        f"{ours['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>10.2f}"
+    )
     print(f"memory limit {limit / 2**20:,.0f} MB; targets: {result['targets']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -56,13 +56,32 @@ def make_data(s: Settings, work: Path) -> str:
     from freescale.pipeline.config import PrepareConfig, SampleConfig
     from freescale.pipeline.prepare import prepare
 
-    generate(preset("demo", n_users=s.users, n_items=s.items, median=s.median, sigma=s.sigma, max_len=s.cap,
-                    markov_prob=s.markov_prob, zipf=s.zipf, seed=s.seed), str(work / "sources"))
+    generate(
+        preset(
+            "demo",
+            n_users=s.users,
+            n_items=s.items,
+            median=s.median,
+            sigma=s.sigma,
+            max_len=s.cap,
+            markov_prob=s.markov_prob,
+            zipf=s.zipf,
+            seed=s.seed,
+        ),
+        str(work / "sources"),
+    )
     out = work / "prepared"
-    prepare(PrepareConfig(sources=str(work / "sources" / "sources.toml"), output=str(out),
-                          samples=SampleConfig(max_uih_len=s.cap),
-                          balance=BalanceConfig(group_size=2, micro_batch_size=s.micro_batch_size, seed=s.seed),
-                          workers=1, progress=False, overwrite=True))
+    prepare(
+        PrepareConfig(
+            sources=str(work / "sources" / "sources.toml"),
+            output=str(out),
+            samples=SampleConfig(max_uih_len=s.cap),
+            balance=BalanceConfig(group_size=2, micro_batch_size=s.micro_batch_size, seed=s.seed),
+            workers=1,
+            progress=False,
+            overwrite=True,
+        )
+    )
     return str(out)
 
 
@@ -84,10 +103,20 @@ def popularity(data: str, k: int, items: int) -> dict[str, Any]:
 
 def write_config(path: Path, s: Settings, data: str, out: Path, architecture: str) -> str:
     tables = {
-        "model": {"d_model": s.d_model, "num_layers": s.num_layers, "num_heads": s.num_heads, "num_negatives": 128,
-                  "max_uih_len": s.cap},
-        "model_extra": {"architecture": architecture, "num_items": s.items, "num_actions": 8,
-                        "inbatch_negatives": 64, "temperature": 0.05},
+        "model": {
+            "d_model": s.d_model,
+            "num_layers": s.num_layers,
+            "num_heads": s.num_heads,
+            "num_negatives": 128,
+            "max_uih_len": s.cap,
+        },
+        "model_extra": {
+            "architecture": architecture,
+            "num_items": s.items,
+            "num_actions": 8,
+            "inbatch_negatives": 64,
+            "temperature": 0.05,
+        },
         "data": {"path": data, "epochs": s.epochs, "seed": s.seed},
         "optimizer": {"dense_lr": 0.002, "sparse_lr": 0.05},
         "engine": {"threads": 1, "seed": s.seed},
@@ -104,15 +133,21 @@ def write_config(path: Path, s: Settings, data: str, out: Path, architecture: st
 
 def train(config: str, cwd: Path) -> dict[str, Any]:
     start = time.perf_counter()
-    result = subprocess.run([FREESCALE, "train", "--config", config, "--nproc", "2"], cwd=cwd, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [FREESCALE, "train", "--config", config, "--nproc", "2"], cwd=cwd, capture_output=True, text=True
+    )
     if result.returncode:
         raise RuntimeError(f"training failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     report = json.loads((Path(config).parent / Path(config).stem / "bubbles.json").read_text())
     losses = [line["loss"] for line in report["steps"]]
-    return {"eval": report["evals"][-1]["eval"], "seconds": time.perf_counter() - start, "steps": len(losses),
-            "first_loss": float(np.mean(losses[:10])), "last_loss": float(np.mean(losses[-10:])),
-            "samples_per_s": report["summary"]["samples_per_s"]}
+    return {
+        "eval": report["evals"][-1]["eval"],
+        "seconds": time.perf_counter() - start,
+        "steps": len(losses),
+        "first_loss": float(np.mean(losses[:10])),
+        "last_loss": float(np.mean(losses[-10:])),
+        "samples_per_s": report["summary"]["samples_per_s"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,16 +170,27 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"model": f"{architecture} (ours, 2 ranks)", **result["eval"], **result})
         baseline = popularity(data, s.k, s.items)
         rows.append({"model": "most popular", **baseline})
-        rows.append({"model": "random", "protocol": "full", "users": baseline["users"],
-                     f"hr@{s.k}": s.k / s.items, f"ndcg@{s.k}": None})
+        rows.append(
+            {
+                "model": "random",
+                "protocol": "full",
+                "users": baseline["users"],
+                f"hr@{s.k}": s.k / s.items,
+                f"ndcg@{s.k}": None,
+            }
+        )
     hr, ndcg = f"hr@{s.k}", f"ndcg@{s.k}"
     print(f"{'model':24} {'protocol':>8} {'users':>6} {hr:>7} {ndcg:>8} {'vs popular':>11}")
     for row in rows:
         ratio = row[hr] / baseline[hr] if baseline[hr] else float("nan")
         ndcg_text = f"{row[ndcg]:8.4f}" if row.get(ndcg) is not None else f"{'-':>8}"
         print(f"{row['model']:24} {row['protocol']:>8} {row['users']:6d} {row[hr]:7.4f} {ndcg_text} {ratio:10.2f}x")
-    report = {"settings": asdict(s), "rows": rows, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-              "note": "leave-last-out, full ranking over all n_items table rows; planted Markov transitions"}
+    report = {
+        "settings": asdict(s),
+        "rows": rows,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "note": "leave-last-out, full ranking over all n_items table rows; planted Markov transitions",
+    }
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

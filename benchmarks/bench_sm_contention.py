@@ -252,9 +252,11 @@ def print_table(results: dict[str, dict[str, dict[str, object]]], launched: dict
                 print(f"{work:<16} {mech:<10} skipped: {r.get('skipped')}")
                 continue
             kern = "yes" if launched[mech] else "no"
-            print(f"{work:<16} {mech:<10} {kern:<9} {r['compute_alone_ms']:9.2f} "
-                  f"{r['compute_overlapped_ms']:10.2f} {r['slowdown_pct']:8.1f}% "
-                  f"{r['copy_gbps_alone']:10.1f} {r['copy_gbps_overlapped']:9.1f}")
+            print(
+                f"{work:<16} {mech:<10} {kern:<9} {r['compute_alone_ms']:9.2f} "
+                f"{r['compute_overlapped_ms']:10.2f} {r['slowdown_pct']:8.1f}% "
+                f"{r['copy_gbps_alone']:10.1f} {r['copy_gbps_overlapped']:9.1f}"
+            )
 
 
 def _nccl_version() -> str | None:

@@ -73,8 +73,20 @@ def main() -> None:
     data = ensure_preset(args.preset, args.data_dir)
     load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
     work = Path(tempfile.mkdtemp(prefix="bench-stats-"))
-    stats_cmd = [*freescale, "stats", str(data / "sources.toml"), "--out", str(work / "stats"), "--work-dir",
-                 str(work / "work"), "--memory-limit", args.memory_limit, "--workers", str(args.workers), "--quiet"]
+    stats_cmd = [
+        *freescale,
+        "stats",
+        str(data / "sources.toml"),
+        "--out",
+        str(work / "stats"),
+        "--work-dir",
+        str(work / "work"),
+        "--memory-limit",
+        args.memory_limit,
+        "--workers",
+        str(args.workers),
+        "--quiet",
+    ]
     try:
         print("baseline: polars scans the same sources and computes per-user lengths")
         base = run_measured([sys.executable, "-c", BASELINE, str(data / "sources.toml")], "baseline")
@@ -93,13 +105,24 @@ def main() -> None:
     result = {
         "benchmark": "bench_stats",
         "preset": args.preset,
-        "environment": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
-                        "machine": platform.machine(), "memory_limit": args.memory_limit, "workers": args.workers,
-                        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]}},
+        "environment": {
+            "cpus": psutil.cpu_count(),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "memory_limit": args.memory_limit,
+            "workers": args.workers,
+            "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
+        },
         "events": report["rows"]["events_read"],
-        "baseline": {"wall_s": base["wall_s"], "peak_rss_bytes": base["peak_rss_bytes"], "users": int(users),
-                     "events": int(events), "mean_length": float(mean), "p99_length": float(p99),
-                     "max_length": int(longest)},
+        "baseline": {
+            "wall_s": base["wall_s"],
+            "peak_rss_bytes": base["peak_rss_bytes"],
+            "users": int(users),
+            "events": int(events),
+            "mean_length": float(mean),
+            "p99_length": float(p99),
+            "max_length": int(longest),
+        },
         "stats_cold": {"wall_s": cold["wall_s"], "peak_rss_bytes": cold["peak_rss_bytes"]},
         "stats_warm": {"wall_s": warm["wall_s"], "peak_rss_bytes": warm["peak_rss_bytes"]},
         "figures": {
@@ -119,18 +142,26 @@ def main() -> None:
     result["wall_ratio_cold"] = ratio_cold
     result["wall_ratio_warm"] = ratio_warm
     result["prepare_phases_s_estimate"] = cold["wall_s"] - warm["wall_s"]
-    result["targets"] = {f"cold_wall_le_{TARGET_RATIO:g}x_baseline": ratio_cold <= TARGET_RATIO,
-                         f"warm_wall_le_{TARGET_RATIO:g}x_baseline": ratio_warm <= TARGET_RATIO}
+    result["targets"] = {
+        f"cold_wall_le_{TARGET_RATIO:g}x_baseline": ratio_cold <= TARGET_RATIO,
+        f"warm_wall_le_{TARGET_RATIO:g}x_baseline": ratio_warm <= TARGET_RATIO,
+    }
     mb = 2**20
     print(f"\n{'':20}{'baseline (polars)':>19}{'stats cold':>13}{'ratio':>8}{'stats warm':>13}{'ratio':>8}")
-    print(f"{'wall time (s)':20}{base['wall_s']:>19.1f}{cold['wall_s']:>13.1f}{ratio_cold:>8.2f}"
-          f"{warm['wall_s']:>13.1f}{ratio_warm:>8.2f}")
-    print(f"{'peak RSS (MB)':20}{base['peak_rss_bytes'] / mb:>19,.0f}{cold['peak_rss_bytes'] / mb:>13,.0f}"
-          f"{cold['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}{warm['peak_rss_bytes'] / mb:>13,.0f}"
-          f"{warm['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}")
+    print(
+        f"{'wall time (s)':20}{base['wall_s']:>19.1f}{cold['wall_s']:>13.1f}{ratio_cold:>8.2f}"
+        f"{warm['wall_s']:>13.1f}{ratio_warm:>8.2f}"
+    )
+    print(
+        f"{'peak RSS (MB)':20}{base['peak_rss_bytes'] / mb:>19,.0f}{cold['peak_rss_bytes'] / mb:>13,.0f}"
+        f"{cold['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}{warm['peak_rss_bytes'] / mb:>13,.0f}"
+        f"{warm['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}"
+    )
     print(f"{'users / samples':20}{int(users):>19,}{report['lengths']['merged']['count']:>13,}")
-    print(f"{'mean / p99 length':20}{float(mean):>12.1f} / {float(p99):>4,.0f}"
-          f"{report['lengths']['merged']['mean']:>8.1f} / {report['lengths']['merged']['p99']:,.0f}")
+    print(
+        f"{'mean / p99 length':20}{float(mean):>12.1f} / {float(p99):>4,.0f}"
+        f"{report['lengths']['merged']['mean']:>8.1f} / {report['lengths']['merged']['p99']:,.0f}"
+    )
     print(f"prepare phases 1-3 ≈ {result['prepare_phases_s_estimate']:.1f} s of the cold run")
     print(f"targets: {result['targets']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -19,8 +19,7 @@ def run_measured(cmd: list[str], label: str) -> dict:
     included, sampled every 50 ms) and its stdout."""
     start = time.perf_counter()
     # Run outside the repository so the root folders (e.g. datasets/) cannot shadow installed packages.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tempfile.gettempdir())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     peak = 0
     stop = threading.Event()
 
@@ -51,6 +50,7 @@ def ensure_preset(preset: str, data_dir: str) -> Path:
     data = Path(data_dir) / preset
     if not (data / "sources.toml").exists():
         print(f"generating the {preset} preset into {data} (once; reused by later runs)")
-        subprocess.run([*FREESCALE, "generate", "--preset", preset, "--out", str(data)], check=True,
-                       cwd=tempfile.gettempdir())
+        subprocess.run(
+            [*FREESCALE, "generate", "--preset", preset, "--out", str(data)], check=True, cwd=tempfile.gettempdir()
+        )
     return data

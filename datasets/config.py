@@ -68,9 +68,7 @@ def _check_int(where: str, key: str, value: Any, low: int, high: int = 2**62) ->
 def _check_text_options(where: str, fmt: str, header: Any, delimiter: Any) -> None:
     if header is not None and (fmt not in ("csv", "tsv") or not isinstance(header, bool)):
         raise ValueError(f"{where}: option 'header' is a boolean for csv/tsv sources only; got {header!r}")
-    if delimiter is not None and (
-        fmt not in ("csv", "tsv") or not isinstance(delimiter, str) or len(delimiter) != 1
-    ):
+    if delimiter is not None and (fmt not in ("csv", "tsv") or not isinstance(delimiter, str) or len(delimiter) != 1):
         raise ValueError(f"{where}: option 'delimiter' is one character for csv/tsv only; got {delimiter!r}")
 
 
@@ -129,9 +127,7 @@ class SourceSpec:
         if self.format in GENERIC_FORMATS:
             missing = [f for f in REQUIRED_FIELDS if f not in self.columns]
             if missing:
-                raise ValueError(
-                    f"{where}: option 'columns' must name {', '.join(missing)} for format '{self.format}'"
-                )
+                raise ValueError(f"{where}: option 'columns' must name {', '.join(missing)} for format '{self.format}'")
 
     def _check_actions(self, where: str) -> None:
         for key, value in self.action_map.items():
@@ -221,9 +217,7 @@ class UserTableSpec:
 def _reject_unknown(where: str, data: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(
-            f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
 @dataclass

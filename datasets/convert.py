@@ -131,8 +131,7 @@ def _parse_strings(arr: pa.Array, scale: int) -> Parsed:
     int_syntax = _mask(pc.match_substring_regex(text, _INT_RE)) & ~empty
     raw_ints, int_ok = _string_ints(text, int_syntax)
     float_syntax = _mask(pc.match_substring_regex(text, _FLOAT_RE)) & ~empty
-    floats = _scatter(n, float_syntax, pc.cast(text.filter(pa.array(float_syntax)), pa.float64()), np.float64,
-                      np.nan)
+    floats = _scatter(n, float_syntax, pc.cast(text.filter(pa.array(float_syntax)), pa.float64()), np.float64, np.nan)
     finite = np.isfinite(floats)
     ints, integral = _float_to_int(floats, finite, scale)
     exact = int_ok & (np.abs(raw_ints) <= (2**63 - 1) // scale)
@@ -206,10 +205,7 @@ def _iso_seconds(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """ISO 8601 strings to epoch seconds (UTC when no offset); a trailing ``Z`` means UTC."""
     series = pl.from_arrow(pc.utf8_trim_whitespace(arr)).str.replace(r"[zZ]$", "+00:00")
     frame = pl.DataFrame({"s": series})
-    exprs = [
-        pl.col("s").str.to_datetime(format=f, strict=False, time_zone="UTC", time_unit="us")
-        for f in ISO_FORMATS
-    ]
+    exprs = [pl.col("s").str.to_datetime(format=f, strict=False, time_zone="UTC", time_unit="us") for f in ISO_FORMATS]
     secs = frame.select(pl.coalesce(exprs).dt.epoch("s")).to_series()
     ok = secs.is_not_null().to_numpy()
     return secs.fill_null(0).to_numpy().astype(np.int64), ok

@@ -30,7 +30,6 @@ from .textlines import RAW_LIMIT, Lines, RawPiece, split_lines
 __all__ = ["RawPiece", "iter_raw"]
 
 
-
 def _json_render(table: pa.Table) -> Callable[[np.ndarray], list[str]]:
     def render(positions: np.ndarray) -> list[str]:
         rows = table.take(pa.array(positions, pa.int64())).to_pylist()
@@ -196,9 +195,7 @@ def _iter_text(task: ReadTask, layout: Layout, label: str, chunk_bytes: int) -> 
             yield []
 
 
-def iter_raw(
-    task: ReadTask, layout: Layout, label: str, chunk_rows: int, chunk_bytes: int
-) -> Iterator[list[RawPiece]]:
+def iter_raw(task: ReadTask, layout: Layout, label: str, chunk_rows: int, chunk_bytes: int) -> Iterator[list[RawPiece]]:
     """Groups of raw pieces; each group becomes one bounded chunk of canonical events."""
     if task.kind == "parquet":
         yield from ([p] for p in _iter_parquet(task, label, chunk_rows))

@@ -104,9 +104,7 @@ def source_files(config: SourcesConfig, index: int) -> list[str]:
     return files
 
 
-def plan_read_tasks(
-    config: SourcesConfig, target_rows: int = 1_000_000, *, count_lines: bool = True
-) -> list[ReadTask]:
+def plan_read_tasks(config: SourcesConfig, target_rows: int = 1_000_000, *, count_lines: bool = True) -> list[ReadTask]:
     """Every file of every source cut into tasks of about ``target_rows`` rows, in (source, file) order.
 
     With ``count_lines`` (default) text tasks get their first row number from one streaming pass over
@@ -122,8 +120,9 @@ def plan_read_tasks(
     return tasks
 
 
-def _rejects_table(label: str, path: str, rows: np.ndarray, reasons: list[str], fields: list[str],
-                   raws: list[str]) -> pa.Table:
+def _rejects_table(
+    label: str, path: str, rows: np.ndarray, reasons: list[str], fields: list[str], raws: list[str]
+) -> pa.Table:
     n = len(rows)
     return pa.table(
         {
@@ -156,8 +155,9 @@ def _check_piece(piece: RawPiece, layout: Layout, spec: SourceSpec) -> tuple[lis
     return [user, item, ts, action], codes
 
 
-def _piece_rejects(piece: RawPiece, reason: np.ndarray, field: np.ndarray, names: tuple,
-                   label: str, path: str) -> pa.Table:
+def _piece_rejects(
+    piece: RawPiece, reason: np.ndarray, field: np.ndarray, names: tuple, label: str, path: str
+) -> pa.Table:
     bad = np.flatnonzero(reason)
     rows = np.concatenate([piece.bad_rows, piece.rows[bad]])
     reasons = [REASONS[MALFORMED]] * len(piece.bad_rows) + [REASONS[r] for r in reason[bad]]
@@ -165,8 +165,9 @@ def _piece_rejects(piece: RawPiece, reason: np.ndarray, field: np.ndarray, names
     raws = list(piece.bad_raw) + (piece.raw_text(bad) if len(bad) else [])
     order = np.argsort(rows, kind="stable")
     pick = order.tolist()
-    return _rejects_table(label, path, rows[order], [reasons[i] for i in pick], [fields[i] for i in pick],
-                          [raws[i] for i in pick])
+    return _rejects_table(
+        label, path, rows[order], [reasons[i] for i in pick], [fields[i] for i in pick], [raws[i] for i in pick]
+    )
 
 
 def _piece_events(piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadTask) -> EventChunk:

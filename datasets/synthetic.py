@@ -46,8 +46,9 @@ CLICK_P = (0.7, 0.25, 0.05)
 PURCHASE_KINDS = ("add_to_cart", "purchase")
 PURCHASE_P = (0.6, 0.4)
 REVIEW_HEADER = b"reviewer,item,rating,time\n"
-CLICK_SCHEMA = pa.schema([("uid", pa.int64()), ("item", pa.int64()), ("event_type", pa.string()),
-                          ("ts_ms", pa.int64())])
+CLICK_SCHEMA = pa.schema(
+    [("uid", pa.int64()), ("item", pa.int64()), ("event_type", pa.string()), ("ts_ms", pa.int64())]
+)
 
 
 def _positive(name: str, value: float, integer: bool = False) -> None:
@@ -103,16 +104,28 @@ class GeneratorConfig:
             raise ValueError("GeneratorConfig: option 'name' must be a non-empty string")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"GeneratorConfig: option 'seed' must be an integer >= 0; got {self.seed!r}")
-        for key in ("n_users", "n_items", "pareto_min", "min_len", "max_len", "markov_a", "click_files",
-                    "purchase_files", "review_files", "row_group_rows", "chunk_events"):
+        for key in (
+            "n_users",
+            "n_items",
+            "pareto_min",
+            "min_len",
+            "max_len",
+            "markov_a",
+            "click_files",
+            "purchase_files",
+            "review_files",
+            "row_group_rows",
+            "chunk_events",
+        ):
             _positive(key, getattr(self, key), integer=True)
         for key in ("median", "sigma", "pareto_alpha", "zipf", "window_days"):
             _positive(key, getattr(self, key))
         for key in ("markov_prob", "purchase_fraction", "review_fraction", "malformed_fraction"):
             _fraction(key, getattr(self, key))
         if self.length_dist not in ("lognormal", "pareto"):
-            raise ValueError(f"GeneratorConfig: option 'length_dist' must be lognormal or pareto; "
-                             f"got {self.length_dist!r}")
+            raise ValueError(
+                f"GeneratorConfig: option 'length_dist' must be lognormal or pareto; got {self.length_dist!r}"
+            )
         if self.min_len > self.max_len:
             raise ValueError(f"GeneratorConfig: option 'min_len' ({self.min_len}) exceeds 'max_len'")
         if self.n_items > 2**31 or self.markov_a >= 2**31 or not 0 <= self.markov_b < 2**31:
@@ -216,8 +229,9 @@ def chunk_bounds(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _chunk_events(cfg: GeneratorConfig, sampler: ItemSampler, lengths: np.ndarray, u0: int, u1: int,
-                  chunk: int) -> dict[str, np.ndarray]:
+def _chunk_events(
+    cfg: GeneratorConfig, sampler: ItemSampler, lengths: np.ndarray, u0: int, u1: int, chunk: int
+) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([cfg.seed, 1, chunk])
     lens = lengths[u0:u1]
     n = int(lens.sum())
@@ -341,10 +355,21 @@ def _write_purchases(writers: _Writers, ev: dict, cfg: GeneratorConfig, chunk: i
         sel = part["user"] % len(writers.purchases) == f
         names = user_names(part["user"][sel], cfg.n_users)
         items, kind, ts = part["item"][sel], kinds[sel], part["ts"][sel]
-        valid = pl.select(pl.concat_str([
-            pl.lit('{"customer":"'), pl.lit(names), pl.lit('","product_id":'), pl.lit(items),
-            pl.lit(',"kind":"'), pl.lit(kind), pl.lit('","event_time":'), pl.lit(ts), pl.lit("}"),
-        ])).to_series()
+        valid = pl.select(
+            pl.concat_str(
+                [
+                    pl.lit('{"customer":"'),
+                    pl.lit(names),
+                    pl.lit('","product_id":'),
+                    pl.lit(items),
+                    pl.lit(',"kind":"'),
+                    pl.lit(kind),
+                    pl.lit('","event_time":'),
+                    pl.lit(ts),
+                    pl.lit("}"),
+                ]
+            )
+        ).to_series()
         template = _Rows(names, items, kind, ts)
         bad, counts = bad_jsonl_lines(rng, len(valid), cfg.malformed_fraction, template)
         _write_lines(stream, interleave(rng, valid, bad))
@@ -360,9 +385,9 @@ def _write_reviews(writers: _Writers, ev: dict, cfg: GeneratorConfig, chunk: int
         sel = part["user"] % len(writers.reviews) == f
         names = user_names(part["user"][sel], cfg.n_users)
         items, ratings, ts = part["item"][sel], part["rating"][sel], part["ts"][sel]
-        valid = pl.select(pl.concat_str([
-            pl.lit(names), pl.lit(items), pl.lit(ratings), pl.lit(ts)
-        ], separator=",")).to_series()
+        valid = pl.select(
+            pl.concat_str([pl.lit(names), pl.lit(items), pl.lit(ratings), pl.lit(ts)], separator=",")
+        ).to_series()
         template = _Rows(names, items, ratings, ts)
         bad, counts = bad_csv_lines(rng, len(valid), cfg.malformed_fraction, template)
         _write_lines(stream, interleave(rng, valid, bad))
@@ -374,36 +399,54 @@ def _write_reviews(writers: _Writers, ev: dict, cfg: GeneratorConfig, chunk: int
 def _write_users(cfg: GeneratorConfig, out_dir: str) -> None:
     rng = np.random.default_rng([cfg.seed, 5])
     country_p = 1.0 / np.arange(1, 51) ** 1.2
-    frame = pl.DataFrame({
-        "user_id": user_names(np.arange(cfg.n_users), cfg.n_users),
-        "age_bucket": rng.integers(0, 7, cfg.n_users),
-        "country_id": rng.choice(50, size=cfg.n_users, p=country_p / country_p.sum()),
-    })
+    frame = pl.DataFrame(
+        {
+            "user_id": user_names(np.arange(cfg.n_users), cfg.n_users),
+            "age_bucket": rng.integers(0, 7, cfg.n_users),
+            "country_id": rng.choice(50, size=cfg.n_users, p=country_p / country_p.sum()),
+        }
+    )
     storage.write_bytes(storage.join(out_dir, "users.csv"), frame.write_csv().encode("utf-8"))
 
 
 def _sources_config(cfg: GeneratorConfig, writers: _Writers) -> SourcesConfig:
-    sources = [SourceSpec(
-        name="clicks", format="parquet", path="clicks/*.parquet", timestamp_unit="ms",
-        columns={"user": "uid", "item": "item", "timestamp": "ts_ms", "action": "event_type"},
-        action_map={k: ACTIONS[k] for k in CLICK_KINDS},
-    )]
+    sources = [
+        SourceSpec(
+            name="clicks",
+            format="parquet",
+            path="clicks/*.parquet",
+            timestamp_unit="ms",
+            columns={"user": "uid", "item": "item", "timestamp": "ts_ms", "action": "event_type"},
+            action_map={k: ACTIONS[k] for k in CLICK_KINDS},
+        )
+    ]
     if writers.purchases:
-        sources.append(SourceSpec(
-            name="purchases", format="jsonl", path="purchases/*.jsonl", timestamp_unit="s",
-            columns={"user": "customer", "item": "product_id", "timestamp": "event_time", "action": "kind"},
-            action_map={k: ACTIONS[k] for k in PURCHASE_KINDS},
-        ))
+        sources.append(
+            SourceSpec(
+                name="purchases",
+                format="jsonl",
+                path="purchases/*.jsonl",
+                timestamp_unit="s",
+                columns={"user": "customer", "item": "product_id", "timestamp": "event_time", "action": "kind"},
+                action_map={k: ACTIONS[k] for k in PURCHASE_KINDS},
+            )
+        )
     if writers.reviews:
-        sources.append(SourceSpec(
-            name="reviews", format="csv", path="reviews/*.csv", timestamp_unit="s",
-            columns={"user": "reviewer", "item": "item", "timestamp": "time"},
-            default_action=ACTIONS["review"],
-        ))
+        sources.append(
+            SourceSpec(
+                name="reviews",
+                format="csv",
+                path="reviews/*.csv",
+                timestamp_unit="s",
+                columns={"user": "reviewer", "item": "item", "timestamp": "time"},
+                default_action=ACTIONS["review"],
+            )
+        )
     users = None
     if cfg.user_table:
-        users = UserTableSpec(path="users.csv", format="csv", user_column="user_id",
-                              features=("age_bucket", "country_id"))
+        users = UserTableSpec(
+            path="users.csv", format="csv", user_column="user_id", features=("age_bucket", "country_id")
+        )
     return SourcesConfig(name=cfg.name, sources=sources, users=users)
 
 
@@ -424,8 +467,11 @@ def _summary(cfg: GeneratorConfig, lengths: np.ndarray, stats: dict[str, dict]) 
         "user_id": "text logs: 'u' + zero-padded index (width >= 6); clicks.uid: stable_id of that string",
         "markov": {"prob": cfg.markov_prob, "a": cfg.markov_a, "b": cfg.markov_b, "n_items": cfg.n_items},
         "lengths": {
-            "min": int(lengths.min()), "median": float(np.median(lengths)), "mean": float(lengths.mean()),
-            "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max()),
+            "min": int(lengths.min()),
+            "median": float(np.median(lengths)),
+            "mean": float(lengths.mean()),
+            "p99": float(np.percentile(lengths, 99)),
+            "max": int(lengths.max()),
         },
     }
 

@@ -131,8 +131,7 @@ def _plan_arrow(task_base: dict, layout: Layout, target_rows: int, label: str) -
     schema, counts = _open_arrow(task_base["path"], label)
     mapping = _check_mapping(layout, set(schema.names), label, task_base["path"])
     if counts is None:  # a stream has no footer: one task reads it all
-        return [ReadTask(**task_base, kind="arrow_stream", start=0, stop=1, first_row=0, est_rows=0,
-                         mapping=mapping)]
+        return [ReadTask(**task_base, kind="arrow_stream", start=0, stop=1, first_row=0, est_rows=0, mapping=mapping)]
     return [
         ReadTask(**task_base, kind="arrow", start=s, stop=e, first_row=f, est_rows=n, mapping=mapping)
         for s, e, f, n in _group(counts, target_rows)
@@ -250,12 +249,19 @@ def _plan_text(task_base: dict, layout: Layout, target_rows: int, label: str, co
     for i, (start, stop) in enumerate(itertools.pairwise(bounds)):
         if i and count:
             rows_before += count_newlines(handle, bounds[i - 1], start)
-        tasks.append(ReadTask(
-            **task_base, kind=layout.kind, start=start, stop=stop,
-            first_row=rows_before if (count or i == 0) else None,
-            est_rows=int((stop - start) / avg), mapping=mapping, names=names,
-            header_lines=layout.header_lines,
-        ))
+        tasks.append(
+            ReadTask(
+                **task_base,
+                kind=layout.kind,
+                start=start,
+                stop=stop,
+                first_row=rows_before if (count or i == 0) else None,
+                est_rows=int((stop - start) / avg),
+                mapping=mapping,
+                names=names,
+                header_lines=layout.header_lines,
+            )
+        )
     return tasks
 
 
@@ -275,4 +281,3 @@ def plan_file(
     if layout.kind == "arrow":
         return _plan_arrow(base, layout, target_rows, label)
     return _plan_text(base, layout, target_rows, label, count_lines)
-

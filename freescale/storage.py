@@ -113,7 +113,5 @@ def expand(pattern: str) -> list[str]:
     if root_info.type != pafs.FileType.Directory:
         return []
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    matches = [
-        i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)
-    ]
+    matches = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)]
     return sorted(prefix + m for m in matches)

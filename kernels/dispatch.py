@@ -341,8 +341,9 @@ def dispatch_jagged(
             raise ValueError(f"JaggedRows tensors are on {t.device} but dest is on {dest.device}")
     _check_lengths(batch, cfg.validate)
     _check_dest(dest, world_size, batch.num_rows, cfg.validate)
-    plan = plan_dispatch(dest, world_size, lengths=batch.lengths, kernel=kernel,
-                         config=DispatchConfig(cfg.kernel, validate=False))
+    plan = plan_dispatch(
+        dest, world_size, lengths=batch.lengths, kernel=kernel, config=DispatchConfig(cfg.kernel, validate=False)
+    )
     k = resolve_kernel(kernel, dest.device, cfg)
     return DispatchResult(_move_jagged(batch, plan, k, forward=True), plan)
 

@@ -133,9 +133,7 @@ def jagged_gather(
 
 
 @jagged_gather.register_fake
-def _(
-    values: Tensor, in_offsets: Tensor, out_offsets: Tensor, index: Tensor, inverse: Tensor, kernel: str
-) -> Tensor:
+def _(values: Tensor, in_offsets: Tensor, out_offsets: Tensor, index: Tensor, inverse: Tensor, kernel: str) -> Tensor:
     return torch.empty_like(values, memory_format=torch.contiguous_format)
 
 

@@ -107,9 +107,7 @@ def jagged_row_index(in_offsets: Tensor, out_offsets: Tensor, index: Tensor, tot
     return rows + torch.repeat_interleave(shift, out_lengths, output_size=total)
 
 
-def pytorch_jagged_gather(
-    values: Tensor, in_offsets: Tensor, out_offsets: Tensor, index: Tensor
-) -> Tensor:
+def pytorch_jagged_gather(values: Tensor, in_offsets: Tensor, out_offsets: Tensor, index: Tensor) -> Tensor:
     """Move whole variable-length segments: output segment ``j`` is input segment ``index[j]``."""
     total = values.shape[0]
     if total == 0:

@@ -101,8 +101,9 @@ def _next_pow2(n: int) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
-def _block_hist_kernel(dest_ptr, len_ptr, scratch_ptr, n_rows, W_POW2, n_blocks,
-                       HAS_LEN: tl.constexpr, BLOCK: tl.constexpr):
+def _block_hist_kernel(
+    dest_ptr, len_ptr, scratch_ptr, n_rows, W_POW2, n_blocks, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     mask = rows < n_rows
@@ -114,9 +115,21 @@ def _block_hist_kernel(dest_ptr, len_ptr, scratch_ptr, n_rows, W_POW2, n_blocks,
         tl.atomic_add(slot + n_blocks * W_POW2, lengths, mask=mask)
 
 
-def _scan_kernel(scratch_ptr, counts_ptr, offsets_ptr, vcounts_ptr, voffsets_ptr, svoff_ptr, hoff_ptr,
-                 world_size, n_blocks, n_rows, HAS_LEN: tl.constexpr, W_POW2: tl.constexpr,
-                 BLOCK_B: tl.constexpr):
+def _scan_kernel(
+    scratch_ptr,
+    counts_ptr,
+    offsets_ptr,
+    vcounts_ptr,
+    voffsets_ptr,
+    svoff_ptr,
+    hoff_ptr,
+    world_size,
+    n_blocks,
+    n_rows,
+    HAS_LEN: tl.constexpr,
+    W_POW2: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
     # One program; the [n_blocks, W] scratch is walked in [BLOCK_B, W] tiles (scan along blocks
     # inside a tile, a carried running sum across tiles), so a large batch costs n_blocks / BLOCK_B
     # dependent steps rather than n_blocks.
@@ -166,8 +179,21 @@ def _scan_kernel(scratch_ptr, counts_ptr, offsets_ptr, vcounts_ptr, voffsets_ptr
             hrun += tl.reduce(block_values, 0, tl.standard._sum_combine)
 
 
-def _stable_scatter_kernel(dest_ptr, len_ptr, scratch_ptr, perm_ptr, inv_ptr, slen_ptr, svoff_ptr, hoff_ptr,
-                           n_rows, W_POW2, n_blocks, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr):
+def _stable_scatter_kernel(
+    dest_ptr,
+    len_ptr,
+    scratch_ptr,
+    perm_ptr,
+    inv_ptr,
+    slen_ptr,
+    svoff_ptr,
+    hoff_ptr,
+    n_rows,
+    W_POW2,
+    n_blocks,
+    HAS_LEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     local = tl.arange(0, BLOCK)
     rows = pid * BLOCK + local
@@ -196,8 +222,7 @@ def _stable_scatter_kernel(dest_ptr, len_ptr, scratch_ptr, perm_ptr, inv_ptr, sl
 # --------------------------------------------------------------------------------------------------
 
 
-def _gather_rows_kernel(src_ptr, idx_ptr, out_ptr, n_rows, row_words,
-                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _gather_rows_kernel(src_ptr, idx_ptr, out_ptr, n_rows, row_words, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n_rows
@@ -211,9 +236,19 @@ def _gather_rows_kernel(src_ptr, idx_ptr, out_ptr, n_rows, row_words,
         tl.store(out_ptr + out_base + cols[None, :], v, mask=m)
 
 
-def _jagged_gather_kernel(src_ptr, in_off_ptr, out_off_ptr, idx_ptr, out_ptr, n_seg, total_rows,
-                          row_words, n_iter, BLOCK_T: tl.constexpr,
-                          BLOCK_C: tl.constexpr):
+def _jagged_gather_kernel(
+    src_ptr,
+    in_off_ptr,
+    out_off_ptr,
+    idx_ptr,
+    out_ptr,
+    n_seg,
+    total_rows,
+    row_words,
+    n_iter,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     # One program per BLOCK_T output value rows (not per segment): heavy-tailed lengths (one 21k-long
     # segment among 300-long ones) would otherwise leave one program doing most of the work.
     pid = tl.program_id(0)
@@ -268,16 +303,37 @@ def triton_plan(dest: Tensor, world_size: int, lengths: Tensor | None = None) ->
     n_blocks = triton.cdiv(n, PLAN_BLOCK)
     # [block, dest] row counts | [block, dest] value counts | [block] first home value (zeroed: atomics)
     scratch = torch.zeros(((2 * w_pow2 + 1) if has_len else w_pow2) * n_blocks, **i64)
-    _jit(_block_hist_kernel)[(n_blocks,)](
-        dest, lens, scratch, n, w_pow2, n_blocks, HAS_LEN=has_len, BLOCK=PLAN_BLOCK
-    )
+    _jit(_block_hist_kernel)[(n_blocks,)](dest, lens, scratch, n, w_pow2, n_blocks, HAS_LEN=has_len, BLOCK=PLAN_BLOCK)
     _jit(_scan_kernel)[(1,)](
-        scratch, counts, offsets, vcounts, voffsets, svoff, hoff, world_size, n_blocks, n,
-        HAS_LEN=has_len, W_POW2=w_pow2, BLOCK_B=max(1, _SCAN_ELEMS // w_pow2), num_warps=8,
+        scratch,
+        counts,
+        offsets,
+        vcounts,
+        voffsets,
+        svoff,
+        hoff,
+        world_size,
+        n_blocks,
+        n,
+        HAS_LEN=has_len,
+        W_POW2=w_pow2,
+        BLOCK_B=max(1, _SCAN_ELEMS // w_pow2),
+        num_warps=8,
     )
     _jit(_stable_scatter_kernel)[(n_blocks,)](
-        dest, lens, scratch, perm, inverse, slen, svoff, hoff, n, w_pow2, n_blocks,
-        HAS_LEN=has_len, BLOCK=PLAN_BLOCK,
+        dest,
+        lens,
+        scratch,
+        perm,
+        inverse,
+        slen,
+        svoff,
+        hoff,
+        n,
+        w_pow2,
+        n_blocks,
+        HAS_LEN=has_len,
+        BLOCK=PLAN_BLOCK,
     )
     return PlanTensors(counts, offsets, perm, inverse, vcounts, voffsets, slen, svoff, hoff)
 
@@ -314,7 +370,13 @@ def triton_gather_rows(src: Tensor, index: Tensor) -> Tensor:
     src_w, out_w, row_words = _word_views(src.contiguous(), out, src.shape[0], n)
     block_r, block_c = _copy_blocks(row_words)
     _jit(_gather_rows_kernel)[(triton.cdiv(n, block_r),)](
-        src_w, index.contiguous(), out_w, n, row_words, BLOCK_R=block_r, BLOCK_C=block_c,
+        src_w,
+        index.contiguous(),
+        out_w,
+        n,
+        row_words,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
         num_warps=_COPY_WARPS,
     )
     return out
@@ -331,7 +393,17 @@ def triton_jagged_gather(values: Tensor, in_offsets: Tensor, out_offsets: Tensor
     block_t, block_c = _copy_blocks(row_words)
     n_iter = max(1, math.ceil(math.log2(n_seg))) + 1
     _jit(_jagged_gather_kernel)[(triton.cdiv(total, block_t),)](
-        src_w, in_offsets.contiguous(), out_offsets.contiguous(), index.contiguous(), out_w,
-        n_seg, total, row_words, n_iter, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=_COPY_WARPS,
+        src_w,
+        in_offsets.contiguous(),
+        out_offsets.contiguous(),
+        index.contiguous(),
+        out_w,
+        n_seg,
+        total,
+        row_words,
+        n_iter,
+        BLOCK_T=block_t,
+        BLOCK_C=block_c,
+        num_warps=_COPY_WARPS,
     )
     return out

@@ -58,9 +58,7 @@ class TransportConfig:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"TransportConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0:
-            raise ValueError(
-                f"TransportConfig.capacity_bytes must be a positive int, got {self.capacity_bytes!r}"
-            )
+            raise ValueError(f"TransportConfig.capacity_bytes must be a positive int, got {self.capacity_bytes!r}")
         for name in ("p2p", "copy_out"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransportConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -116,18 +114,14 @@ class Transport(ABC):
     world_size: int
 
     @abstractmethod
-    def start(
-        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
-    ) -> TransportHandle:
+    def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
         """Start moving ``send_counts[r]`` rows to rank ``r``; rows from rank ``s`` arrive in order."""
 
     @abstractmethod
     def exchange_counts(self, send_counts: Counts) -> list[int]:
         """How many rows every rank will send to this one (a blocking all-to-all of the counts)."""
 
-    def all_to_all(
-        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
-    ) -> Tensor:
+    def all_to_all(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> Tensor:
         """Synchronous convenience: ``start(...).wait()``."""
         return self.start(send_buffer, send_counts, recv_counts).wait()
 
@@ -161,9 +155,7 @@ class TorchDistTransport(Transport):
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, p2p: bool = False) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise TransportUnavailableError(
-                "torch transport needs an initialized torch.distributed process group"
-            )
+            raise TransportUnavailableError("torch transport needs an initialized torch.distributed process group")
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -179,9 +171,7 @@ class TorchDistTransport(Transport):
         dist.all_to_all_single(recv, sent, group=self.group)
         return recv.tolist()
 
-    def start(
-        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
-    ) -> TransportHandle:
+    def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
         sc = counts_list(send_counts, self.world_size, "send_counts")
         send = check_send(send_buffer, sc)
         rc = self.exchange_counts(sc) if recv_counts is None else counts_list(recv_counts, self.world_size,

@@ -163,9 +163,7 @@ class CopyEngineTransport(Transport):
         torch.cuda.synchronize(self.device)  # the allocation must exist before peers map it
         shared: list[Any] = [None] * self.world_size
         dist.all_gather_object(shared, reduce_tensor(self._staging), group=self.cpu_group)
-        self._peer_buf = [
-            self._staging if r == self.rank else fn(*args) for r, (fn, args) in enumerate(shared)
-        ]
+        self._peer_buf = [self._staging if r == self.rank else fn(*args) for r, (fn, args) in enumerate(shared)]
         self.capacity = capacity
 
     def _release(self) -> None:
@@ -194,9 +192,7 @@ class CopyEngineTransport(Transport):
         matrix = self._counts_matrix(sc, 0)
         return [matrix[s][self.rank] for s in range(self.world_size)]
 
-    def start(
-        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None
-    ) -> TransportHandle:
+    def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
         if self._staging is None:
             raise RuntimeError("CopyEngineTransport is closed")
         if self._in_flight:

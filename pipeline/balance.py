@@ -93,8 +93,7 @@ class BalanceConfig:
         algos = (self.algorithms,) if isinstance(self.algorithms, str) else tuple(self.algorithms)
         if not algos or any(a not in ALGORITHMS for a in algos) or len(set(algos)) != len(algos):
             raise ValueError(
-                f"algorithms must be a non-empty tuple of distinct names from {ALGORITHMS}, "
-                f"got {self.algorithms!r}"
+                f"algorithms must be a non-empty tuple of distinct names from {ALGORITHMS}, got {self.algorithms!r}"
             )
         self.algorithms = algos
         if not _is_int(self.refine_swaps) or self.refine_swaps < 0:
@@ -223,8 +222,9 @@ def _steps(ranked: Ranked, config: BalanceConfig, n_out: int, planned: bool) -> 
     return steps_free(ranked, g, k, budget, units, config.seed, config.target_imbalance)
 
 
-def _partition(ranked: Ranked, steps: Steps, config: BalanceConfig, balance: bool, algorithms=None,
-               above=1.0, probe=False):
+def _partition(
+    ranked: Ranked, steps: Steps, config: BalanceConfig, balance: bool, algorithms=None, above=1.0, probe=False
+):
     return assign_bins(
         ranked,
         steps,

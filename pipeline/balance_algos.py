@@ -47,8 +47,9 @@ def lpt_equal(x: np.ndarray, group_size: int, sizes: np.ndarray | None = None) -
     return _lpt(x, group_size, sizes, True)
 
 
-def lpt_free(x: np.ndarray, group_size: int, loads: np.ndarray | None = None,
-             sizes: np.ndarray | None = None) -> np.ndarray:
+def lpt_free(
+    x: np.ndarray, group_size: int, loads: np.ndarray | None = None, sizes: np.ndarray | None = None
+) -> np.ndarray:
     """Unconstrained LPT: each item, largest first, to the least-loaded bin; ``x[S, M]`` → bins.
 
     From empty bins the G largest items land in G distinct bins (ties go to the next empty bin),
@@ -58,8 +59,9 @@ def lpt_free(x: np.ndarray, group_size: int, loads: np.ndarray | None = None,
     return _lpt(x, group_size, sizes, False, loads)
 
 
-def _lpt(x: np.ndarray, group_size: int, sizes: np.ndarray | None, constrained: bool,
-         loads: np.ndarray | None = None) -> np.ndarray:
+def _lpt(
+    x: np.ndarray, group_size: int, sizes: np.ndarray | None, constrained: bool, loads: np.ndarray | None = None
+) -> np.ndarray:
     """Greedy LPT, ``x[S, M]`` descending per row → bins ``[S, M]``; see ``lpt_equal``/``lpt_free``.
 
     Batched: with the free bins sorted by load l₀ ≤ l₁ ≤ …, the next items x₀ ≥ x₁ ≥ … go to bins

@@ -101,8 +101,9 @@ def _global_ranks(ranked: Ranked) -> tuple[np.ndarray, np.ndarray]:
     return lt, le
 
 
-def ks_per_step(ranked: Ranked, steps: Steps, ids_asc: np.ndarray | None = None,
-                ranks: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def ks_per_step(
+    ranked: Ranked, steps: Steps, ids_asc: np.ndarray | None = None, ranks: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Two-sample KS distance between each step's costs and all costs (exact with ties)."""
     n = ranked.costs.size
     sizes = np.diff(steps.offsets)
@@ -135,11 +136,7 @@ def _stats(a: np.ndarray) -> dict[str, float]:
 def _by_world_size(mb_costs: np.ndarray, g: int) -> dict[str, float]:
     from .balance import predict_straggler_pct
 
-    return {
-        str(w): round(predict_straggler_pct(mb_costs.reshape(-1, w)), 4)
-        for w in range(1, g + 1)
-        if g % w == 0
-    }
+    return {str(w): round(predict_straggler_pct(mb_costs.reshape(-1, w)), 4) for w in range(1, g + 1) if g % w == 0}
 
 
 def build_report(

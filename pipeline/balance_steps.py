@@ -119,8 +119,9 @@ def _not_in(ranked: Ranked, taken: np.ndarray, order: np.ndarray) -> np.ndarray:
     return order[mask[order]]
 
 
-def steps_equal(ranked: Ranked, group_size: int, k: int, n_outlier_steps: int, seed: int,
-                cheap_leftover: bool) -> Steps:
+def steps_equal(
+    ranked: Ranked, group_size: int, k: int, n_outlier_steps: int, seed: int, cheap_leftover: bool
+) -> Steps:
     """Equal-count steps of G·k samples: ``n_outlier_steps`` cost-sorted chunks, the rest random.
 
     With ``cheap_leftover`` (planned) the samples that do not fill a whole step are the cheapest of
@@ -169,8 +170,9 @@ def _cut_free(c: np.ndarray, group_size: int, budget: float, target: float) -> t
     return ends, i
 
 
-def steps_free(ranked: Ranked, group_size: int, k: int, budget: float, n_outlier_steps: int, seed: int,
-               target: float) -> Steps:
+def steps_free(
+    ranked: Ranked, group_size: int, k: int, budget: float, n_outlier_steps: int, seed: int, target: float
+) -> Steps:
     """Free-count steps filled to ≈ G × budget (budget raised to the step's largest item).
 
     Outlier steps are cost-sorted chunks of G·k samples as in equal-count mode (a chunk spans a range

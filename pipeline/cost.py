@@ -43,9 +43,7 @@ class ModelConfig:
         if self.num_negatives < 0:
             raise ValueError(f"model.num_negatives must be >= 0, got {self.num_negatives}")
         if self.d_model % self.num_heads:
-            raise ValueError(
-                f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.num_heads ({self.num_heads})")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str = "model") -> ModelConfig:

@@ -62,12 +62,18 @@ def _length_summary(lengths: np.ndarray) -> dict[str, float]:
     if len(lengths) == 0:
         return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
     p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
-    return {"mean": float(lengths.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "max": float(lengths.max())}
+    return {
+        "mean": float(lengths.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(lengths.max()),
+    }
 
 
-def _rows(summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, Any]],
-          plan: dict[str, Any], group_size: int) -> dict[str, Any]:
+def _rows(
+    summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, Any]], plan: dict[str, Any], group_size: int
+) -> dict[str, Any]:
     filtered: dict[str, int] = {}
     for record in samples:
         for reason, count in record["filtered"].items():
@@ -93,8 +99,9 @@ def _rows(summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, A
     return rows
 
 
-def build_manifest(job: PrepareJob, summary: ScanSummary, users: dict[str, Any],
-                   samples: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, Any]:
+def build_manifest(
+    job: PrepareJob, summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, Any]], plan: dict[str, Any]
+) -> dict[str, Any]:
     from freescale.pipeline.writer import mds_columns
 
     config = job.config

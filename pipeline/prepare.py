@@ -85,8 +85,11 @@ class PrepareJob:
         self._executor: ProcessPoolExecutor | None = None
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
-        self.cost_model = (CostModel.from_file(config.cost_model_file) if config.cost_model_file
-                           else CostModel.from_model(config.model))
+        self.cost_model = (
+            CostModel.from_file(config.cost_model_file)
+            if config.cost_model_file
+            else CostModel.from_model(config.model)
+        )
         self.tasks = scan.plan_read_tasks(self.sources, TARGET_ROWS_PER_TASK)
         self.source_files = self._source_files()
         self.fingerprint = self._fingerprint()
@@ -100,8 +103,12 @@ class PrepareJob:
                 continue
             fs, path = storage.filesystem(task.path)
             info = fs.get_file_info(path)
-            seen[task.path] = {"source": self.sources.sources[task.source].name, "uri": task.path,
-                               "size": info.size, "mtime_ns": info.mtime_ns}
+            seen[task.path] = {
+                "source": self.sources.sources[task.source].name,
+                "uri": task.path,
+                "size": info.size,
+                "mtime_ns": info.mtime_ns,
+            }
         if self.sources.users is not None:
             for uri in storage.expand(self.sources.resolve(self.sources.users.path)):
                 fs, path = storage.filesystem(uri)
@@ -110,8 +117,12 @@ class PrepareJob:
         return list(seen.values())
 
     def _fingerprint(self) -> str:
-        identity = {"schema": 1, "config": self.config.fingerprint_fields(),
-                    "cost_model": self.cost_model.to_dict(), "sources": self.source_files}
+        identity = {
+            "schema": 1,
+            "config": self.config.fingerprint_fields(),
+            "cost_model": self.cost_model.to_dict(),
+            "sources": self.source_files,
+        }
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
     def _default_work_dir(self) -> str:
@@ -138,8 +149,9 @@ class PrepareJob:
         plan_info = self._plan()
         self._write(plan_info, bool(users_record["features"]))
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
-        manifest = json.loads(json.dumps(build_manifest(self, scan_summary, users_record, sample_records,
-                                                        plan_info), default=str))
+        manifest = json.loads(
+            json.dumps(build_manifest(self, scan_summary, users_record, sample_records, plan_info), default=str)
+        )
         self._publish(manifest, plan_info["offsets"], scan_summary, users_record)
         shutil.rmtree(self.work, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -153,8 +165,13 @@ class PrepareJob:
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
         records = self._build_samples(removed_items, users_record["features"])
-        return BuiltSamples(scan=scan_summary, users=users_record, partitions=records,
-                            samples_dir=str(self.work / "samples"), n_partitions=self._n_partitions)
+        return BuiltSamples(
+            scan=scan_summary,
+            users=users_record,
+            partitions=records,
+            samples_dir=str(self.work / "samples"),
+            n_partitions=self._n_partitions,
+        )
 
     def sample_metadata(self) -> dict[str, np.ndarray]:
         """Partition, row and length of every built sample in canonical (user_id, window) order."""
@@ -250,8 +267,11 @@ class PrepareJob:
             n_partitions = self.n_partitions
             save_json(state_path, {"n_partitions": n_partitions})
         self._n_partitions = n_partitions
-        todo = [(self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples)
-                for i, task in enumerate(self.tasks) if scan.load_task_record(scan_dir, i) is None]
+        todo = [
+            (self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples)
+            for i, task in enumerate(self.tasks)
+            if scan.load_task_record(scan_dir, i) is None
+        ]
         self._log(f"scan: {len(self.tasks)} read tasks ({len(todo)} to do), {n_partitions} user partitions")
         self._map(scan.run_scan_task, todo, "scan", "task")
         summary = scan.ScanSummary()
@@ -305,8 +325,10 @@ class PrepareJob:
                 break
             removed = np.union1d(removed, weak)
         else:
-            raise PrepareError(f"k-core did not converge in {self.config.samples.kcore_max_iterations} passes; "
-                               "raise kcore_max_iterations or lower --kcore")
+            raise PrepareError(
+                f"k-core did not converge in {self.config.samples.kcore_max_iterations} passes; "
+                "raise kcore_max_iterations or lower --kcore"
+            )
         self._log(f"k-core {k}: {len(removed)} items removed after {iteration + 1} passes, {totals.height} kept")
         np.save(path, removed)
         return str(path)
@@ -314,8 +336,11 @@ class PrepareJob:
     def _build_samples(self, removed_items: str | None, features: list[str]) -> list[dict[str, Any]]:
         samples_dir = str(self.work / "samples")
         scan_dir = str(self.work / "scan")
-        todo = [(scan_dir, samples_dir, p, self.config.samples, removed_items, features)
-                for p in range(self._n_partitions) if load_partition_record(samples_dir, p) is None]
+        todo = [
+            (scan_dir, samples_dir, p, self.config.samples, removed_items, features)
+            for p in range(self._n_partitions)
+            if load_partition_record(samples_dir, p) is None
+        ]
         self._map(run_partition, todo, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
@@ -332,8 +357,11 @@ class PrepareJob:
             lengths.append(table.column("length").to_numpy())
         users_all, windows_all = np.concatenate(users), np.concatenate(windows)
         order = np.lexsort((windows_all, users_all))
-        return {"partition": np.concatenate(parts)[order], "row": np.concatenate(rows)[order],
-                "length": np.concatenate(lengths)[order].astype(np.int64)}
+        return {
+            "partition": np.concatenate(parts)[order],
+            "row": np.concatenate(rows)[order],
+            "length": np.concatenate(lengths)[order].astype(np.int64),
+        }
 
     def _plan(self) -> dict[str, Any]:
         path = self.work / "plan.npz"
@@ -371,8 +399,9 @@ class PrepareJob:
                 continue
             mine = np.flatnonzero(plan["partition"] == p)
             mine = mine[np.argsort(plan["row"][mine])]
-            jobs.append((samples_dir, buckets_dir, p, position[mine], plan["cost"][mine], micro_batch[mine],
-                         bucket_size))
+            jobs.append(
+                (samples_dir, buckets_dir, p, position[mine], plan["cost"][mine], micro_batch[mine], bucket_size)
+            )
         self._map(scatter_partition, jobs, "bucket", "partition")
         self._log(f"write: {n} samples in {n_buckets} buckets → {self.config.output}")
         if not storage.is_remote(self.config.output):
@@ -381,29 +410,34 @@ class PrepareJob:
         self.close()  # idle workers keep their peak memory: release it before this process imports streaming
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
-            write_part(self.config.output, buckets_dir, bucket_size, part, n, with_features,
-                       self.config.shard_size_limit)
+            write_part(
+                self.config.output, buckets_dir, bucket_size, part, n, with_features, self.config.shard_size_limit
+            )
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
-        storage.write_bytes(storage.join(self.config.output, "index.json"),
-                            merge_part_indexes(self.config.output, n_parts))
+        storage.write_bytes(
+            storage.join(self.config.output, "index.json"), merge_part_indexes(self.config.output, n_parts)
+        )
 
-    def _publish(self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary,
-                 users: dict[str, Any]) -> None:
+    def _publish(
+        self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary, users: dict[str, Any]
+    ) -> None:
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(offsets, np.int64))
         storage.write_bytes(storage.join(self.config.output, OFFSETS_NAME), buffer.getvalue())
         examples = {**summary.examples}
         for reason, rows in users.get("examples", {}).items():
             examples.setdefault(f"users:{reason}", rows)
-        storage.write_bytes(storage.join(self.config.output, QUARANTINE_NAME),
-                            quarantine_lines(examples).encode())
-        storage.write_bytes(storage.join(self.config.output, MANIFEST_NAME),
-                            (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        storage.write_bytes(storage.join(self.config.output, QUARANTINE_NAME), quarantine_lines(examples).encode())
+        storage.write_bytes(
+            storage.join(self.config.output, MANIFEST_NAME),
+            (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
+        )
 
 
 def quarantine_lines(examples: dict[str, list[dict]]) -> str:
-    return "".join(json.dumps(row, sort_keys=True, default=str) + "\n"
-                   for reason in sorted(examples) for row in examples[reason])
+    return "".join(
+        json.dumps(row, sort_keys=True, default=str) + "\n" for reason in sorted(examples) for row in examples[reason]
+    )
 
 
 def prepare(config: PrepareConfig) -> dict[str, Any]:

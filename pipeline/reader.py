@@ -42,8 +42,9 @@ class PreparedDataset:
         self.offsets = np.load(io.BytesIO(storage.read_bytes(storage.join(uri, layout["offsets_file"]))))
         self.n_micro_batches = len(self.offsets) - 1
         if self.n_micro_batches % self.group_size:
-            raise ManifestError(f"{uri}: {self.n_micro_batches} micro-batches is not a multiple of "
-                                f"group_size {self.group_size}")
+            raise ManifestError(
+                f"{uri}: {self.n_micro_batches} micro-batches is not a multiple of group_size {self.group_size}"
+            )
         self.n_step_groups = self.n_micro_batches // self.group_size
         self.cache_dir = cache_dir or default_cache_dir(uri)
         self._rows: Any = None
@@ -60,18 +61,22 @@ class PreparedDataset:
 
             remote = self.uri if storage.is_remote(self.uri) else None
             local = self.cache_dir if remote else self.uri
-            self._rows = StreamingDataset(remote=remote, local=local, shuffle=False, batch_size=1,
-                                          allow_unsafe_types=False)
+            self._rows = StreamingDataset(
+                remote=remote, local=local, shuffle=False, batch_size=1, allow_unsafe_types=False
+            )
             if self._rows.size != int(self.offsets[-1]):
-                raise ManifestError(f"{self.uri}: {self._rows.size} rows in the shards but the plan "
-                                    f"covers {int(self.offsets[-1])}")
+                raise ManifestError(
+                    f"{self.uri}: {self._rows.size} rows in the shards but the plan covers {int(self.offsets[-1])}"
+                )
         return self._rows
 
     def check_world_size(self, world_size: int) -> None:
         if world_size < 1 or self.group_size % world_size:
             divisors = [w for w in range(1, self.group_size + 1) if self.group_size % w == 0]
-            raise ValueError(f"world size {world_size} does not divide the dataset's group size "
-                             f"{self.group_size}; balanced world sizes: {divisors}")
+            raise ValueError(
+                f"world size {world_size} does not divide the dataset's group size "
+                f"{self.group_size}; balanced world sizes: {divisors}"
+            )
 
     def steps_per_epoch(self, world_size: int) -> int:
         self.check_world_size(world_size)
@@ -111,8 +116,9 @@ class RankReader:
             raise ValueError(f"rank {self.rank} outside [0, {self.world_size})")
 
     def __iter__(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-        end = self.step + (self.num_steps if self.num_steps is not None
-                           else self.dataset.steps_per_epoch(self.world_size) - self.step)
+        end = self.step + (
+            self.num_steps if self.num_steps is not None else self.dataset.steps_per_epoch(self.world_size) - self.step
+        )
         while self.step < end:
             index = self.dataset.micro_batch_index(self.step, self.rank, self.world_size)
             batch = self.dataset.micro_batch(index)
@@ -125,6 +131,7 @@ class RankReader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["world_size"] != self.world_size:
-            raise ValueError(f"checkpoint was taken with world size {state['world_size']}, "
-                             f"resuming with {self.world_size}")
+            raise ValueError(
+                f"checkpoint was taken with world size {state['world_size']}, resuming with {self.world_size}"
+            )
         self.step = int(state["step"])

@@ -77,8 +77,9 @@ class ScanSummary:
         return sum(self.rejected.values())
 
 
-def _spill(table: pa.Table, partitions: np.ndarray, writers: dict[int, ipc.RecordBatchFileWriter],
-           out_prefix: Path) -> None:
+def _spill(
+    table: pa.Table, partitions: np.ndarray, writers: dict[int, ipc.RecordBatchFileWriter], out_prefix: Path
+) -> None:
     order = np.argsort(partitions, kind="stable")
     sorted_parts = partitions[order]
     bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
@@ -99,13 +100,20 @@ def _reject_examples(rejects: pa.Table, examples: dict[str, list[dict]], limit: 
             kept.append(row)
 
 
-def run_scan_task(sources: SourcesConfig, task: Any, task_id: int, n_partitions: int, scan_dir: str,
-                  examples_per_reason: int) -> dict[str, Any]:
+def run_scan_task(
+    sources: SourcesConfig, task: Any, task_id: int, n_partitions: int, scan_dir: str, examples_per_reason: int
+) -> dict[str, Any]:
     """Read one task, spill its events by partition, write its record (the completion marker)."""
     prefix = Path(scan_dir) / f"t{task_id:05d}"
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
-    record: dict[str, Any] = {"task": task_id, "rows_read": 0, "events_kept": 0,
-                              "rejected": Counter(), "rows_read_by_source": Counter(), "examples": {}}
+    record: dict[str, Any] = {
+        "task": task_id,
+        "rows_read": 0,
+        "events_kept": 0,
+        "rejected": Counter(),
+        "rows_read_by_source": Counter(),
+        "examples": {},
+    }
     for chunk in read_task(sources, task):
         events = chunk.events.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
         record["rows_read"] += chunk.rows_read
@@ -148,8 +156,9 @@ def read_partition(scan_dir: str, partition: int) -> pa.Table:
     return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
 
 
-def spill_user_table(sources: SourcesConfig, n_partitions: int, scan_dir: str,
-                     examples_per_reason: int) -> dict[str, Any]:
+def spill_user_table(
+    sources: SourcesConfig, n_partitions: int, scan_dir: str, examples_per_reason: int
+) -> dict[str, Any]:
     """Partition the optional user table like the events; returns its accounting record."""
     record: dict[str, Any] = {"rows_read": 0, "rejected": Counter(), "examples": {}, "features": []}
     if sources.users is None:

@@ -87,8 +87,9 @@ def _window_index(begin: np.ndarray, end: np.ndarray) -> tuple[pa.Array, np.ndar
     return pa.array(offsets), index
 
 
-def _user_feature_lists(users: np.ndarray, scan_dir: str, partition: int,
-                        feature_names: list[str]) -> tuple[pa.Array, int]:
+def _user_feature_lists(
+    users: np.ndarray, scan_dir: str, partition: int, feature_names: list[str]
+) -> tuple[pa.Array, int]:
     """Integer profile features per sample; users absent from the table get ``MISSING_FEATURE``."""
     width = len(feature_names)
     flat = np.full((len(users), width), MISSING_FEATURE, dtype=np.int32)
@@ -96,8 +97,7 @@ def _user_feature_lists(users: np.ndarray, scan_dir: str, partition: int,
     table = read_user_partition(scan_dir, partition) if width else None
     if table is not None and table.num_rows:
         profile = pl.from_arrow(table).unique("user_id", keep="first", maintain_order=True)
-        joined = pl.DataFrame({"user_id": users}).join(profile, on="user_id", how="left",
-                                                        maintain_order="left")
+        joined = pl.DataFrame({"user_id": users}).join(profile, on="user_id", how="left", maintain_order="left")
         for column, name in enumerate(feature_names):
             flat[:, column] = joined[name].fill_null(MISSING_FEATURE).cast(pl.Int32).to_numpy()
         missing = int(joined[feature_names[0]].null_count())
@@ -107,8 +107,9 @@ def _user_feature_lists(users: np.ndarray, scan_dir: str, partition: int,
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1))), missing
 
 
-def build_samples(frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partition: int,
-                  feature_names: list[str]) -> tuple[pa.Table, dict[str, Any]]:
+def build_samples(
+    frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partition: int, feature_names: list[str]
+) -> tuple[pa.Table, dict[str, Any]]:
     """Cut samples from sorted events; returns the sample table and its event accounting."""
     users_all = frame["user_id"].to_numpy()
     starts, counts = user_runs(users_all)
@@ -126,8 +127,12 @@ def build_samples(frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partiti
     used = int((starts + counts - oldest_begin).sum()) if len(counts) else 0
     offsets, index = _window_index(bounds["begin"], bounds["end"])
     columns: dict[str, pa.Array] = {}
-    for name, source_column, dtype in (("item_ids", "item_id", pa.int64()), ("timestamps", "ts", pa.int64()),
-                                       ("actions", "action", pa.int32()), ("sources", "source", pa.int8())):
+    for name, source_column, dtype in (
+        ("item_ids", "item_id", pa.int64()),
+        ("timestamps", "ts", pa.int64()),
+        ("actions", "action", pa.int32()),
+        ("sources", "source", pa.int8()),
+    ):
         values = frame[source_column].to_numpy()[index]
         columns[name] = pa.ListArray.from_arrays(offsets, pa.array(values, type=dtype))
     sample_users = users_all[starts[bounds["run"]]] if len(counts) else np.zeros(0, np.int64)
@@ -145,8 +150,11 @@ def build_samples(frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partiti
     record = {
         "events_in": len(users_all),
         "events_used": used,
-        "filtered": {"kcore": kcore_dropped, "min_len": min_len_dropped,
-                     "truncated_max_uih_len": len(users_all) - kcore_dropped - min_len_dropped - used},
+        "filtered": {
+            "kcore": kcore_dropped,
+            "min_len": min_len_dropped,
+            "truncated_max_uih_len": len(users_all) - kcore_dropped - min_len_dropped - used,
+        },
         "users_in": len(np.unique(users_all)) if len(users_all) else 0,
         "users_kept": len(counts),
         "samples": table.num_rows,
@@ -155,8 +163,14 @@ def build_samples(frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partiti
     return table, record
 
 
-def run_partition(scan_dir: str, samples_dir: str, partition: int, cfg: SampleConfig,
-                  removed_items_path: str | None, feature_names: list[str]) -> dict[str, Any]:
+def run_partition(
+    scan_dir: str,
+    samples_dir: str,
+    partition: int,
+    cfg: SampleConfig,
+    removed_items_path: str | None,
+    feature_names: list[str],
+) -> dict[str, Any]:
     """Build one partition's samples; the record JSON written last is the completion marker."""
     removed = np.load(removed_items_path) if removed_items_path else None
     frame, events_in = sorted_events(scan_dir, partition, removed)

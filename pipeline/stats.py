@@ -38,9 +38,24 @@ from freescale.pipeline.stats_inputs import Collected, collect_prepared, collect
 
 SCHEMA_VERSION = 1
 STATS_NAME = "stats.json"
-TOP_LEVEL_KEYS = ("schema_version", "created_by", "freescale_version", "input", "options", "sample", "rows",
-                  "cost_model", "lengths", "sparsity", "straggler", "batch_overlap", "popularity", "ids",
-                  "plots", "runtime_s")
+TOP_LEVEL_KEYS = (
+    "schema_version",
+    "created_by",
+    "freescale_version",
+    "input",
+    "options",
+    "sample",
+    "rows",
+    "cost_model",
+    "lengths",
+    "sparsity",
+    "straggler",
+    "batch_overlap",
+    "popularity",
+    "ids",
+    "plots",
+    "runtime_s",
+)
 SOURCES_CONFIG_NAME = "sources.toml"
 DEFAULT_WORLD_SIZES = (8, 64, 256)
 DEFAULT_K = 32
@@ -113,9 +128,11 @@ class StatsConfig:
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         if max(self.table_sizes) > self.memory_limit // 8:
-            raise ValueError(f"--table-sizes: {max(self.table_sizes):,} rows need one byte per row and table in "
-                             f"memory; raise --memory-limit above {8 * max(self.table_sizes):,} bytes or use "
-                             "smaller sizes")
+            raise ValueError(
+                f"--table-sizes: {max(self.table_sizes):,} rows need one byte per row and table in "
+                f"memory; raise --memory-limit above {8 * max(self.table_sizes):,} bytes or use "
+                "smaller sizes"
+            )
 
     def options(self) -> dict[str, Any]:
         out = asdict(self)
@@ -156,19 +173,25 @@ def _batch_sizes(config: StatsConfig, k: int, n: int) -> tuple[list[int], int, s
         head, rule = config.global_batch_size, "--global-batch-size"
     else:
         fits = [b for b in by_w if n // b >= 2]
-        head, rule = (max(fits), "largest W·k with at least 2 full global batches") if fits else (
-            k, "k (no W·k has 2 full global batches)")
+        head, rule = (
+            (max(fits), "largest W·k with at least 2 full global batches")
+            if fits
+            else (k, "k (no W·k has 2 full global batches)")
+        )
     return sorted(set(curve) | set(by_w) | {head}), head, rule
 
 
-def _source_lengths(c: Collected, thresholds: tuple[int, ...], estimated: bool, seed: int,
-                    edges: np.ndarray) -> tuple[dict, dict]:
+def _source_lengths(
+    c: Collected, thresholds: tuple[int, ...], estimated: bool, seed: int, edges: np.ndarray
+) -> tuple[dict, dict]:
     summaries, hists = {}, {}
     for j, name in enumerate(c.source_names):
         counts = c.source_counts[:, j] if c.source_counts.size else np.zeros(0, np.int64)
         present = counts[counts > 0]
-        summaries[name] = {**figures.length_summary(present, thresholds, estimated, seed),
-                           "samples_without": int((counts == 0).sum())}
+        summaries[name] = {
+            **figures.length_summary(present, thresholds, estimated, seed),
+            "samples_without": int((counts == 0).sum()),
+        }
         hists[name] = figures.histogram(present, edges)
     return summaries, hists
 
@@ -178,11 +201,15 @@ def _lengths(c: Collected, config: StatsConfig, estimated: bool) -> dict[str, An
     by_source, source_hists = _source_lengths(c, config.length_thresholds, estimated, config.seed, edges)
     return {
         "definition": "UIH length of a sample (events after merging sources, truncation and filters); "
-                      "by_source: events of that source in a sample, over samples that have any",
+        "by_source: events of that source in a sample, over samples that have any",
         "merged": figures.length_summary(c.lengths, config.length_thresholds, estimated, config.seed),
         "by_source": by_source,
-        "histogram": {"edges": [int(e) for e in edges], "binning": "log-spaced integer edges, [e_i, e_i+1)",
-                      "merged": figures.histogram(c.lengths, edges), "by_source": source_hists},
+        "histogram": {
+            "edges": [int(e) for e in edges],
+            "binning": "log-spaced integer edges, [e_i, e_i+1)",
+            "merged": figures.histogram(c.lengths, edges),
+            "by_source": source_hists,
+        },
     }
 
 
@@ -196,8 +223,11 @@ def _sparsity(c: Collected, b: int) -> dict[str, Any]:
         "plan": None,
     }
     if c.plan is not None:
-        out["plan"] = {**figures.sparsity(c.plan["lengths"], c.plan["offsets"], c.cost_model),
-                       "batch_size": "the dataset's micro-batches", "scope": "all rows"}
+        out["plan"] = {
+            **figures.sparsity(c.plan["lengths"], c.plan["offsets"], c.cost_model),
+            "batch_size": "the dataset's micro-batches",
+            "scope": "all rows",
+        }
     return out
 
 
@@ -207,14 +237,20 @@ def _straggler(c: Collected, config: StatsConfig, k: int) -> dict[str, Any]:
     for w in config.world_sizes:
         entry = figures.predict_strategies(costs, w, k, config.seed)
         if c.plan is not None:
-            entry["plan"] = {**figures.plan_figures(c.plan["micro_batch_costs"], c.plan["group_size"], w),
-                             "scope": "all rows"}
+            entry["plan"] = {
+                **figures.plan_figures(c.plan["micro_batch_costs"], c.plan["group_size"], w),
+                "scope": "all rows",
+            }
         table[str(w)] = entry
-    return {"micro_batch_size": k, "world_sizes": list(config.world_sizes), "cost_units": c.cost_model.units,
-            "strategies": ["random", "within_step", "planned", *(["plan"] if c.plan is not None else [])],
-            "definition": "straggler_pct: mean idle wait across ranks / step wall time, summed over steps (%); "
-                          "imbalance: max/mean rank cost per step; planned: what `prepare --group-size W` writes",
-            "by_world_size": table}
+    return {
+        "micro_batch_size": k,
+        "world_sizes": list(config.world_sizes),
+        "cost_units": c.cost_model.units,
+        "strategies": ["random", "within_step", "planned", *(["plan"] if c.plan is not None else [])],
+        "definition": "straggler_pct: mean idle wait across ranks / step wall time, summed over steps (%); "
+        "imbalance: max/mean rank cost per step; planned: what `prepare --group-size W` writes",
+        "by_world_size": table,
+    }
 
 
 def _overlap(c: Collected, head_size: int | None, rule: str) -> dict[str, Any]:
@@ -226,19 +262,24 @@ def _overlap(c: Collected, head_size: int | None, rule: str) -> dict[str, Any]:
         curve["tables"][table] = {
             "batch_overlap_rate": [reports[layout.name][table]["batch_overlap_rate"] for layout in curve_layouts],
             "stderr": [reports[layout.name][table]["stderr"] for layout in curve_layouts],
-            "pairs": [reports[layout.name][table]["pairs"] for layout in curve_layouts]}
+            "pairs": [reports[layout.name][table]["pairs"] for layout in curve_layouts],
+        }
     head = c.headline if c.headline in names else f"global_batch_{head_size}"
     head_layout = c.layouts[names.index(head)]
     return {
         "definition": "share of the unique ids of global batch n+1 (per table) also in global batch n; "
-                      "mean over consecutive pairs of full batches, stderr over pairs",
+        "mean over consecutive pairs of full batches, stderr over pairs",
         "order": "plan order (consecutive rows)" if c.kind == "prepared" else "random batching (seeded shuffle)",
-        "headline": {"layout": head, "global_batch_size": head_layout.global_batch_size,
-                     "chosen_by": "the dataset's step groups" if head == "step_group" else rule,
-                     # with --sample-fraction f a step group keeps only its sampled rows (≈ f·G·k)
-                     "mean_samples_per_batch": c.lengths.size / max(head_layout.n_batches, 1)
-                     if head == "step_group" else head_layout.global_batch_size,
-                     "tables": reports[head]},
+        "headline": {
+            "layout": head,
+            "global_batch_size": head_layout.global_batch_size,
+            "chosen_by": "the dataset's step groups" if head == "step_group" else rule,
+            # with --sample-fraction f a step group keeps only its sampled rows (≈ f·G·k)
+            "mean_samples_per_batch": c.lengths.size / max(head_layout.n_batches, 1)
+            if head == "step_group"
+            else head_layout.global_batch_size,
+            "tables": reports[head],
+        },
         "curve": curve,
     }
 
@@ -248,8 +289,10 @@ def _by_world_size_overlap(report: dict[str, Any], c: Collected, config: StatsCo
     for w in config.world_sizes:
         name = f"global_batch_{w * k}"
         i = [layout.name for layout in c.layouts].index(name)
-        out[str(w)] = {"global_batch_size": w * k,
-                       "tables": {t: v["batch_overlap_rate"] for t, v in c.reducer.overlap_report(i).items()}}
+        out[str(w)] = {
+            "global_batch_size": w * k,
+            "tables": {t: v["batch_overlap_rate"] for t, v in c.reducer.overlap_report(i).items()},
+        }
     report["by_world_size"] = out
     return report
 
@@ -260,14 +303,19 @@ def _sample_info(c: Collected, config: StatsConfig) -> dict[str, Any]:
         "fraction": config.sample_fraction,
         "estimated": estimated,
         "method": "users kept when splitmix64(user_id)/2^64 < fraction; all their samples are used",
-        "samples_total": c.samples_total, "samples_selected": int(c.lengths.size),
-        "users_total": c.users_total, "users_selected": c.users_selected,
-        "errors": ("figures over the selected samples; stderr fields: bootstrap (length percentiles), "
-                   "batch-to-batch (sparsity, batch_overlap_rate), step-to-step ratio estimator "
-                   "(straggler_pct), regression (zipf_exponent); unique ids and hash_collision_rate count "
-                   "only ids seen in the sample (lower bounds); 'plan' figures use all rows; a prepared "
-                   "dataset's step groups keep only their sampled rows (see mean_samples_per_batch)")
-        if estimated else "exact over all samples; stderr fields are batch-to-batch / step-to-step variability",
+        "samples_total": c.samples_total,
+        "samples_selected": int(c.lengths.size),
+        "users_total": c.users_total,
+        "users_selected": c.users_selected,
+        "errors": (
+            "figures over the selected samples; stderr fields: bootstrap (length percentiles), "
+            "batch-to-batch (sparsity, batch_overlap_rate), step-to-step ratio estimator "
+            "(straggler_pct), regression (zipf_exponent); unique ids and hash_collision_rate count "
+            "only ids seen in the sample (lower bounds); 'plan' figures use all rows; a prepared "
+            "dataset's step groups keep only their sampled rows (see mean_samples_per_batch)"
+        )
+        if estimated
+        else "exact over all samples; stderr fields are batch-to-batch / step-to-step variability",
     }
 
 
@@ -276,22 +324,45 @@ def build_report(c: Collected, config: StatsConfig, input_uri: str, kind: str) -
     b = config.batch_size or k
     n = int(c.lengths.size)
     if n == 0:
-        raise StatsError(f"{input_uri}: no samples to describe (check --min-len / --kcore, the sources, "
-                         "or raise --sample-fraction)")
+        raise StatsError(
+            f"{input_uri}: no samples to describe (check --min-len / --kcore, the sources, or raise --sample-fraction)"
+        )
     _, head_size, rule = _batch_sizes(config, k, n)
     estimated = config.sample_fraction < 1.0
     item_table = c.reducer.tables.index("item")
-    popularity = {"table": "item", **figures.popularity(dict(c.reducer.freq_of_freq[item_table]),
-                                                        config.zipf_min_count)}
+    popularity = {
+        "table": "item",
+        **figures.popularity(dict(c.reducer.freq_of_freq[item_table]), config.zipf_min_count),
+    }
     overlap = _by_world_size_overlap(_overlap(c, head_size, rule), c, config, k)
     report = {
         "schema_version": SCHEMA_VERSION,
         "created_by": "freescale stats",
         "freescale_version": __version__,
-        "input": {"kind": kind, "uri": input_uri, "dataset": c.dataset, "sources": c.source_names,
-                  "user_features": c.features,
-                  **({"plan": {key: c.plan[key] for key in ("group_size", "micro_batch_size", "mode", "strategy",
-                                                             "n_step_groups", "fingerprint")}} if c.plan else {})},
+        "input": {
+            "kind": kind,
+            "uri": input_uri,
+            "dataset": c.dataset,
+            "sources": c.source_names,
+            "user_features": c.features,
+            **(
+                {
+                    "plan": {
+                        key: c.plan[key]
+                        for key in (
+                            "group_size",
+                            "micro_batch_size",
+                            "mode",
+                            "strategy",
+                            "n_step_groups",
+                            "fingerprint",
+                        )
+                    }
+                }
+                if c.plan
+                else {}
+            ),
+        },
         "options": {**config.options(), "micro_batch_size": k, "batch_size": b},
         "sample": _sample_info(c, config),
         "rows": c.rows,
@@ -301,9 +372,12 @@ def build_report(c: Collected, config: StatsConfig, input_uri: str, kind: str) -
         "straggler": _straggler(c, config, k),
         "batch_overlap": overlap,
         "popularity": popularity,
-        "ids": {"hashing": "modulo: row = id % T", "table_sizes": list(config.table_sizes),
-                "definition": "hash_collision_rate: share of distinct ids that share their row with another id",
-                "tables": c.reducer.ids_report()},
+        "ids": {
+            "hashing": "modulo: row = id % T",
+            "table_sizes": list(config.table_sizes),
+            "definition": "hash_collision_rate: share of distinct ids that share their row with another id",
+            "tables": c.reducer.ids_report(),
+        },
         "plots": {},
         "runtime_s": None,
     }
@@ -365,8 +439,10 @@ def run_stats(config: StatsConfig) -> dict[str, Any]:
 
         report["plots"] = write_plots(report, config.output)
     report["runtime_s"] = round(time.perf_counter() - started, 3)
-    storage.write_bytes(storage.join(config.output, STATS_NAME),
-                        (json.dumps(report, indent=1, sort_keys=False, default=_json_default) + "\n").encode())
+    storage.write_bytes(
+        storage.join(config.output, STATS_NAME),
+        (json.dumps(report, indent=1, sort_keys=False, default=_json_default) + "\n").encode(),
+    )
     return report
 
 
@@ -380,5 +456,13 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value)}")
 
 
-__all__ = ["SCHEMA_VERSION", "STATS_NAME", "TOP_LEVEL_KEYS", "StatsConfig", "StatsError", "compute_stats",
-           "input_kind", "run_stats"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "STATS_NAME",
+    "TOP_LEVEL_KEYS",
+    "StatsConfig",
+    "StatsError",
+    "compute_stats",
+    "input_kind",
+    "run_stats",
+]

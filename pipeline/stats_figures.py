@@ -34,8 +34,9 @@ def _stderr(values: np.ndarray) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ lengths
-def length_summary(lengths: np.ndarray, thresholds: tuple[int, ...], estimated: bool = False,
-                   seed: int = 0) -> dict[str, Any]:
+def length_summary(
+    lengths: np.ndarray, thresholds: tuple[int, ...], estimated: bool = False, seed: int = 0
+) -> dict[str, Any]:
     """count, mean, p50/p90/p99/max and the share of samples longer than each threshold.
 
     With ``estimated`` (figures from a sample of users) the percentiles get bootstrap standard
@@ -43,21 +44,40 @@ def length_summary(lengths: np.ndarray, thresholds: tuple[int, ...], estimated: 
     x = np.asarray(lengths, dtype=np.int64)
     out: dict[str, Any] = {"count": int(x.size), "events": int(x.sum())}
     if x.size == 0:
-        out.update({"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0, "min": 0,
-                    "share_above": {str(t): 0.0 for t in thresholds}, "stderr": None})
+        out.update(
+            {
+                "mean": 0.0,
+                "p50": 0.0,
+                "p90": 0.0,
+                "p99": 0.0,
+                "max": 0,
+                "min": 0,
+                "share_above": {str(t): 0.0 for t in thresholds},
+                "stderr": None,
+            }
+        )
         return out
     pct = np.percentile(x, PERCENTILES)
-    out.update({"mean": float(x.mean()), "min": int(x.min()),
-                **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)}, "max": int(x.max())})
+    out.update(
+        {
+            "mean": float(x.mean()),
+            "min": int(x.min()),
+            **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)},
+            "max": int(x.max()),
+        }
+    )
     out["share_above"] = {str(t): float((x > t).mean()) for t in thresholds}
     out["stderr"] = None
     if estimated and x.size > 1:
         rng = np.random.default_rng([seed, 11])
-        boot = np.array([np.percentile(x[rng.integers(0, x.size, x.size)], PERCENTILES)
-                         for _ in range(BOOTSTRAP_RESAMPLES)])
-        out["stderr"] = {"mean": float(x.std(ddof=1) / np.sqrt(x.size)),
-                         **{f"p{p}": float(s) for p, s in zip(PERCENTILES, boot.std(axis=0, ddof=1))},
-                         "method": f"bootstrap over samples ({BOOTSTRAP_RESAMPLES} resamples); mean: std/sqrt(n)"}
+        boot = np.array(
+            [np.percentile(x[rng.integers(0, x.size, x.size)], PERCENTILES) for _ in range(BOOTSTRAP_RESAMPLES)]
+        )
+        out["stderr"] = {
+            "mean": float(x.std(ddof=1) / np.sqrt(x.size)),
+            **{f"p{p}": float(s) for p, s in zip(PERCENTILES, boot.std(axis=0, ddof=1))},
+            "method": f"bootstrap over samples ({BOOTSTRAP_RESAMPLES} resamples); mean: std/sqrt(n)",
+        }
     return out
 
 
@@ -86,15 +106,23 @@ def sparsity(lengths: np.ndarray, offsets: np.ndarray, cost_model: CostModel) ->
     sizes = np.diff(o)
     keep = sizes > 0
     if not keep.any():
-        return {"batches": 0, "sparsity": None, "sparsity_mean": None, "stderr": None,
-                "padded_cost": 0.0, "jagged_cost": 0.0, "wasted_compute_pct": None, "attention_wasted_pct": None}
+        return {
+            "batches": 0,
+            "sparsity": None,
+            "sparsity_mean": None,
+            "stderr": None,
+            "padded_cost": 0.0,
+            "jagged_cost": 0.0,
+            "wasted_compute_pct": None,
+            "attention_wasted_pct": None,
+        }
     starts, sizes = o[:-1][keep], sizes[keep]
     total = np.add.reduceat(x, starts)
     longest = np.maximum.reduceat(x, starts)
     squares = np.add.reduceat(x * x, starts)
     per_batch = 1.0 - total / (sizes * longest)
     padded = float((sizes * cost_model.cost(longest)).sum())
-    jagged = float(cost_model.cost(x[o[0]:o[-1]]).sum())
+    jagged = float(cost_model.cost(x[o[0] : o[-1]]).sum())
     padded_attention = float((sizes * longest * longest).sum())
     return {
         "batches": int(sizes.size),
@@ -124,8 +152,9 @@ def _ratio_stderr(idle: np.ndarray, wall: np.ndarray) -> float | None:
     return float(100.0 * np.sqrt((resid**2).sum() / (s * (s - 1))) / wall.mean())
 
 
-def step_figures(bin_costs: np.ndarray, step_items: list[np.ndarray] | None = None,
-                 items_per_bin: int | None = None) -> dict[str, Any]:
+def step_figures(
+    bin_costs: np.ndarray, step_items: list[np.ndarray] | None = None, items_per_bin: int | None = None
+) -> dict[str, Any]:
     """``straggler_pct`` (``predict_straggler_pct``), ``imbalance`` (max/mean per step) and, when the
     steps' samples are given, ``max_over_lower_bound`` with DESIGN's ``lower_bound``."""
     b = np.asarray(bin_costs, dtype=np.float64)
@@ -158,12 +187,13 @@ def predict_strategies(costs: np.ndarray, world_size: int, k: int, seed: int) ->
         return {name: {"straggler_pct": None, "reason": reason} for name in STRATEGIES}
     out: dict[str, Any] = {}
     for name in STRATEGIES:
-        config = BalanceConfig(group_size=world_size, micro_batch_size=k, strategy=name, seed=seed,
-                               compare_baselines=False)
+        config = BalanceConfig(
+            group_size=world_size, micro_batch_size=k, strategy=name, seed=seed, compare_baselines=False
+        )
         plan = plan_step_groups(c, config)
         bins = plan_bin_costs(plan, c, world_size)
         offsets = plan.micro_batch_offsets[::world_size]
-        items = [c[plan.order[offsets[s]:offsets[s + 1]]] for s in range(bins.shape[0])]
+        items = [c[plan.order[offsets[s] : offsets[s + 1]]] for s in range(bins.shape[0])]
         out[name] = step_figures(bins, items, k)
         if name == "planned":  # few steps per outlier budget: the planner may not reach its target
             out[name]["outlier_fraction"] = plan.report["outlier_fraction"]
@@ -175,8 +205,10 @@ def plan_figures(micro_batch_costs: np.ndarray, group_size: int, world_size: int
     """Predicted figures of a prepared dataset's own plan read by ``world_size`` ranks: step s takes
     W consecutive micro-batches of a group (the reader's schedule)."""
     if world_size > group_size or group_size % world_size:
-        return {"straggler_pct": None,
-                "reason": f"W = {world_size} does not divide the dataset's group size G = {group_size}"}
+        return {
+            "straggler_pct": None,
+            "reason": f"W = {world_size} does not divide the dataset's group size G = {group_size}",
+        }
     return step_figures(np.asarray(micro_batch_costs, dtype=np.float64).reshape(-1, world_size))
 
 
@@ -186,20 +218,35 @@ def overlap_rates(overlap: np.ndarray, unique: np.ndarray, full_batches: int) ->
     batch n, ``overlap[n]`` those also in batch n-1. Pairs (n, n+1) of full batches only."""
     pairs = max(int(full_batches) - 1, 0)
     if pairs == 0:
-        return {"batch_overlap_rate": None, "pooled": None, "stderr": None, "pairs": 0,
-                "mean_unique_ids": None, "reason": "fewer than 2 full global batches"}
+        return {
+            "batch_overlap_rate": None,
+            "pooled": None,
+            "stderr": None,
+            "pairs": 0,
+            "mean_unique_ids": None,
+            "reason": "fewer than 2 full global batches",
+        }
     ov = np.asarray(overlap[1:full_batches], dtype=np.float64)
     un = np.asarray(unique[1:full_batches], dtype=np.float64)
     seen = un > 0  # a batch without ids of this table (e.g. no sampled row in a step group) has no rate
     if not seen.any():
-        return {"batch_overlap_rate": None, "pooled": None, "stderr": None, "pairs": 0,
-                "mean_unique_ids": 0.0, "reason": "no ids of this table in the batches"}
+        return {
+            "batch_overlap_rate": None,
+            "pooled": None,
+            "stderr": None,
+            "pairs": 0,
+            "mean_unique_ids": 0.0,
+            "reason": "no ids of this table in the batches",
+        }
     rates = ov[seen] / un[seen]
     pairs = int(seen.sum())
-    return {"batch_overlap_rate": float(rates.mean()),
-            "pooled": float(ov.sum() / un.sum()) if un.sum() else 0.0,
-            "stderr": _stderr(rates), "pairs": pairs,
-            "mean_unique_ids": float(np.asarray(unique[:full_batches], dtype=np.float64).mean())}
+    return {
+        "batch_overlap_rate": float(rates.mean()),
+        "pooled": float(ov.sum() / un.sum()) if un.sum() else 0.0,
+        "stderr": _stderr(rates),
+        "pairs": pairs,
+        "mean_unique_ids": float(np.asarray(unique[:full_batches], dtype=np.float64).mean()),
+    }
 
 
 # ------------------------------------------------------------------------------------------ popularity
@@ -224,21 +271,38 @@ def zipf_fit(freq_of_freq: dict[int, int], min_count: int) -> dict[str, Any]:
     frequency is ≥ ``min_count``; the tail below is dominated by sampling noise), at ≤ 50 log-spaced
     ranks so every decade of rank weighs the same."""
     values, mult, first = rank_frequency(freq_of_freq)
-    method = (f"least squares of log10(frequency) on log10(rank) at <= {ZIPF_FIT_POINTS} log-spaced ranks "
-              f"of the head (frequency >= {min_count})")
+    method = (
+        f"least squares of log10(frequency) on log10(rank) at <= {ZIPF_FIT_POINTS} log-spaced ranks "
+        f"of the head (frequency >= {min_count})"
+    )
     head = values >= min_count
     if not head.any():
-        return {"zipf_exponent": None, "stderr": None, "method": method, "fit_ranks": [1, 0],
-                "reason": f"no id occurs {min_count} times"}
+        return {
+            "zipf_exponent": None,
+            "stderr": None,
+            "method": method,
+            "fit_ranks": [1, 0],
+            "reason": f"no id occurs {min_count} times",
+        }
     r_max = int(first[head][-1] + mult[head][-1] - 1)
     ranks = np.unique(np.round(np.geomspace(1, r_max, ZIPF_FIT_POINTS)).astype(np.int64))
     if ranks.size < 3:
-        return {"zipf_exponent": None, "stderr": None, "method": method, "fit_ranks": [1, r_max],
-                "reason": "fewer than 3 head ranks"}
+        return {
+            "zipf_exponent": None,
+            "stderr": None,
+            "method": method,
+            "fit_ranks": [1, r_max],
+            "reason": "fewer than 3 head ranks",
+        }
     x, y = np.log10(ranks), np.log10(frequency_at(ranks, values, first))
     (slope, intercept), cov = np.polyfit(x, y, 1, cov=True)
-    return {"zipf_exponent": float(-slope), "stderr": float(np.sqrt(cov[0, 0])), "intercept": float(intercept),
-            "method": method, "fit_ranks": [1, r_max]}
+    return {
+        "zipf_exponent": float(-slope),
+        "stderr": float(np.sqrt(cov[0, 0])),
+        "intercept": float(intercept),
+        "method": method,
+        "fit_ranks": [1, r_max],
+    }
 
 
 def popularity(freq_of_freq: dict[int, int], min_count: int) -> dict[str, Any]:
@@ -259,9 +323,10 @@ def popularity(freq_of_freq: dict[int, int], min_count: int) -> dict[str, Any]:
             shares[f"top_{pct:g}pct"] = float((before + (top - done) * values[j]) / total)
     out["top_share"] = shares
     ranks = np.unique(np.round(np.geomspace(1, max(distinct, 1), 200)).astype(np.int64)) if distinct else []
-    out["rank_frequency"] = {"rank": [int(r) for r in ranks],
-                             "frequency": [int(f) for f in frequency_at(np.asarray(ranks), values, first)]
-                             if distinct else []}
+    out["rank_frequency"] = {
+        "rank": [int(r) for r in ranks],
+        "frequency": [int(f) for f in frequency_at(np.asarray(ranks), values, first)] if distinct else [],
+    }
     return out
 
 

@@ -66,8 +66,9 @@ def _write(path: Path, **arrays: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def spill_table(spill_dir: str, table: int, chunk: int, n_buckets: int, bits: int, ids: np.ndarray,
-                fine: np.ndarray) -> int:
+def spill_table(
+    spill_dir: str, table: int, chunk: int, n_buckets: int, bits: int, ids: np.ndarray, fine: np.ndarray
+) -> int:
     """Spill one table's ``(id, fine)`` records of one chunk into id-hash buckets; returns the count.
 
     Ids that fit beside the fine batch in 62 bits are packed into one int64 key and deduplicated
@@ -87,14 +88,26 @@ def spill_table(spill_dir: str, table: int, chunk: int, n_buckets: int, bits: in
     for b in range(n_buckets):
         if bounds[b] == bounds[b + 1]:
             continue
-        rows = order[bounds[b]:bounds[b + 1]] if order is not None else slice(None)
-        _write(Path(spill_dir) / f"t{table:03d}.b{b:05d}.c{chunk:05d}.npz",
-               **{name: values[rows] for name, values in arrays.items()})
+        rows = order[bounds[b] : bounds[b + 1]] if order is not None else slice(None)
+        _write(
+            Path(spill_dir) / f"t{table:03d}.b{b:05d}.c{chunk:05d}.npz",
+            **{name: values[rows] for name, values in arrays.items()},
+        )
     return int(next(iter(arrays.values())).size)
 
 
-def spill_chunk(spill_dir: str, chunk: int, n_buckets: int, bits: int, fine: np.ndarray, lengths: np.ndarray,
-                items: np.ndarray, actions: np.ndarray, users: np.ndarray, features: np.ndarray | None) -> int:
+def spill_chunk(
+    spill_dir: str,
+    chunk: int,
+    n_buckets: int,
+    bits: int,
+    fine: np.ndarray,
+    lengths: np.ndarray,
+    items: np.ndarray,
+    actions: np.ndarray,
+    users: np.ndarray,
+    features: np.ndarray | None,
+) -> int:
     """Spill the id records of one chunk of samples; returns how many were written.
 
     ``fine``/``lengths``/``users``/``features`` are per sample, ``items``/``actions`` per event
@@ -180,8 +193,9 @@ class IdReducer:
         self.overlap = [np.zeros((n, layout.n_batches), np.int64) for layout in self.layouts]
         self.rows = {}
         sizes = [layout.global_batch_size or 0 for layout in self.layouts]
-        self._identity = [np.array_equal(layout.batch_of_fine, np.arange(layout.batch_of_fine.size))
-                          for layout in self.layouts]
+        self._identity = [
+            np.array_equal(layout.batch_of_fine, np.arange(layout.batch_of_fine.size)) for layout in self.layouts
+        ]
         self._order = sorted(range(len(self.layouts)), key=lambda i: (self.layouts[i].name != "step_group", sizes[i]))
 
     def reduce(self, spill_dir: str, bucket: int) -> None:
@@ -248,10 +262,16 @@ class IdReducer:
         out: dict[str, Any] = {}
         for j, name in enumerate(self.tables):
             n = int(self.distinct[j])
-            entry: dict[str, Any] = {"unique_ids": n, "occurrences": int(self.occurrences[j]),
-                                     "min_id": self.min_id[j], "max_id": self.max_id[j],
-                                     "hash_collision_rate": {}, "colliding_ids": {}, "rows_used": {},
-                                     "expected_if_random": {}}
+            entry: dict[str, Any] = {
+                "unique_ids": n,
+                "occurrences": int(self.occurrences[j]),
+                "min_id": self.min_id[j],
+                "max_id": self.max_id[j],
+                "hash_collision_rate": {},
+                "colliding_ids": {},
+                "rows_used": {},
+                "expected_if_random": {},
+            }
             for size in self.table_sizes:
                 state = self.rows.get((j, size))
                 used, single = figures.collision_counts(state) if state is not None else (0, 0)
@@ -264,8 +284,10 @@ class IdReducer:
 
     def overlap_report(self, index: int) -> dict[str, Any]:
         layout = self.layouts[index]
-        return {name: figures.overlap_rates(self.overlap[index][j], self.unique[index][j], layout.full_batches)
-                for j, name in enumerate(self.tables)}
+        return {
+            name: figures.overlap_rates(self.overlap[index][j], self.unique[index][j], layout.full_batches)
+            for j, name in enumerate(self.tables)
+        }
 
 
 def fine_batches_equal(n: int, sizes: list[int]) -> tuple[int, list[Layout]]:

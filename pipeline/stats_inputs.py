@@ -89,8 +89,9 @@ class Pool:
 
     def __init__(self, workers: int, progress: bool) -> None:
         self.progress = progress
-        self.executor = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-                         if workers > 1 else None)
+        self.executor = (
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+        )
 
     def map(self, fn: Callable, jobs: list[tuple], desc: str) -> list[Any]:
         """``fn(*job)`` for each job, results in job order, with a progress bar."""
@@ -126,12 +127,17 @@ def partition_meta(samples_dir: str, partition: int, n_sources: int) -> dict[str
     owner = np.repeat(np.arange(table.num_rows, dtype=np.int64), lengths)
     src = _flat(table.column("sources")).astype(np.int64)
     counts = np.bincount(owner * n_sources + src, minlength=table.num_rows * n_sources)
-    return {"user_id": table.column("user_id").to_numpy(), "window": table.column("window").to_numpy(),
-            "length": lengths, "source_counts": counts.reshape(-1, n_sources).astype(np.int32)}
+    return {
+        "user_id": table.column("user_id").to_numpy(),
+        "window": table.column("window").to_numpy(),
+        "length": lengths,
+        "source_counts": counts.reshape(-1, n_sources).astype(np.int32),
+    }
 
 
-def partition_spill(samples_dir: str, partition: int, fine: np.ndarray, spill_dir: str, n_buckets: int,
-                    bits: int, n_features: int) -> int:
+def partition_spill(
+    samples_dir: str, partition: int, fine: np.ndarray, spill_dir: str, n_buckets: int, bits: int, n_features: int
+) -> int:
     """Pass 2: the id records of a partition's selected samples (``fine`` < 0: not selected)."""
     from freescale.pipeline.sequences import read_samples
 
@@ -141,9 +147,18 @@ def partition_spill(samples_dir: str, partition: int, fine: np.ndarray, spill_di
     if not keep.all():
         table = table.filter(pa.array(keep))
     features = _flat(table.column("user_features")).reshape(-1, n_features) if n_features else None
-    return stats_ids.spill_chunk(spill_dir, partition, n_buckets, bits, fine[keep], table.column("length").to_numpy(),
-                                 _flat(table.column("item_ids")), _flat(table.column("actions")),
-                                 table.column("user_id").to_numpy(), features)
+    return stats_ids.spill_chunk(
+        spill_dir,
+        partition,
+        n_buckets,
+        bits,
+        fine[keep],
+        table.column("length").to_numpy(),
+        _flat(table.column("item_ids")),
+        _flat(table.column("actions")),
+        table.column("user_id").to_numpy(),
+        features,
+    )
 
 
 def reduce_spills(spill_dir: str, n_buckets: int, reducer: stats_ids.IdReducer, progress: bool) -> None:
@@ -178,10 +193,19 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
     from freescale.pipeline.config import PrepareConfig
     from freescale.pipeline.prepare import PrepareJob
 
-    job = PrepareJob(PrepareConfig(sources=config.input, output=str(work / "unused-output"), samples=config.samples,
-                                   model=config.model, cost_model_file=config.cost_model_file,
-                                   memory_limit=config.memory_limit, workers=config.workers,
-                                   work_dir=str(work / "prepare"), progress=config.progress))
+    job = PrepareJob(
+        PrepareConfig(
+            sources=config.input,
+            output=str(work / "unused-output"),
+            samples=config.samples,
+            model=config.model,
+            cost_model_file=config.cost_model_file,
+            memory_limit=config.memory_limit,
+            workers=config.workers,
+            work_dir=str(work / "prepare"),
+            progress=config.progress,
+        )
+    )
     try:
         built = job.build_samples()
     finally:
@@ -190,8 +214,10 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
     features = list(built.users.get("features", []))
     parts = range(built.n_partitions)
     # Pass 1 is light (four columns): in this process.
-    metas = [partition_meta(built.samples_dir, p, len(names))
-             for p in tqdm(parts, desc="stats: samples", unit="partition", disable=not config.progress, leave=False)]
+    metas = [
+        partition_meta(built.samples_dir, p, len(names))
+        for p in tqdm(parts, desc="stats: samples", unit="partition", disable=not config.progress, leave=False)
+    ]
     users = np.concatenate([m["user_id"] for m in metas])
     windows = np.concatenate([m["window"] for m in metas])
     lengths = np.concatenate([m["length"] for m in metas])
@@ -211,19 +237,31 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
     spill_dir = work / "spill"
     remove(spill_dir)  # records of an interrupted run would be counted twice
     spill_dir.mkdir(parents=True)
-    jobs = [(built.samples_dir, p, fine[bounds[p]:bounds[p + 1]], str(spill_dir), n_buckets, bits, len(features))
-            for p in parts]
+    jobs = [
+        (built.samples_dir, p, fine[bounds[p] : bounds[p + 1]], str(spill_dir), n_buckets, bits, len(features))
+        for p in parts
+    ]
     workers = max(1, min(config.workers, events // PARALLEL_MIN_EVENTS_PER_WORKER))
     with Pool(workers, config.progress) as pool:
         pool.map(partition_spill, jobs, "stats: ids")
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
     reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
     return Collected(
-        kind="sources", dataset=job.sources.name, source_names=names, features=features,
-        cost_model=job.cost_model, rows=_rows_from_built(built), samples_total=int(users.size),
-        users_total=int(np.unique(users).size), users_selected=int(np.unique(users[keep]).size),
-        lengths=lengths[canon], source_counts=source_counts[canon], random_order=order,
-        reducer=reducer, layouts=layouts, headline=headline,
+        kind="sources",
+        dataset=job.sources.name,
+        source_names=names,
+        features=features,
+        cost_model=job.cost_model,
+        rows=_rows_from_built(built),
+        samples_total=int(users.size),
+        users_total=int(np.unique(users).size),
+        users_selected=int(np.unique(users[keep]).size),
+        lengths=lengths[canon],
+        source_counts=source_counts[canon],
+        random_order=order,
+        reducer=reducer,
+        layouts=layouts,
+        headline=headline,
     )
 
 
@@ -260,8 +298,9 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     sizes, headline = sizes_for(int(n_rows * min(config.sample_fraction, 1.0)))
     tracker = stats_ids.FineTracker(sizes)
     # The bucket count must be fixed before spilling: size it from the manifest's event count.
-    n_buckets = stats_ids.bucket_count(int(manifest["rows"].get("events_used", n_rows)) + n_rows * (1 + len(features)),
-                                       config.memory_limit)
+    n_buckets = stats_ids.bucket_count(
+        int(manifest["rows"].get("events_used", n_rows)) + n_rows * (1 + len(features)), config.memory_limit
+    )
     bits = stats_ids.fine_bits(n_rows)  # a fine batch starts at most once per row
     spill_dir = work / "spill"
     remove(spill_dir)  # records of an interrupted run would be counted twice
@@ -277,8 +316,11 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
         keep = selected(user, config.sample_fraction)
         src = _stack(batch, "sources", np.int64)
         owner = np.repeat(np.arange(len(batch)), np.array([len(r["sources"]) for r in batch], np.int64))
-        counts.append(np.bincount(owner * len(names) + src, minlength=len(batch) * len(names))
-                      .reshape(-1, len(names)).astype(np.int32))
+        counts.append(
+            np.bincount(owner * len(names) + src, minlength=len(batch) * len(names))
+            .reshape(-1, len(names))
+            .astype(np.int32)
+        )
         users.append(user)
         windows.append(np.array([int(r["window"]) for r in batch], np.int64))
         lengths.append(length)
@@ -287,10 +329,20 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
         sel = [r for r, k in zip(batch, keep) if k]
         positions = position + np.arange(len(sel), dtype=np.int64)
         position += len(sel)
-        fine = tracker.assign(positions, micro_batch[start:start + len(batch)][keep] // g)
-        feats = (_stack(sel, "user_features", np.int64).reshape(-1, len(features)) if features and sel else None)
-        stats_ids.spill_chunk(str(spill_dir), chunk, n_buckets, bits, fine, length[keep],
-                              _stack(sel, "item_ids", np.int64), _stack(sel, "actions", np.int64), user[keep], feats)
+        fine = tracker.assign(positions, micro_batch[start : start + len(batch)][keep] // g)
+        feats = _stack(sel, "user_features", np.int64).reshape(-1, len(features)) if features and sel else None
+        stats_ids.spill_chunk(
+            str(spill_dir),
+            chunk,
+            n_buckets,
+            bits,
+            fine,
+            length[keep],
+            _stack(sel, "item_ids", np.int64),
+            _stack(sel, "actions", np.int64),
+            user[keep],
+            feats,
+        )
         bar.update(len(batch))
     bar.close()
     users_a, windows_a = np.concatenate(users), np.concatenate(windows)
@@ -305,15 +357,33 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     canon, order = canonical(users_a, windows_a, keep_a, config.seed)
     mb_costs = np.bincount(micro_batch, weights=costs_a, minlength=len(offsets) - 1)
     return Collected(
-        kind="prepared", dataset=str(manifest.get("dataset", "")), source_names=names, features=features,
-        cost_model=CostModel(**manifest["cost_model"]), rows=manifest["rows"], samples_total=n_rows,
-        users_total=int(np.unique(users_a).size), users_selected=int(np.unique(users_a[keep_a]).size),
-        lengths=lengths_a[canon], source_counts=counts_a[canon], random_order=order,
-        reducer=reducer, layouts=layouts, headline=headline,
-        plan={"lengths": lengths_a, "offsets": offsets, "micro_batch_costs": mb_costs, "group_size": g,
-              "micro_batch_size": int(layout_cfg["micro_batch_size"]), "mode": layout_cfg.get("mode"),
-              "strategy": layout_cfg.get("strategy"), "seed": manifest["config"]["balance"].get("seed", 0),
-              "fingerprint": manifest.get("fingerprint"), "n_step_groups": n_groups},
+        kind="prepared",
+        dataset=str(manifest.get("dataset", "")),
+        source_names=names,
+        features=features,
+        cost_model=CostModel(**manifest["cost_model"]),
+        rows=manifest["rows"],
+        samples_total=n_rows,
+        users_total=int(np.unique(users_a).size),
+        users_selected=int(np.unique(users_a[keep_a]).size),
+        lengths=lengths_a[canon],
+        source_counts=counts_a[canon],
+        random_order=order,
+        reducer=reducer,
+        layouts=layouts,
+        headline=headline,
+        plan={
+            "lengths": lengths_a,
+            "offsets": offsets,
+            "micro_batch_costs": mb_costs,
+            "group_size": g,
+            "micro_batch_size": int(layout_cfg["micro_batch_size"]),
+            "mode": layout_cfg.get("mode"),
+            "strategy": layout_cfg.get("strategy"),
+            "seed": manifest["config"]["balance"].get("seed", 0),
+            "fingerprint": manifest.get("fingerprint"),
+            "n_step_groups": n_groups,
+        },
     )
 
 

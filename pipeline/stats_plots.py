@@ -16,8 +16,12 @@ import numpy as np
 from freescale import storage
 
 COLORS = {"random": "#d62728", "within_step": "#ff7f0e", "planned": "#2ca02c", "plan": "#1f77b4"}
-PLOTS = {"length_histogram": "lengths.png", "overlap_rate_curve": "overlap.png",
-         "popularity": "popularity.png", "straggler_bars": "straggler.png"}
+PLOTS = {
+    "length_histogram": "lengths.png",
+    "overlap_rate_curve": "overlap.png",
+    "popularity": "popularity.png",
+    "straggler_bars": "straggler.png",
+}
 
 
 def _save(fig: Any, output: str, name: str) -> str:
@@ -38,25 +42,40 @@ def plot_lengths(ax: Any, report: dict[str, Any]) -> None:
     hist = lengths["histogram"]
     edges = np.asarray(hist["edges"], dtype=np.float64)
     merged = lengths["merged"]
-    ax.stairs(np.asarray(hist["merged"], dtype=np.float64), edges, color="black", linewidth=2,
-              label=f"merged ({merged['count']:,} samples)")
+    ax.stairs(
+        np.asarray(hist["merged"], dtype=np.float64),
+        edges,
+        color="black",
+        linewidth=2,
+        label=f"merged ({merged['count']:,} samples)",
+    )
     for name, counts in hist["by_source"].items():
-        ax.stairs(np.asarray(counts, dtype=np.float64), edges, linewidth=1.2,
-                  label=f"{name} ({lengths['by_source'][name]['count']:,})")
+        ax.stairs(
+            np.asarray(counts, dtype=np.float64),
+            edges,
+            linewidth=1.2,
+            label=f"{name} ({lengths['by_source'][name]['count']:,})",
+        )
     for p, style in (("p50", ":"), ("p90", "--"), ("p99", "-.")):
         if merged["count"]:
-            ax.axvline(max(merged[p], 1), color="gray", linestyle=style, linewidth=1,
-                       label=f"{p} = {merged[p]:,.0f}")
+            ax.axvline(max(merged[p], 1), color="gray", linestyle=style, linewidth=1, label=f"{p} = {merged[p]:,.0f}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("UIH length (events per sample, log-spaced bins)")
     ax.set_ylabel("samples per bin")
     sp = report["sparsity"]["random"]
     if sp["sparsity"] is not None:
-        ax.text(0.99, 0.97, f"sparsity at B = {report['sparsity']['batch_size']}: {sp['sparsity']:.1%}\n"
-                            f"padded compute wasted: {sp['wasted_compute_pct']:.1f}%",
-                transform=ax.transAxes, ha="right", va="top", fontsize=9,
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"})
+        ax.text(
+            0.99,
+            0.97,
+            f"sparsity at B = {report['sparsity']['batch_size']}: {sp['sparsity']:.1%}\n"
+            f"padded compute wasted: {sp['wasted_compute_pct']:.1f}%",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=9,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"},
+        )
     ax.legend(fontsize=8, loc="lower left")
 
 
@@ -69,18 +88,42 @@ def plot_overlap(ax: Any, report: dict[str, Any]) -> None:
         err = np.array([0.0 if v is None else v for v in values["stderr"]])
         if np.isnan(rate).all():
             continue
-        ax.errorbar(sizes, rate, yerr=err, marker="o", markersize=4, capsize=2, label=table,
-                    linewidth=2 if table == "item" else 1)
+        ax.errorbar(
+            sizes,
+            rate,
+            yerr=err,
+            marker="o",
+            markersize=4,
+            capsize=2,
+            label=table,
+            linewidth=2 if table == "item" else 1,
+        )
         drawn = True
     for w, entry in overlap["by_world_size"].items():
         ax.axvline(entry["global_batch_size"], color="lightgray", linestyle="--", linewidth=1, zorder=0)
-        ax.text(entry["global_batch_size"], 0.01, f" W·k, W={w}", rotation=90, fontsize=7, ha="right",
-                va="bottom", color="gray", transform=ax.get_xaxis_transform())
+        ax.text(
+            entry["global_batch_size"],
+            0.01,
+            f" W·k, W={w}",
+            rotation=90,
+            fontsize=7,
+            ha="right",
+            va="bottom",
+            color="gray",
+            transform=ax.get_xaxis_transform(),
+        )
     head = overlap["headline"]
     item = head["tables"].get("item", {})
     if head["layout"] == "step_group" and item.get("batch_overlap_rate") is not None and head["global_batch_size"]:
-        ax.plot([head["global_batch_size"]], [item["batch_overlap_rate"]], marker="*", markersize=14,
-                color="black", linestyle="none", label="item, the dataset's step groups")
+        ax.plot(
+            [head["global_batch_size"]],
+            [item["batch_overlap_rate"]],
+            marker="*",
+            markersize=14,
+            color="black",
+            linestyle="none",
+            label="item, the dataset's step groups",
+        )
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.02, 1.05)
     ax.set_xlabel(f"global batch size (samples; {overlap['order']})")
@@ -88,8 +131,7 @@ def plot_overlap(ax: Any, report: dict[str, Any]) -> None:
     if drawn:
         ax.legend(fontsize=8, loc="best")
     else:
-        ax.text(0.5, 0.5, "fewer than 2 full global batches at every size", transform=ax.transAxes,
-                ha="center")
+        ax.text(0.5, 0.5, "fewer than 2 full global batches at every size", transform=ax.transAxes, ha="center")
 
 
 def plot_popularity(ax: Any, report: dict[str, Any]) -> None:
@@ -97,23 +139,43 @@ def plot_popularity(ax: Any, report: dict[str, Any]) -> None:
     rank = np.asarray(pop["rank_frequency"]["rank"], dtype=np.float64)
     freq = np.asarray(pop["rank_frequency"]["frequency"], dtype=np.float64)
     if rank.size:
-        ax.step(rank, freq, where="post", color="black", linewidth=1.5,
-                label=f"{pop['table']} ids ({pop['unique_ids']:,} unique, {pop['occurrences']:,} occurrences)")
+        ax.step(
+            rank,
+            freq,
+            where="post",
+            color="black",
+            linewidth=1.5,
+            label=f"{pop['table']} ids ({pop['unique_ids']:,} unique, {pop['occurrences']:,} occurrences)",
+        )
     if pop.get("zipf_exponent") is not None:
         lo, hi = pop["fit_ranks"]
         r = np.geomspace(lo, hi, 50)
-        ax.plot(r, 10 ** pop["intercept"] * r ** -pop["zipf_exponent"], color="#d62728", linestyle="--",
-                linewidth=2, label=f"Zipf fit s = {pop['zipf_exponent']:.3f} ± {pop['stderr']:.3f} (ranks {lo}–{hi:,})")
+        ax.plot(
+            r,
+            10 ** pop["intercept"] * r ** -pop["zipf_exponent"],
+            color="#d62728",
+            linestyle="--",
+            linewidth=2,
+            label=f"Zipf fit s = {pop['zipf_exponent']:.3f} ± {pop['stderr']:.3f} (ranks {lo}–{hi:,})",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("rank (most frequent first)")
     ax.set_ylabel("occurrences")
     shares = pop.get("top_share", {})
     if shares:
-        ax.text(0.99, 0.97, "\n".join(f"{k.replace('top_', 'top ').replace('pct', '%')} of ids: {v:.1%} of events"
-                                      for k, v in shares.items()),
-                transform=ax.transAxes, ha="right", va="top", fontsize=9,
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"})
+        ax.text(
+            0.99,
+            0.97,
+            "\n".join(
+                f"{k.replace('top_', 'top ').replace('pct', '%')} of ids: {v:.1%} of events" for k, v in shares.items()
+            ),
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=9,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"},
+        )
     ax.legend(fontsize=8, loc="lower left")
 
 
@@ -127,12 +189,12 @@ def plot_straggler(ax: Any, report: dict[str, Any]) -> None:
     for i, name in enumerate(strategies):
         values = [st["by_world_size"][w][name].get("straggler_pct") for w in worlds]
         heights = [np.nan if v is None else v for v in values]
-        bars = ax.bar(x + (i - (len(strategies) - 1) / 2) * width, heights, width, color=COLORS.get(name),
-                      label=name)
+        bars = ax.bar(x + (i - (len(strategies) - 1) / 2) * width, heights, width, color=COLORS.get(name), label=name)
         for bar, v in zip(bars, values):
             label = "n/a" if v is None else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
-            ax.text(bar.get_x() + bar.get_width() / 2, 0 if v is None else v, label, ha="center", va="bottom",
-                    fontsize=7)
+            ax.text(
+                bar.get_x() + bar.get_width() / 2, 0 if v is None else v, label, ha="center", va="bottom", fontsize=7
+            )
         top = max([top, *[v for v in values if v is not None]])
     labels = []
     for w in worlds:

@@ -60,8 +60,14 @@ def sparsity_table(report: dict[str, Any]) -> Table:
     if sp.get("plan"):
         entries.append(("plan", sp["plan"]))
     for name, s in entries:
-        table.add_row(name, f"{s['batches']:,}", _pct(s["sparsity"]), _pct(s["sparsity_mean"]),
-                      _pct(s["wasted_compute_pct"], 1.0), _pct(s["attention_wasted_pct"], 1.0))
+        table.add_row(
+            name,
+            f"{s['batches']:,}",
+            _pct(s["sparsity"]),
+            _pct(s["sparsity_mean"]),
+            _pct(s["wasted_compute_pct"], 1.0),
+            _pct(s["attention_wasted_pct"], 1.0),
+        )
     return table
 
 
@@ -108,8 +114,12 @@ def ids_table(report: dict[str, Any]) -> Table:
         table.add_column(f"T={_short(size)}", justify="right")
     for name, entry in ids["tables"].items():
         span = "—" if entry["min_id"] is None else f"{_short(entry['min_id'])}–{_short(entry['max_id'])}"
-        table.add_row(name, f"{entry['unique_ids']:,}", span,
-                      *(_pct(entry["hash_collision_rate"][str(s)], digits=2) for s in ids["table_sizes"]))
+        table.add_row(
+            name,
+            f"{entry['unique_ids']:,}",
+            span,
+            *(_pct(entry["hash_collision_rate"][str(s)], digits=2) for s in ids["table_sizes"]),
+        )
     return table
 
 
@@ -117,19 +127,27 @@ def print_stats_summary(report: dict[str, Any], console: Console | None = None) 
     console = console or Console()
     source = report["input"]
     sample = report["sample"]
-    console.print(f"[bold]freescale stats[/bold] — {source['dataset'] or source['uri']} ({source['kind']}: "
-                  f"{source['uri']})")
+    console.print(
+        f"[bold]freescale stats[/bold] — {source['dataset'] or source['uri']} ({source['kind']}: {source['uri']})"
+    )
     if sample["estimated"]:
-        console.print(f"[yellow]estimated from a sample of users: fraction {sample['fraction']:g}, "
-                      f"{sample['samples_selected']:,} of {sample['samples_total']:,} samples[/yellow]")
+        console.print(
+            f"[yellow]estimated from a sample of users: fraction {sample['fraction']:g}, "
+            f"{sample['samples_selected']:,} of {sample['samples_total']:,} samples[/yellow]"
+        )
     rows = report["rows"]
-    console.print(f"events read {rows['events_read']:,}, used {rows['events_used']:,}, rejected "
-                  f"{rows['events_rejected']['total']:,}, filtered {rows['events_filtered']['total']:,}; "
-                  f"{rows['samples']:,} samples")
+    console.print(
+        f"events read {rows['events_read']:,}, used {rows['events_used']:,}, rejected "
+        f"{rows['events_rejected']['total']:,}, filtered {rows['events_filtered']['total']:,}; "
+        f"{rows['samples']:,} samples"
+    )
     for table in (lengths_table, sparsity_table, straggler_table, overlap_table, ids_table):
         console.print(table(report))
     pop = report["popularity"]
-    shares = ", ".join(f"{k.replace('top_', 'top ').replace('pct', '%')}: {v:.1%}"
-                       for k, v in pop.get("top_share", {}).items())
-    console.print(f"item popularity: Zipf exponent {_pm(pop.get('zipf_exponent'), pop.get('stderr'))} "
-                  f"(ranks {pop['fit_ranks'][0]}–{pop['fit_ranks'][1]:,}); share of events: {shares}")
+    shares = ", ".join(
+        f"{k.replace('top_', 'top ').replace('pct', '%')}: {v:.1%}" for k, v in pop.get("top_share", {}).items()
+    )
+    console.print(
+        f"item popularity: Zipf exponent {_pm(pop.get('zipf_exponent'), pop.get('stderr'))} "
+        f"(ranks {pop['fit_ranks'][0]}–{pop['fit_ranks'][1]:,}); share of events: {shares}"
+    )

@@ -25,8 +25,7 @@ from freescale.pipeline.sequences import read_samples
 storage_join = storage.join
 
 LIST_COLUMNS = {"item_ids": "int64", "timestamps": "int64", "actions": "int32", "sources": "int8"}
-SCALAR_COLUMNS = {"user_id": "int64", "window": "int32", "length": "int32", "cost": "float64",
-                  "micro_batch": "int64"}
+SCALAR_COLUMNS = {"user_id": "int64", "window": "int32", "length": "int32", "cost": "float64", "micro_batch": "int64"}
 
 
 def mds_columns(with_user_features: bool) -> dict[str, str]:
@@ -42,8 +41,15 @@ def bucket_files(buckets_dir: str, bucket: int) -> list[Path]:
     return sorted(Path(buckets_dir).glob(f"b{bucket:05d}.p*.arrow"))
 
 
-def scatter_partition(samples_dir: str, buckets_dir: str, partition: int, positions: np.ndarray,
-                      costs: np.ndarray, micro_batches: np.ndarray, bucket_size: int) -> None:
+def scatter_partition(
+    samples_dir: str,
+    buckets_dir: str,
+    partition: int,
+    positions: np.ndarray,
+    costs: np.ndarray,
+    micro_batches: np.ndarray,
+    bucket_size: int,
+) -> None:
     """Split one partition's samples into position buckets (marker: ``scatter.p*.done``)."""
     table = read_samples(samples_dir, partition)
     table = table.append_column("position", pa.array(positions, pa.int64()))
@@ -70,8 +76,7 @@ def _column_arrays(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     return offsets - offsets[0], values[offsets[0] : offsets[-1]]
 
 
-def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool, start: int = 0,
-                        end: int = 2**62):
+def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool, start: int = 0, end: int = 2**62):
     """Samples of one bucket with plan positions in [start, end), in plan order, as dicts ready for
     ``MDSWriter.write``."""
     tables = [ipc.open_file(path).read_all() for path in bucket_files(buckets_dir, bucket)]
@@ -85,8 +90,9 @@ def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool,
         lists["user_features"] = _column_arrays(table, "user_features")
     scalars = {name: table.column(name).to_numpy() for name in SCALAR_COLUMNS}
     for i in range(table.num_rows):
-        sample: dict[str, Any] = {name: values[offsets[i] : offsets[i + 1]]
-                                  for name, (offsets, values) in lists.items()}
+        sample: dict[str, Any] = {
+            name: values[offsets[i] : offsets[i + 1]] for name, (offsets, values) in lists.items()
+        }
         sample.update({name: values[i] for name, values in scalars.items()})
         yield sample
 
@@ -143,8 +149,15 @@ def part_name(part: int) -> str:
     return f"part-{part:05d}"
 
 
-def write_part(output: str, buckets_dir: str, bucket_size: int, part: int, n_samples: int,
-               with_user_features: bool, shard_size_limit: int) -> int:
+def write_part(
+    output: str,
+    buckets_dir: str,
+    bucket_size: int,
+    part: int,
+    n_samples: int,
+    with_user_features: bool,
+    shard_size_limit: int,
+) -> int:
     """Write plan positions [part·PART_SIZE, (part+1)·PART_SIZE) as MDS shards under ``part-NNNNN/``.
 
     The marker ``write.part-NNNNN.done`` lets a resumed job skip finished parts; an unfinished
@@ -152,8 +165,9 @@ def write_part(output: str, buckets_dir: str, bucket_size: int, part: int, n_sam
     """
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
     written = 0
-    with fast_mds_writer(with_user_features, out=storage_join(output, part_name(part)),
-                         size_limit=shard_size_limit, exist_ok=True) as writer:
+    with fast_mds_writer(
+        with_user_features, out=storage_join(output, part_name(part)), size_limit=shard_size_limit, exist_ok=True
+    ) as writer:
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
             for sample in iter_bucket_samples(buckets_dir, bucket, with_user_features, start, end):
                 writer.write(sample)

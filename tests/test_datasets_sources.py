@@ -50,8 +50,7 @@ def one_source(folder: Path, fmt: str, path: str, extra: str = "", columns: str 
 
 def read_all(config: SourcesConfig, **kwargs) -> tuple[pa.Table, pa.Table, int]:
     events, rejects, rows_read = [], [], 0
-    for task in plan_read_tasks(config, **{k: v for k, v in kwargs.items() if k in ("target_rows",
-                                                                                      "count_lines")}):
+    for task in plan_read_tasks(config, **{k: v for k, v in kwargs.items() if k in ("target_rows", "count_lines")}):
         for chunk in read_task(config, task, **{k: v for k, v in kwargs.items() if k.startswith("chunk")}):
             assert chunk.rows_read == chunk.events.num_rows + chunk.rejects.num_rows
             assert chunk.events.schema == EVENT_SCHEMA
@@ -214,9 +213,7 @@ def test_each_reject_reason_from_a_bad_jsonl(tmp_path: Path):
 
 def test_json_fast_and_per_line_paths_agree(tmp_path: Path):
     """The same values read through pyarrow (clean file) and json.loads (file with one bad line)."""
-    good = [
-        f'{{"uid": "u{i % 7}", "item": {i * 3}, "ts": {1_700_000_000 + i}, "act": "view"}}' for i in range(50)
-    ]
+    good = [f'{{"uid": "u{i % 7}", "item": {i * 3}, "ts": {1_700_000_000 + i}, "act": "view"}}' for i in range(50)]
     (tmp_path / "clean.jsonl").write_text("\n".join(good) + "\n")
     (tmp_path / "dirty.jsonl").write_text("\n".join([*good, "{oops"]) + "\n")
     clean, _, _ = read_all(one_source(tmp_path, "jsonl", "clean.jsonl"))
@@ -285,8 +282,10 @@ def _ml_expected(events: pa.Table) -> list[tuple]:
     [
         ("ratings.dat", "".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in ML_ROWS)),
         ("u.data", "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in ML_ROWS)),
-        ("ratings.csv", "userId,movieId,rating,timestamp\n"
-         + "".join(f"{u},{i},{r}.0,{t}\n" for u, i, r, t in ML_ROWS)),
+        (
+            "ratings.csv",
+            "userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},{r}.0,{t}\n" for u, i, r, t in ML_ROWS),
+        ),
     ],
 )
 def test_movielens_variants(tmp_path: Path, name: str, text: str):
@@ -325,10 +324,21 @@ def test_recbole_without_rating_uses_default_action(tmp_path: Path):
 
 def test_amazon_reviews(tmp_path: Path):
     rows = [
-        {"reviewerID": "A2SUAM1J3GNN3B", "asin": "0000013714", "overall": 5.0, "unixReviewTime": 1382659200,
-         "reviewText": "great", "style": {"Format:": " Hardcover"}},
-        {"reviewerID": "A14VAT5EAX3D9S", "asin": "0000013714", "overall": 4.0, "unixReviewTime": 1367193600,
-         "vote": "3"},
+        {
+            "reviewerID": "A2SUAM1J3GNN3B",
+            "asin": "0000013714",
+            "overall": 5.0,
+            "unixReviewTime": 1382659200,
+            "reviewText": "great",
+            "style": {"Format:": " Hardcover"},
+        },
+        {
+            "reviewerID": "A14VAT5EAX3D9S",
+            "asin": "0000013714",
+            "overall": 4.0,
+            "unixReviewTime": 1367193600,
+            "vote": "3",
+        },
     ]
     (tmp_path / "Books.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
     events, rejects, _ = read_all(one_source(tmp_path, "amazon", "Books.json", columns=""))
@@ -341,12 +351,14 @@ def test_amazon_reviews(tmp_path: Path):
 
 def test_parquet_row_groups_units_and_row_numbers(tmp_path: Path):
     n = 1000
-    table = pa.table({
-        "uid": pa.array(np.arange(n) % 17, pa.int32()),
-        "item": pa.array([f"i{k}" for k in range(n)]),
-        "ts": pa.array(1_700_000_000_000 + np.arange(n) * 1500, pa.int64()),
-        "act": pa.array(["click", "view"] * (n // 2)).dictionary_encode(),
-    })
+    table = pa.table(
+        {
+            "uid": pa.array(np.arange(n) % 17, pa.int32()),
+            "item": pa.array([f"i{k}" for k in range(n)]),
+            "ts": pa.array(1_700_000_000_000 + np.arange(n) * 1500, pa.int64()),
+            "act": pa.array(["click", "view"] * (n // 2)).dictionary_encode(),
+        }
+    )
     pq.write_table(table, tmp_path / "a.parquet", row_group_size=100)
     config = one_source(tmp_path, "parquet", "a.parquet", 'timestamp_unit = "ms"')
     tasks = plan_read_tasks(config, target_rows=250)
@@ -360,15 +372,20 @@ def test_parquet_row_groups_units_and_row_numbers(tmp_path: Path):
 
 
 def test_arrow_ipc_batches_and_typed_timestamps(tmp_path: Path):
-    schema = pa.schema([("uid", pa.int64()), ("item", pa.int64()), ("ts", pa.timestamp("ms")),
-                        ("act", pa.string())])
+    schema = pa.schema([("uid", pa.int64()), ("item", pa.int64()), ("ts", pa.timestamp("ms")), ("act", pa.string())])
     with pa.ipc.new_file(str(tmp_path / "a.arrow"), schema) as writer:
         for b in range(4):
-            writer.write_table(pa.table({
-                "uid": [b, b], "item": [1, 2], "ts": pa.array([1_700_000_000_000, 1_700_000_001_999],
-                                                               pa.timestamp("ms")),
-                "act": ["click", "nope"],
-            }, schema=schema))
+            writer.write_table(
+                pa.table(
+                    {
+                        "uid": [b, b],
+                        "item": [1, 2],
+                        "ts": pa.array([1_700_000_000_000, 1_700_000_001_999], pa.timestamp("ms")),
+                        "act": ["click", "nope"],
+                    },
+                    schema=schema,
+                )
+            )
     config = one_source(tmp_path, "arrow", "a.arrow")
     tasks = plan_read_tasks(config, target_rows=4)
     assert [(t.start, t.stop, t.first_row) for t in tasks] == [(0, 2, 0), (2, 4, 4)]
@@ -396,11 +413,15 @@ def test_id_types_int_rejects_strings(tmp_path: Path):
 def test_user_table(tmp_path: Path):
     (tmp_path / "users.csv").write_text("user_id,age_bucket,country_id\nu1,3,7\n2,4,x\n3,,1\n4,5,6\n")
     (tmp_path / "a.csv").write_text("uid,item,ts,act\n")
-    config = write_toml(tmp_path, (
-        '[[sources]]\nname = "s"\nformat = "csv"\npath = "a.csv"\n' + GENERIC_COLUMNS
-        + '[users]\npath = "users.csv"\nformat = "csv"\n[users.columns]\nuser = "user_id"\n'
-        + 'features = ["age_bucket", "country_id"]\n'
-    ))
+    config = write_toml(
+        tmp_path,
+        (
+            '[[sources]]\nname = "s"\nformat = "csv"\npath = "a.csv"\n'
+            + GENERIC_COLUMNS
+            + '[users]\npath = "users.csv"\nformat = "csv"\n[users.columns]\nuser = "user_id"\n'
+            + 'features = ["age_bucket", "country_id"]\n'
+        ),
+    )
     users, rejects = read_user_table(config)
     expected = {"user_id": [stable_id_one("u1"), 4], "age_bucket": [3, 5], "country_id": [7, 6]}
     assert users.to_pydict() == expected
@@ -418,9 +439,7 @@ SPLIT_CSV[17] = "bad,row"
 SPLIT_CSV[40] = ""
 SPLIT_CSV[41] = "   "
 SPLIT_CSV[77] = "5,6,notatime,click\r"
-SPLIT_JSONL = [
-    json.dumps({"uid": f"u{i % 9}", "item": i, "ts": 1_700_000_000 + i, "act": "click"}) for i in range(120)
-]
+SPLIT_JSONL = [json.dumps({"uid": f"u{i % 9}", "item": i, "ts": 1_700_000_000 + i, "act": "click"}) for i in range(120)]
 SPLIT_JSONL[10] = '{"uid": "u1", "item": 3'
 SPLIT_JSONL[50] = ""
 SPLIT_JSONL[90] = '{"uid": "u1", "item": true, "ts": 1700000000, "act": "click"}'
@@ -441,15 +460,14 @@ def split_files(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(("fmt", "name"), [("csv", "a.csv"), ("jsonl", "a.jsonl")])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(target_rows=st.integers(1, 80), chunk_bytes=st.integers(48, 3000), count_lines=st.booleans())
-def test_byte_range_splitting_matches_whole_read(
-    split_files, fmt, name, target_rows, chunk_bytes, count_lines
-):
+def test_byte_range_splitting_matches_whole_read(split_files, fmt, name, target_rows, chunk_bytes, count_lines):
     config = one_source(split_files, fmt, name)
     whole_events, whole_rejects, whole_read = read_all(config, target_rows=10**9)
     tasks = plan_read_tasks(config, target_rows, count_lines=count_lines)
     assert all(a.stop == b.start for a, b in itertools.pairwise(tasks))
-    events, rejects, rows_read = read_all(config, target_rows=target_rows, count_lines=count_lines,
-                                          chunk_bytes=chunk_bytes)
+    events, rejects, rows_read = read_all(
+        config, target_rows=target_rows, count_lines=count_lines, chunk_bytes=chunk_bytes
+    )
     columns = ["user_id", "item_id", "ts", "action", "row"]
     assert _rows(events, columns) == _rows(whole_events, columns)
     reject_columns = ["row", "reason", "field", "raw"]
@@ -521,8 +539,9 @@ def test_read_csv_and_toml_from_s3(s3_server):
 def test_headerless_csv_uses_positional_columns(tmp_path: Path):
     (tmp_path / "a.txt").write_text("7;8;1700000000\n9;10;1700000001\n")
     columns = '[sources.columns]\nuser = "0"\nitem = "1"\ntimestamp = "2"\n'
-    config = one_source(tmp_path, "csv", "a.txt", 'header = false\ndelimiter = ";"\ndefault_action = 3',
-                        columns=columns)
+    config = one_source(
+        tmp_path, "csv", "a.txt", 'header = false\ndelimiter = ";"\ndefault_action = 3', columns=columns
+    )
     events, rejects, _ = read_all(config)
     assert rejects.num_rows == 0
     assert events.select(["user_id", "item_id", "action", "row"]).to_pylist() == [

@@ -61,8 +61,13 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path):
     a, b, c = (digest_tree(tmp_path / k) for k in "abc")
     assert a == b
     assert set(a) == {
-        "clicks/part-00000.parquet", "clicks/part-00001.parquet", "purchases/part-00000.jsonl",
-        "reviews/part-00000.csv", "users.csv", "sources.toml", "generated.json",
+        "clicks/part-00000.parquet",
+        "clicks/part-00001.parquet",
+        "purchases/part-00000.jsonl",
+        "reviews/part-00000.csv",
+        "users.csv",
+        "sources.toml",
+        "generated.json",
     }
     assert all(a[k] != c[k] for k in a if k != "sources.toml")
 
@@ -100,8 +105,9 @@ def test_lognormal_lengths_median_and_cap():
 
 
 def test_pareto_lengths_tail():
-    lengths = sample_lengths(GeneratorConfig(n_users=20_000, length_dist="pareto", pareto_alpha=1.5,
-                                             pareto_min=10, max_len=100_000))
+    lengths = sample_lengths(
+        GeneratorConfig(n_users=20_000, length_dist="pareto", pareto_alpha=1.5, pareto_min=10, max_len=100_000)
+    )
     assert lengths.min() >= 10
     # P(L > 100) = (10/100)^1.5 = 0.0316 for a Pareto(alpha=1.5, min=10)
     assert 0.026 < (lengths > 100).mean() < 0.038
@@ -131,9 +137,7 @@ def test_accounting_matches_generated_json_exactly(dirty):
     assert events.num_rows == summary["events"]
     assert rows_read == summary["rows"] == events.num_rows + rejects.num_rows
     got = Counter(zip(rejects["source"].to_pylist(), rejects["reason"].to_pylist()))
-    want = Counter({
-        (name, kind): n for name, s in summary["sources"].items() for kind, n in s["rejects"].items()
-    })
+    want = Counter({(name, kind): n for name, s in summary["sources"].items() for kind, n in s["rejects"].items()})
     assert got == want
     assert sum(want.values()) > 20  # several kinds were really injected
     assert {kind for _, kind in want} >= {"malformed_row", "missing_id", "bad_timestamp", "bad_type"}
@@ -163,8 +167,7 @@ def _histories(events: pa.Table) -> dict[int, np.ndarray]:
     items = events["item_id"].to_numpy()[order]
     ts = events["ts"].to_numpy()[order]
     cuts = np.flatnonzero(np.diff(users)) + 1
-    return {int(u[0]): (i, t) for u, i, t in zip(np.split(users, cuts), np.split(items, cuts),
-                                                 np.split(ts, cuts))}
+    return {int(u[0]): (i, t) for u, i, t in zip(np.split(users, cuts), np.split(items, cuts), np.split(ts, cuts))}
 
 
 def test_timestamps_strictly_increase_and_markov_successors_are_planted(dirty):
@@ -218,8 +221,11 @@ def test_preset_overrides_and_validation():
     with pytest.raises(ValueError, match="colour"):
         preset("tiny", colour=1)
     cases = [
-        ({"zipf": 0}, "zipf"), ({"n_users": 0}, "n_users"), ({"markov_prob": 1.5}, "markov_prob"),
-        ({"length_dist": "normal"}, "length_dist"), ({"min_len": 9, "max_len": 3}, "min_len"),
+        ({"zipf": 0}, "zipf"),
+        ({"n_users": 0}, "n_users"),
+        ({"markov_prob": 1.5}, "markov_prob"),
+        ({"length_dist": "normal"}, "length_dist"),
+        ({"min_len": 9, "max_len": 3}, "min_len"),
         ({"purchase_fraction": 0.7, "review_fraction": 0.5}, "purchase_fraction"),
     ]
     for bad, option in cases:
@@ -228,8 +234,9 @@ def test_preset_overrides_and_validation():
 
 
 def test_preset_sizes_match_their_purpose():
-    expected = {name: cfg.n_users * float(np.exp(np.log(cfg.median) + cfg.sigma**2 / 2))
-                for name, cfg in PRESETS.items()}
+    expected = {
+        name: cfg.n_users * float(np.exp(np.log(cfg.median) + cfg.sigma**2 / 2)) for name, cfg in PRESETS.items()
+    }
     assert expected["tiny"] < 10_000
     assert 1_000_000 < expected["demo"] < 2_000_000
     assert expected["large"] > 20_000_000

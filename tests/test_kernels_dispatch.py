@@ -100,9 +100,7 @@ def test_fixed_rows_agree(world, n, trailing, dtype, mode, seed) -> None:
         assert torch.equal(combine(res.buffer, res.plan, kernel=k), x), k
 
 
-def _jagged(
-    gen: torch.Generator, n: int, max_len: int, item: tuple[int, ...], dtype: torch.dtype
-) -> JaggedRows:
+def _jagged(gen: torch.Generator, n: int, max_len: int, item: tuple[int, ...], dtype: torch.dtype) -> JaggedRows:
     lengths = torch.randint(0, max_len + 1, (n,), generator=gen)
     lengths[torch.rand(n, generator=gen) < 0.3] = 0  # plenty of empty samples
     values = _payload(gen, (int(lengths.sum()), *item), dtype)

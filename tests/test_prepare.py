@@ -132,8 +132,25 @@ def test_overwrite_protection(tiny_sources, tmp_path) -> None:
 
 
 def _run_cli_prepare(sources: str, out: str) -> subprocess.Popen:
-    cmd = [FREESCALE, "prepare", "--sources", sources, "--output", out, "--group-size", "4",
-           "--micro-batch-size", "4", "--max-uih-len", "2048", "--workers", "1", "--quiet", "--seed", "1"]
+    cmd = [
+        FREESCALE,
+        "prepare",
+        "--sources",
+        sources,
+        "--output",
+        out,
+        "--group-size",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--max-uih-len",
+        "2048",
+        "--workers",
+        "1",
+        "--quiet",
+        "--seed",
+        "1",
+    ]
     return subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -155,8 +172,10 @@ def test_resume_after_kill_gives_identical_output(tiny_sources, tmp_path) -> Non
     clean = str(tmp_path / "clean")
     assert _run_cli_prepare(tiny_sources, clean).wait(timeout=300) == 0
     assert shard_digests(killed) == shard_digests(clean)
-    assert json.loads(Path(killed, "manifest.json").read_text())["rows"] == json.loads(
-        Path(clean, "manifest.json").read_text())["rows"]
+    assert (
+        json.loads(Path(killed, "manifest.json").read_text())["rows"]
+        == json.loads(Path(clean, "manifest.json").read_text())["rows"]
+    )
 
 
 def test_malformed_rows_are_counted_and_quarantined(tmp_path) -> None:
@@ -171,8 +190,7 @@ def test_malformed_rows_are_counted_and_quarantined(tmp_path) -> None:
     lines = [json.loads(line) for line in Path(out, "quarantine.jsonl").read_text().splitlines()]
     assert {line["reason"] for line in lines} == set(rejected["by_reason"])
     assert all({"source", "file", "row", "field", "raw"} <= set(line) for line in lines)
-    strict = make_config(str(tmp_path / "src" / "sources.toml"), str(tmp_path / "strict"),
-                         max_reject_fraction=0.001)
+    strict = make_config(str(tmp_path / "src" / "sources.toml"), str(tmp_path / "strict"), max_reject_fraction=0.001)
     with pytest.raises(PrepareError, match="--max-reject-fraction"):
         prepare(strict)
 
@@ -182,7 +200,8 @@ def test_movielens_file_written_by_the_test(tmp_path) -> None:
     lines = [f"{u}::{m}::{(u + m) % 5 + 1}::{1000 + 10 * m}" for u in range(1, 31) for m in range(1, 2 + u % 7)]
     ratings.write_text("\n".join(lines) + "\n")
     (tmp_path / "sources.toml").write_text(
-        '[dataset]\nname = "ml"\n\n[[sources]]\nname = "ratings"\nformat = "movielens"\npath = "ratings.dat"\n')
+        '[dataset]\nname = "ml"\n\n[[sources]]\nname = "ratings"\nformat = "movielens"\npath = "ratings.dat"\n'
+    )
     out = str(tmp_path / "ds")
     manifest = prepare(make_config(str(tmp_path / "sources.toml"), out))
     assert manifest["rows"]["events_read"] == len(lines)
@@ -236,13 +255,39 @@ def test_kcore_and_sliding_windows(tiny_sources, tmp_path) -> None:
 def test_cli_errors_are_one_clear_line(tmp_path) -> None:
     (tmp_path / "sources.toml").write_text(
         '[dataset]\nname = "x"\n[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
-        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n')
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
     (tmp_path / "log.csv").write_text("u,item,t\n1,2,3\n")
-    result = subprocess.run([FREESCALE, "prepare", "--sources", str(tmp_path / "sources.toml"), "--output",
-                             str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            FREESCALE,
+            "prepare",
+            "--sources",
+            str(tmp_path / "sources.toml"),
+            "--output",
+            str(tmp_path / "out"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "source 'log'" in result.stderr and "log.csv" in result.stderr and "column 'i'" in result.stderr
     assert "Traceback" not in result.stderr
-    result = subprocess.run([FREESCALE, "prepare", "--sources", str(tmp_path / "sources.toml"), "--output",
-                             str(tmp_path / "out"), "--group-size", "0"], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            FREESCALE,
+            "prepare",
+            "--sources",
+            str(tmp_path / "sources.toml"),
+            "--output",
+            str(tmp_path / "out"),
+            "--group-size",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2 and "group_size" in result.stderr

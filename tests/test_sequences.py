@@ -22,8 +22,15 @@ def events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
             "file_index": [0] * len(rows),
             "row": list(range(len(rows))),
         },
-        schema={"user_id": pl.Int64, "item_id": pl.Int64, "ts": pl.Int64, "action": pl.Int32,
-                "source": pl.Int8, "file_index": pl.Int32, "row": pl.Int64},
+        schema={
+            "user_id": pl.Int64,
+            "item_id": pl.Int64,
+            "ts": pl.Int64,
+            "action": pl.Int32,
+            "source": pl.Int8,
+            "file_index": pl.Int32,
+            "row": pl.Int64,
+        },
     )
     return frame.sort(SORT_KEYS)
 
@@ -77,8 +84,10 @@ def test_empty_partition() -> None:
 
 def test_many_users_vectorised_matches_python() -> None:
     rng = np.random.default_rng(0)
-    rows = [(int(u), int(rng.integers(100)), int(rng.integers(1000)), int(rng.integers(2)))
-            for u in rng.integers(0, 50, 2000)]
+    rows = [
+        (int(u), int(rng.integers(100)), int(rng.integers(1000)), int(rng.integers(2)))
+        for u in rng.integers(0, 50, 2000)
+    ]
     frame = events(rows)
     table, record = build(frame, max_uih_len=20, min_len=3)
     by_user: dict[int, list] = {}

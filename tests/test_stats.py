@@ -68,17 +68,26 @@ def tiny(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def prepared(tiny, tmp_path_factory) -> tuple[str, dict]:
     out = str(tmp_path_factory.mktemp("prepared") / "ds")
-    manifest = prepare(PrepareConfig(sources=tiny, output=out, samples=SampleConfig(max_uih_len=2048),
-                                     balance=BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
-                                     workers=1, progress=False, memory_limit=512 * 2**20))
+    manifest = prepare(
+        PrepareConfig(
+            sources=tiny,
+            output=out,
+            samples=SampleConfig(max_uih_len=2048),
+            balance=BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
+            workers=1,
+            progress=False,
+            memory_limit=512 * 2**20,
+        )
+    )
     return out, manifest
 
 
 def test_fixed_lengths_and_disjoint_items(tmp_path) -> None:
     """Every user has 10 events of their own items: sparsity 0, nothing wasted, overlap 0."""
     toml = hand_sources(tmp_path, [list(range(10 * u, 10 * u + 10)) for u in range(64)])
-    report = compute_stats(StatsConfig(input=toml, world_sizes=(2,), micro_batch_size=4,
-                                       global_batch_sizes=(4, 8, 16), **FAST))
+    report = compute_stats(
+        StatsConfig(input=toml, world_sizes=(2,), micro_batch_size=4, global_batch_sizes=(4, 8, 16), **FAST)
+    )
     assert report["lengths"]["merged"]["p50"] == report["lengths"]["merged"]["max"] == 10
     assert report["sparsity"]["random"]["sparsity"] == 0.0
     assert report["sparsity"]["random"]["wasted_compute_pct"] == pytest.approx(0.0, abs=1e-9)
@@ -92,8 +101,11 @@ def test_identical_items_overlap_one_and_two_lengths_exact_eq1(tmp_path) -> None
     """20 users of length 5 and 20 of length 20, all over the same 5 items; one batch of 40."""
     histories = [[1, 2, 3, 4, 5]] * 20 + [[1, 2, 3, 4, 5] * 4] * 20
     toml = hand_sources(tmp_path, histories)
-    report = compute_stats(StatsConfig(input=toml, world_sizes=(2,), micro_batch_size=4, batch_size=40,
-                                       global_batch_sizes=(2, 4, 8), **FAST))
+    report = compute_stats(
+        StatsConfig(
+            input=toml, world_sizes=(2,), micro_batch_size=4, batch_size=40, global_batch_sizes=(2, 4, 8), **FAST
+        )
+    )
     sparsity = report["sparsity"]["random"]
     assert sparsity["batches"] == 1
     assert sparsity["sparsity"] == pytest.approx(1 - (20 * 5 + 20 * 20) / (40 * 20))  # 0.375
@@ -106,8 +118,9 @@ def test_identical_items_overlap_one_and_two_lengths_exact_eq1(tmp_path) -> None
 
 def test_modulo_collisions_of_known_ids(tmp_path) -> None:
     toml = hand_sources(tmp_path, [[i, 1000 + i] for i in range(50)])
-    report = compute_stats(StatsConfig(input=toml, table_sizes=(1000, 2000, 30), world_sizes=(1,),
-                                       micro_batch_size=2, **FAST))
+    report = compute_stats(
+        StatsConfig(input=toml, table_sizes=(1000, 2000, 30), world_sizes=(1,), micro_batch_size=2, **FAST)
+    )
     item = report["ids"]["tables"]["item"]
     assert (item["unique_ids"], item["min_id"], item["max_id"]) == (100, 0, 1049)
     assert item["colliding_ids"] == {"1000": 100, "2000": 0, "30": 100}
@@ -122,8 +135,9 @@ def test_zipf_exponent_of_the_generator(tmp_path) -> None:
     for zipf in (0.9, 1.3):
         out = tmp_path / f"z{zipf}"
         generate(preset("tiny", n_users=400, median=150.0, sigma=0.5, n_items=20_000, zipf=zipf), str(out))
-        report = compute_stats(StatsConfig(input=str(out / "sources.toml"), world_sizes=(4,), micro_batch_size=8,
-                                           **FAST))
+        report = compute_stats(
+            StatsConfig(input=str(out / "sources.toml"), world_sizes=(4,), micro_batch_size=8, **FAST)
+        )
         assert report["popularity"]["zipf_exponent"] == pytest.approx(zipf, abs=0.1)
         assert "least squares" in report["popularity"]["method"]
 
@@ -135,8 +149,17 @@ def test_agrees_with_prepare_and_brute_force(tiny, prepared) -> None:
 
     out, manifest = prepared
     sizes = (8, 12, 32)
-    raw = compute_stats(StatsConfig(input=tiny, world_sizes=(4, 2), micro_batch_size=4, seed=1,
-                                    global_batch_sizes=sizes, samples=SampleConfig(max_uih_len=2048), **FAST))
+    raw = compute_stats(
+        StatsConfig(
+            input=tiny,
+            world_sizes=(4, 2),
+            micro_batch_size=4,
+            seed=1,
+            global_batch_sizes=sizes,
+            samples=SampleConfig(max_uih_len=2048),
+            **FAST,
+        )
+    )
     predicted = manifest["balance"]["straggler_pct"]
     at_g = raw["straggler"]["by_world_size"]["4"]
     assert at_g["random"]["straggler_pct"] == predicted["random"]
@@ -163,8 +186,10 @@ def test_agrees_with_prepare_and_brute_force(tiny, prepared) -> None:
             return None
         return pytest.approx(float(np.mean([len(b & a) / len(b) for a, b in itertools.pairwise(batches)])))
 
-    step_sets = [set(np.concatenate([r["item_ids"] for r, g in zip(rows, group) if g == s]).tolist())
-                 for s in range(int(group.max()) + 1)]
+    step_sets = [
+        set(np.concatenate([r["item_ids"] for r, g in zip(rows, group) if g == s]).tolist())
+        for s in range(int(group.max()) + 1)
+    ]
     head = ours["batch_overlap"]["headline"]
     assert head["layout"] == "step_group" and head["global_batch_size"] == 16
     assert head["tables"]["item"]["batch_overlap_rate"] == brute(step_sets)
@@ -175,12 +200,16 @@ def test_agrees_with_prepare_and_brute_force(tiny, prepared) -> None:
     shuffled = [rows[i] for i in canon[order]]
     assert raw["batch_overlap"]["curve"]["global_batch_sizes"] == [8, 12, 16, 32]  # with W·k = 8, 16
     for size, rate in zip(raw["batch_overlap"]["curve"]["global_batch_sizes"], rates(raw)):
-        batches = [set(np.concatenate([r["item_ids"] for r in shuffled[i:i + size]]).tolist())
-                   for i in range(0, len(shuffled) - size + 1, size)]
+        batches = [
+            set(np.concatenate([r["item_ids"] for r in shuffled[i : i + size]]).tolist())
+            for i in range(0, len(shuffled) - size + 1, size)
+        ]
         assert rate == brute(batches)
     for size, rate in zip(ours["batch_overlap"]["curve"]["global_batch_sizes"], rates(ours)):  # plan order
-        batches = [set(np.concatenate([r["item_ids"] for r in rows[i:i + size]]).tolist())
-                   for i in range(0, len(rows) - size + 1, size)]
+        batches = [
+            set(np.concatenate([r["item_ids"] for r in rows[i : i + size]]).tolist())
+            for i in range(0, len(rows) - size + 1, size)
+        ]
         assert rate == brute(batches)
 
 
@@ -190,38 +219,105 @@ def _keys(tree: object, prefix: str = "") -> set[str]:
     out = set()
     for key, value in tree.items():
         out.add(prefix + key)
-        if key not in ("by_reason", "events_read_by_source", "by_world_size", "tables", "by_source", "details",
-                       "share_above", "hash_collision_rate", "colliding_ids", "rows_used", "expected_if_random",
-                       "top_share", "model", "samples", "config", "histogram"):
+        if key not in (
+            "by_reason",
+            "events_read_by_source",
+            "by_world_size",
+            "tables",
+            "by_source",
+            "details",
+            "share_above",
+            "hash_collision_rate",
+            "colliding_ids",
+            "rows_used",
+            "expected_if_random",
+            "top_share",
+            "model",
+            "samples",
+            "config",
+            "histogram",
+        ):
             out |= _keys(value, prefix + key + ".")
     return out
 
 
 SCHEMA_KEYS = {
     "input": {"kind", "uri", "dataset", "sources", "user_features"},
-    "sample": {"fraction", "estimated", "method", "samples_total", "samples_selected", "users_total",
-               "users_selected", "errors"},
+    "sample": {
+        "fraction",
+        "estimated",
+        "method",
+        "samples_total",
+        "samples_selected",
+        "users_total",
+        "users_selected",
+        "errors",
+    },
     "lengths": {"definition", "merged", "by_source", "histogram"},
     "sparsity": {"batch_size", "definition", "cost_units", "random", "plan"},
     "straggler": {"micro_batch_size", "world_sizes", "cost_units", "strategies", "definition", "by_world_size"},
     "batch_overlap": {"definition", "order", "headline", "curve", "by_world_size"},
-    "popularity": {"table", "unique_ids", "occurrences", "zipf_exponent", "stderr", "intercept", "method",
-                   "fit_ranks", "top_share", "rank_frequency"},
+    "popularity": {
+        "table",
+        "unique_ids",
+        "occurrences",
+        "zipf_exponent",
+        "stderr",
+        "intercept",
+        "method",
+        "fit_ranks",
+        "top_share",
+        "rank_frequency",
+    },
     "ids": {"hashing", "table_sizes", "definition", "tables"},
 }
 LENGTH_KEYS = {"count", "events", "mean", "min", "p50", "p90", "p99", "max", "share_above", "stderr"}
-SPARSITY_KEYS = {"batches", "sparsity", "sparsity_mean", "stderr", "padded_cost", "jagged_cost",
-                 "wasted_compute_pct", "attention_wasted_pct"}
+SPARSITY_KEYS = {
+    "batches",
+    "sparsity",
+    "sparsity_mean",
+    "stderr",
+    "padded_cost",
+    "jagged_cost",
+    "wasted_compute_pct",
+    "attention_wasted_pct",
+}
 STEP_KEYS = {"steps", "straggler_pct", "stderr", "imbalance", "max_over_lower_bound"}
 OVERLAP_KEYS = {"batch_overlap_rate", "pooled", "stderr", "pairs", "mean_unique_ids"}
-ID_KEYS = {"unique_ids", "occurrences", "min_id", "max_id", "hash_collision_rate", "colliding_ids", "rows_used",
-           "expected_if_random"}
+ID_KEYS = {
+    "unique_ids",
+    "occurrences",
+    "min_id",
+    "max_id",
+    "hash_collision_rate",
+    "colliding_ids",
+    "rows_used",
+    "expected_if_random",
+}
 
 
 def test_cli_writes_stable_json_plots_and_summary(tiny, tmp_path, capsys) -> None:
     out = tmp_path / "stats"
-    assert cli_main(["stats", tiny, "--out", str(out), "--workers", "1", "--quiet", "--world-sizes", "2,4",
-                     "-k", "8", "--table-sizes", "1000,100000"]) == 0
+    assert (
+        cli_main(
+            [
+                "stats",
+                tiny,
+                "--out",
+                str(out),
+                "--workers",
+                "1",
+                "--quiet",
+                "--world-sizes",
+                "2,4",
+                "-k",
+                "8",
+                "--table-sizes",
+                "1000,100000",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     for title in ("UIH length", "sparsity", "straggler_pct", "batch_overlap_rate", "hash_collision_rate", "Zipf"):
         assert title in printed
@@ -240,8 +336,12 @@ def test_cli_writes_stable_json_plots_and_summary(tiny, tmp_path, capsys) -> Non
     by_source = sum(s["events"] for s in report["lengths"]["by_source"].values())
     assert by_source == report["lengths"]["merged"]["events"] == report["rows"]["events_used"]
     assert sum(report["lengths"]["histogram"]["merged"]) == report["lengths"]["merged"]["count"]
-    assert report["plots"] == {"length_histogram": "lengths.png", "overlap_rate_curve": "overlap.png",
-                               "popularity": "popularity.png", "straggler_bars": "straggler.png"}
+    assert report["plots"] == {
+        "length_histogram": "lengths.png",
+        "overlap_rate_curve": "overlap.png",
+        "popularity": "popularity.png",
+        "straggler_bars": "straggler.png",
+    }
     for name in report["plots"].values():
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -258,8 +358,10 @@ def test_sample_fraction_is_deterministic_and_reports_errors(tiny) -> None:
     assert first["lengths"]["merged"]["stderr"]["p90"] > 0
     full = compute_stats(StatsConfig(**{**config, "sample_fraction": 1.0}))
     assert not full["sample"]["estimated"] and full["lengths"]["merged"]["stderr"] is None
-    assert abs(first["lengths"]["merged"]["mean"] - full["lengths"]["merged"]["mean"]) < 5 * (
-        first["lengths"]["merged"]["stderr"]["mean"])
+    assert (
+        abs(first["lengths"]["merged"]["mean"] - full["lengths"]["merged"]["mean"])
+        < 5 * (first["lengths"]["merged"]["stderr"]["mean"])
+    )
 
 
 def test_worker_processes_give_the_same_figures(tiny, monkeypatch) -> None:
@@ -281,8 +383,9 @@ def test_s3_sources_and_output(tiny, s3_bucket) -> None:
         if path.is_file():
             storage.write_bytes(f"s3://{s3_bucket}/src/{path.relative_to(folder)}", path.read_bytes())
     config = {"world_sizes": (2,), "micro_batch_size": 4, "workers": 1, "progress": False}
-    remote = run_stats(StatsConfig(input=f"s3://{s3_bucket}/src/sources.toml", output=f"s3://{s3_bucket}/stats",
-                                   plots=False, **config))
+    remote = run_stats(
+        StatsConfig(input=f"s3://{s3_bucket}/src/sources.toml", output=f"s3://{s3_bucket}/stats", plots=False, **config)
+    )
     local = compute_stats(StatsConfig(input=tiny, output=None, **config))
     assert remote["lengths"] == local["lengths"] and remote["batch_overlap"] == local["batch_overlap"]
     written = json.loads(storage.read_bytes(f"s3://{s3_bucket}/stats/stats.json"))

@@ -55,8 +55,9 @@ def test_sparsity_with_variable_micro_batches_and_partial_tail() -> None:
 
 
 # ------------------------------------------------------------------------------------------ overlap
-def _reduce(tmp_path, per_sample_items: list[np.ndarray], sizes: list[int], n_buckets: int = 1,
-            table_sizes=(10,)) -> stats_ids.IdReducer:
+def _reduce(
+    tmp_path, per_sample_items: list[np.ndarray], sizes: list[int], n_buckets: int = 1, table_sizes=(10,)
+) -> stats_ids.IdReducer:
     """Run samples (in batch order) through spill_chunk/IdReducer like the stats passes do."""
     n = len(per_sample_items)
     g0, layouts = stats_ids.fine_batches_equal(n, sizes)
@@ -67,8 +68,18 @@ def _reduce(tmp_path, per_sample_items: list[np.ndarray], sizes: list[int], n_bu
     half = n // 2  # two chunks, like two partitions
     cut = int(lengths[:half].sum())
     for chunk, (rows, events) in enumerate([(slice(0, half), slice(0, cut)), (slice(half, n), slice(cut, None))]):
-        stats_ids.spill_chunk(str(tmp_path), chunk, n_buckets, bits, fine[rows], lengths[rows], items[events],
-                              np.zeros(int(lengths[rows].sum()), np.int64), np.arange(n)[rows] * 7, None)
+        stats_ids.spill_chunk(
+            str(tmp_path),
+            chunk,
+            n_buckets,
+            bits,
+            fine[rows],
+            lengths[rows],
+            items[events],
+            np.zeros(int(lengths[rows].sum()), np.int64),
+            np.arange(n)[rows] * 7,
+            None,
+        )
     reducer = stats_ids.IdReducer(stats_ids.table_names([]), table_sizes, layouts, bits)
     for b in range(n_buckets):
         reducer.reduce(str(tmp_path), b)
@@ -77,8 +88,10 @@ def _reduce(tmp_path, per_sample_items: list[np.ndarray], sizes: list[int], n_bu
 
 
 def _brute_overlap(per_sample_items: list[np.ndarray], size: int) -> list[float]:
-    batches = [set(np.concatenate(per_sample_items[i:i + size]).tolist())
-               for i in range(0, len(per_sample_items) - size + 1, size)]
+    batches = [
+        set(np.concatenate(per_sample_items[i : i + size]).tolist())
+        for i in range(0, len(per_sample_items) - size + 1, size)
+    ]
     return [len(b & a) / len(b) for a, b in itertools.pairwise(batches) if b]
 
 
@@ -99,9 +112,14 @@ def test_disjoint_batches_overlap_zero_identical_batches_one(tmp_path) -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(2, 60), vocab=st.sampled_from([5, 50, 10**6]), big=st.booleans(),
-       sizes=st.lists(st.integers(1, 12), min_size=1, max_size=3, unique=True), buckets=st.integers(1, 3),
-       seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(2, 60),
+    vocab=st.sampled_from([5, 50, 10**6]),
+    big=st.booleans(),
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=3, unique=True),
+    buckets=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_overlap_and_popularity_match_brute_force(tmp_path_factory, n, vocab, big, sizes, buckets, seed) -> None:
     rng = np.random.default_rng(seed)
     offset = (1 << 62) + 12345 if big else 0  # 63-bit ids take the raw (ranked) path
@@ -182,8 +200,9 @@ def test_zipf_fit_recovers_exact_and_sampled_exponents() -> None:
 def test_predictions_use_the_balance_planner() -> None:
     costs = np.random.default_rng(0).lognormal(0, 1.2, 4 * 8 * 10) ** 2
     out = figures.predict_strategies(costs, 4, 8, seed=3)
-    plan = plan_step_groups(costs, BalanceConfig(group_size=4, micro_batch_size=8, strategy="random", seed=3,
-                                                 compare_baselines=False))
+    plan = plan_step_groups(
+        costs, BalanceConfig(group_size=4, micro_batch_size=8, strategy="random", seed=3, compare_baselines=False)
+    )
     assert out["random"]["straggler_pct"] == round(predict_straggler_pct(plan_bin_costs(plan, costs, 4)), 4)
     assert out["random"]["steps"] == 10 and out["random"]["stderr"] > 0
     assert out["random"]["straggler_pct"] > out["within_step"]["straggler_pct"] >= out["planned"]["straggler_pct"]

@@ -54,8 +54,14 @@ def run_toml(path: Path, data_path: str, out: Path, **extra: dict) -> str:
 
 
 def train(config: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([FREESCALE, "train", "--config", config, "--nproc", "2", *args], cwd=cwd,
-                            capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    result = subprocess.run(
+        [FREESCALE, "train", "--config", config, "--nproc", "2", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result
 
@@ -70,18 +76,27 @@ def tiny_dataset(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("trainer-data")
     generate(preset("tiny", seed=3, markov_prob=0.5), str(root / "src"))
     out = str(root / "prepared")
-    prepare(PrepareConfig(sources=str(root / "src" / "sources.toml"), output=out,
-                          samples=SampleConfig(max_uih_len=64), model=ModelConfig(**MODEL),
-                          balance=BalanceConfig(group_size=4, micro_batch_size=8, seed=1),
-                          workers=1, progress=False, memory_limit=512 * 2**20))
+    prepare(
+        PrepareConfig(
+            sources=str(root / "src" / "sources.toml"),
+            output=out,
+            samples=SampleConfig(max_uih_len=64),
+            model=ModelConfig(**MODEL),
+            balance=BalanceConfig(group_size=4, micro_batch_size=8, seed=1),
+            workers=1,
+            progress=False,
+            memory_limit=512 * 2**20,
+        )
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def run_a(tiny_dataset, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("run-a")
-    config = run_toml(root / "run.toml", tiny_dataset, root / "out",
-                      checkpoint={"dir": str(root / "ckpt"), "steps": [1, 15]})
+    config = run_toml(
+        root / "run.toml", tiny_dataset, root / "out", checkpoint={"dir": str(root / "ckpt"), "steps": [1, 15]}
+    )
     result = train(config, root)
     return {"root": root, "out": root / "out", "ckpt": root / "ckpt", "config": config, "stdout": result.stdout}
 
@@ -107,8 +122,17 @@ def test_instrumentation_parts_add_up_to_wall_time(run_a) -> None:
         measured = part["compute"] + part["data"] + part["comm"] + part["idle"]
         assert abs(measured - part["wall"]) <= 0.05 * part["wall"], part
         assert min(part["compute"], part["data"], part["comm"], part["idle"]) >= 0, part
-        assert set(part["stages"]) >= {"input_dist", "embedding_lookup", "embedding_comm", "forward", "backward",
-                                       "gradient_comm", "sparse_update", "dense_update", "data"}
+        assert set(part["stages"]) >= {
+            "input_dist",
+            "embedding_lookup",
+            "embedding_comm",
+            "forward",
+            "backward",
+            "gradient_comm",
+            "sparse_update",
+            "dense_update",
+            "data",
+        }
     summary = report["summary"]
     assert summary["bubble_pct"] == pytest.approx(summary["straggler_pct"] + summary["exposed_comm_pct"])
     assert 0 <= summary["straggler_pct"] <= 100 and summary["samples_per_s"] > 0
@@ -130,13 +154,18 @@ def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> No
     cfg = RunConfig.from_toml(run_a["config"])
     reference = ReferenceTrainer(cfg)
     dataset = PreparedDataset(tiny_dataset)
-    batches = [collate(next(iter(RankReader(dataset, 2, rank, step=0, num_steps=1)))[1], collate_config(cfg), 0,
-                       rank) for rank in range(2)]
+    batches = [
+        collate(next(iter(RankReader(dataset, 2, rank, step=0, num_steps=1)))[1], collate_config(cfg), 0, rank)
+        for rank in range(2)
+    ]
     rank_losses = reference.step(batches, [step_seed(cfg.engine.seed, 0, rank) for rank in range(2)])
     assert losses(run_a["out"])[0] == pytest.approx(np.mean(rank_losses), rel=1e-6)
-    state = {"model": {k: torch.zeros_like(v) for k, v in reference.model.state_dict().items()},
-             "tables": {f"tables.{spec.name}.weight": torch.zeros_like(t)
-                        for spec, t in zip(reference.specs, reference.tables)}}
+    state = {
+        "model": {k: torch.zeros_like(v) for k, v in reference.model.state_dict().items()},
+        "tables": {
+            f"tables.{spec.name}.weight": torch.zeros_like(t) for spec, t in zip(reference.specs, reference.tables)
+        },
+    }
     dcp.load(state, checkpoint_id=str(run_a["ckpt"] / "step_00000001"))
     for name, value in reference.model.state_dict().items():
         torch.testing.assert_close(state["model"][name], value, atol=1e-6, rtol=1e-5, msg=name)
@@ -149,10 +178,13 @@ def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> No
 def test_resume_reproduces_the_uninterrupted_loss_curve(run_a, tmp_path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    config = run_toml(tmp_path / "resume.toml", json.loads((run_a["out"] / "bubbles.json").read_text())[
-        "config"]["data"]["path"], tmp_path / "out",
+    config = run_toml(
+        tmp_path / "resume.toml",
+        json.loads((run_a["out"] / "bubbles.json").read_text())["config"]["data"]["path"],
+        tmp_path / "out",
         checkpoint={"dir": str(tmp_path / "ckpt"), "resume": str(run_a["ckpt"] / "step_00000015")},
-        eval={"max_users": 0})
+        eval={"max_users": 0},
+    )
     train(config, tmp_path)
     full, resumed = losses(run_a["out"]), losses(tmp_path / "out")
     assert sorted(resumed) == list(range(15, STEPS))
@@ -187,9 +219,13 @@ def test_trains_streaming_from_s3(run_a, tiny_dataset, s3_bucket, tmp_path) -> N
         if path.is_file():
             client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(tiny_dataset)}")
     uri = f"s3://{s3_bucket}/prepared"
-    config = run_toml(tmp_path / "s3.toml", uri, tmp_path / "out", data={"max_steps": 6,
-                                                                         "cache_dir": str(tmp_path / "cache")},
-                      eval={"max_users": 0})
+    config = run_toml(
+        tmp_path / "s3.toml",
+        uri,
+        tmp_path / "out",
+        data={"max_steps": 6, "cache_dir": str(tmp_path / "cache")},
+        eval={"max_users": 0},
+    )
     train(config, tmp_path)
     streamed, local = losses(tmp_path / "out"), losses(run_a["out"])
     assert [streamed[s] for s in range(6)] == [local[s] for s in range(6)]

@@ -26,9 +26,18 @@ from freescale.trainer.sparse_optim import LazyAdam, RowWiseAdagrad, sum_by_row
 
 def make_samples(lengths: list[int], seed: int = 0, n_items: int = 50) -> list[dict]:
     rng = np.random.default_rng(seed)
-    return [{"item_ids": rng.integers(0, n_items, n), "actions": rng.integers(0, 3, n),
-             "timestamps": np.cumsum(rng.integers(1, 10_000, n)), "cost": float(n * n), "user_id": u,
-             "window": 0, "length": n} for u, n in enumerate(lengths)]
+    return [
+        {
+            "item_ids": rng.integers(0, n_items, n),
+            "actions": rng.integers(0, 3, n),
+            "timestamps": np.cumsum(rng.integers(1, 10_000, n)),
+            "cost": float(n * n),
+            "user_id": u,
+            "window": 0,
+            "length": n,
+        }
+        for u, n in enumerate(lengths)
+    ]
 
 
 def collate_cfg(**overrides) -> CollateConfig:
@@ -40,8 +49,10 @@ def collate_cfg(**overrides) -> CollateConfig:
 def test_jagged_batch_equals_each_sample_alone(architecture: str) -> None:
     """Length groups and padding must not change any sample's output (no batch-max padding)."""
     torch.manual_seed(0)
-    model = SequentialTransducer(ModelConfig(d_model=16, num_layers=2, num_heads=2, max_uih_len=64),
-                                 ModelExtraConfig(architecture=architecture, length_group_ratio=1.5)).eval()
+    model = SequentialTransducer(
+        ModelConfig(d_model=16, num_layers=2, num_heads=2, max_uih_len=64),
+        ModelExtraConfig(architecture=architecture, length_group_ratio=1.5),
+    ).eval()
     lengths = [5, 17, 2, 9, 30, 16]
     layout = build_layout(torch.tensor(lengths), ratio=1.5)
     n = sum(lengths)
@@ -87,8 +98,11 @@ def test_loss_backpropagates_to_rows_and_dense_params() -> None:
     batch = collate(make_samples([7, 12, 3]), collate_cfg(), step=0, rank=0)
     ids = split_features(batch_features(batch))
     tables = {"item": torch.randn(50, 8, requires_grad=True), "action": torch.randn(4, 8, requires_grad=True)}
-    rows = {"item": tables["item"][ids["item"]], "action": tables["action"][ids["action"]],
-            "neg": tables["item"][ids["neg"]]}
+    rows = {
+        "item": tables["item"][ids["item"]],
+        "action": tables["action"][ids["action"]],
+        "neg": tables["item"][ids["neg"]],
+    }
     loss = batch_loss(model, batch, rows, temperature=0.1)
     loss.backward()
     assert math.isfinite(float(loss.detach())) and float(loss.detach()) > 0
@@ -124,12 +138,22 @@ def test_table_shards_concatenate_to_the_whole_table() -> None:
 
 def _record(rank: int, step: int, start: float, comm_at: float, arrive_wait: float, end: float) -> StepRecord:
     """A step: data, compute until comm_at, one collective waited until arrive_wait, compute to end."""
-    return StepRecord(step=step, rank=rank, start=start, end=end, samples=4, loss=1.0, cost=comm_at - start,
-                      stages=[StageSpan("data", "data", start, start + 1), StageSpan("forward", "compute", start + 1,
-                                                                                     comm_at),
-                              StageSpan("gradient_comm", "comm", comm_at, arrive_wait),
-                              StageSpan("dense_update", "compute", arrive_wait, end)],
-                      comms=[CommRecord("dense", comm_at, comm_at, arrive_wait)])
+    return StepRecord(
+        step=step,
+        rank=rank,
+        start=start,
+        end=end,
+        samples=4,
+        loss=1.0,
+        cost=comm_at - start,
+        stages=[
+            StageSpan("data", "data", start, start + 1),
+            StageSpan("forward", "compute", start + 1, comm_at),
+            StageSpan("gradient_comm", "comm", comm_at, arrive_wait),
+            StageSpan("dense_update", "compute", arrive_wait, end),
+        ],
+        comms=[CommRecord("dense", comm_at, comm_at, arrive_wait)],
+    )
 
 
 def test_bubble_split_of_a_known_straggler() -> None:
@@ -171,23 +195,26 @@ def write_config(path: Path, **tables: dict) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("tables", "message"), [
-    ({"model": {"d_model": 30, "num_heads": 4}}, "model.d_model"),
-    ({"model": {"layers": 2}}, r"unknown option\(s\) \['layers'\] in \[model\]"),
-    ({"model_extra": {"architecture": "bert"}}, "model_extra.architecture"),
-    ({"model_extra": {"temperature": 0}}, "model_extra.temperature"),
-    ({"optimizer": {"sparse": "sgd"}}, "optimizer.sparse"),
-    ({"optimizer": {"dense_lr": -1}}, "optimizer.dense_lr"),
-    ({"engine": {"name": "megatron"}}, "engine.name"),
-    ({"engine": {"backend": "nccl"}}, "engine.backend"),
-    ({"data": {"path": ""}}, "data.path"),
-    ({"data": {"path": "x", "max_steps": -2}}, "data.max_steps"),
-    ({"checkpoint": {"every": 5}}, "checkpoint.dir"),
-    ({"engine": {"name": "torchrec"}, "checkpoint": {"dir": "/tmp/c"}}, "checkpoint.dir must be empty"),
-    ({"logging": {"log_every": 0}}, "logging.log_every"),
-    ({"eval": {"k": 0}}, "eval.k"),
-    ({"trainer": {"x": 1}}, r"unknown table\(s\) \['trainer'\]"),
-])
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"model": {"d_model": 30, "num_heads": 4}}, "model.d_model"),
+        ({"model": {"layers": 2}}, r"unknown option\(s\) \['layers'\] in \[model\]"),
+        ({"model_extra": {"architecture": "bert"}}, "model_extra.architecture"),
+        ({"model_extra": {"temperature": 0}}, "model_extra.temperature"),
+        ({"optimizer": {"sparse": "sgd"}}, "optimizer.sparse"),
+        ({"optimizer": {"dense_lr": -1}}, "optimizer.dense_lr"),
+        ({"engine": {"name": "megatron"}}, "engine.name"),
+        ({"engine": {"backend": "nccl"}}, "engine.backend"),
+        ({"data": {"path": ""}}, "data.path"),
+        ({"data": {"path": "x", "max_steps": -2}}, "data.max_steps"),
+        ({"checkpoint": {"every": 5}}, "checkpoint.dir"),
+        ({"engine": {"name": "torchrec"}, "checkpoint": {"dir": "/tmp/c"}}, "checkpoint.dir must be empty"),
+        ({"logging": {"log_every": 0}}, "logging.log_every"),
+        ({"eval": {"k": 0}}, "eval.k"),
+        ({"trainer": {"x": 1}}, r"unknown table\(s\) \['trainer'\]"),
+    ],
+)
 def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
     path = write_config(tmp_path / "run.toml", **tables)
     with pytest.raises(ValueError, match=message):

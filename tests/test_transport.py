@@ -152,9 +152,7 @@ def run_workers(script: str, world: int, tmp_path: Path, timeout: float = 240) -
         outputs.append(out)
         codes.append(p.returncode)
     if any(codes):
-        report = "\n".join(
-            f"--- rank {r} (exit {c})\n{o[-3000:]}" for r, (c, o) in enumerate(zip(codes, outputs))
-        )
+        report = "\n".join(f"--- rank {r} (exit {c})\n{o[-3000:]}" for r, (c, o) in enumerate(zip(codes, outputs)))
         pytest.fail(f"transport workers failed:\n{report}")
 
 

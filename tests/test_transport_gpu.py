@@ -23,9 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 WORLD = 2
 
 
-def _payload(
-    rank: int, counts: list[int], shape: tuple[int, ...], dtype: torch.dtype, seed: int
-) -> torch.Tensor:
+def _payload(rank: int, counts: list[int], shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1000 * seed + rank)
     x = torch.randn((sum(counts), *shape), generator=gen) * 100
     return x.to(dtype)

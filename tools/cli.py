@@ -18,32 +18,52 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="write synthetic heterogeneous UIH sources + sources.toml",
-                       description="Write deterministic synthetic UIH sources (Parquet clicks, JSONL purchases, "
-                                   "CSV users) and the source config that `prepare` reads.")
+    p = sub.add_parser(
+        "generate",
+        help="write synthetic heterogeneous UIH sources + sources.toml",
+        description="Write deterministic synthetic UIH sources (Parquet clicks, JSONL purchases, "
+        "CSV users) and the source config that `prepare` reads.",
+    )
     p.add_argument("--preset", default="demo", help="tiny | demo | large (default: demo)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, help="random seed (default: the preset's)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a generator option, e.g. --set n_users=1000 --set zipf=1.2 "
-                        "(see `freescale generate --list-options`)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a generator option, e.g. --set n_users=1000 --set zipf=1.2 "
+        "(see `freescale generate --list-options`)",
+    )
     p.add_argument("--list-options", action="store_true", help="print the generator options and exit")
 
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="build load-balanced MDS shards from UIH sources",
-                       description="Stream the sources in the source config, merge per-user sequences, cost "
-                                   "every sample and write step groups of cost-balanced micro-batches as MDS "
-                                   "shards plus manifest.json.")
+    p = sub.add_parser(
+        "prepare",
+        help="build load-balanced MDS shards from UIH sources",
+        description="Stream the sources in the source config, merge per-user sequences, cost "
+        "every sample and write step groups of cost-balanced micro-batches as MDS "
+        "shards plus manifest.json.",
+    )
     p.add_argument("--sources", required=True, help="source config TOML (local or s3://)")
     p.add_argument("--output", "--out", dest="output", required=True, help="output directory or s3:// prefix")
     p.add_argument("--group-size", type=int, default=8, help="G: the largest world size planned (default 8)")
     p.add_argument("--micro-batch-size", type=int, default=32, help="k: samples per micro-batch (default 32)")
     p.add_argument("--mode", choices=["equal_count", "free_count"], default="equal_count")
-    p.add_argument("--strategy", choices=["planned", "within_step", "random"], default="planned",
-                   help="planned (ours), within_step, or random batching (the baseline)")
-    p.add_argument("--max-outlier-fraction", type=float, default=None,
-                   help="bound on the share of samples grouped by cost into outlier steps")
+    p.add_argument(
+        "--strategy",
+        choices=["planned", "within_step", "random"],
+        default="planned",
+        help="planned (ours), within_step, or random batching (the baseline)",
+    )
+    p.add_argument(
+        "--max-outlier-fraction",
+        type=float,
+        default=None,
+        help="bound on the share of samples grouped by cost into outlier steps",
+    )
     p.add_argument("--target-imbalance", type=float, default=None, help="max/mean goal per group")
     p.add_argument("--refine-swaps", type=int, default=None, help="swap-refinement iterations per step")
     p.add_argument("--seed", type=int, default=0)
@@ -79,31 +99,58 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_stats(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("stats", help="dataset statistics: sparsity, batch overlap, hash collisions, stragglers",
-                       description="Describe raw sources (a source config TOML, or a folder holding "
-                                   "sources.toml) or a prepared dataset (local or s3://): UIH lengths, sparsity "
-                                   "(paper Eq. 1), predicted straggler_pct at W ranks x k samples, "
-                                   "batch_overlap_rate per table, item popularity (Zipf fit) and "
-                                   "hash_collision_rate. Writes stats.json and PNG plots to --out.")
+    p = sub.add_parser(
+        "stats",
+        help="dataset statistics: sparsity, batch overlap, hash collisions, stragglers",
+        description="Describe raw sources (a source config TOML, or a folder holding "
+        "sources.toml) or a prepared dataset (local or s3://): UIH lengths, sparsity "
+        "(paper Eq. 1), predicted straggler_pct at W ranks x k samples, "
+        "batch_overlap_rate per table, item popularity (Zipf fit) and "
+        "hash_collision_rate. Writes stats.json and PNG plots to --out.",
+    )
     p.add_argument("input", help="source config TOML (or its folder) or prepared dataset (local or s3://)")
-    p.add_argument("--out", "--output", dest="output", default="freescale-stats",
-                   help="directory (or s3:// prefix) for stats.json and the plots (default freescale-stats)")
-    p.add_argument("--world-sizes", help="W values, comma-separated (default 8,64,256; plus a prepared "
-                                         "dataset's G)")
-    p.add_argument("--micro-batch-size", "-k", type=int, help="k: samples per rank per step (default 32, or "
-                                                               "the prepared dataset's)")
+    p.add_argument(
+        "--out",
+        "--output",
+        dest="output",
+        default="freescale-stats",
+        help="directory (or s3:// prefix) for stats.json and the plots (default freescale-stats)",
+    )
+    p.add_argument("--world-sizes", help="W values, comma-separated (default 8,64,256; plus a prepared dataset's G)")
+    p.add_argument(
+        "--micro-batch-size",
+        "-k",
+        type=int,
+        help="k: samples per rank per step (default 32, or the prepared dataset's)",
+    )
     p.add_argument("--batch-size", type=int, help="batch size for sparsity (default k)")
-    p.add_argument("--global-batch-size", type=int, help="headline batch_overlap_rate batch (default: largest "
-                                                          "W*k with 2 full batches; a prepared dataset's step group)")
-    p.add_argument("--global-batch-sizes", help="curve of batch_overlap_rate, comma-separated "
-                                                "(default k*4^j up to half the samples, and every W*k)")
-    p.add_argument("--table-sizes", default="100000,1000000,10000000",
-                   help="embedding table sizes T for hash_collision_rate, comma-separated")
-    p.add_argument("--length-thresholds", default="256,1024,4096,16384",
-                   help="report the share of samples longer than each of these")
-    p.add_argument("--sample-fraction", type=float, default=1.0,
-                   help="describe this share of users (selected by a hash of the user id); figures are "
-                        "then estimates with standard errors")
+    p.add_argument(
+        "--global-batch-size",
+        type=int,
+        help="headline batch_overlap_rate batch (default: largest "
+        "W*k with 2 full batches; a prepared dataset's step group)",
+    )
+    p.add_argument(
+        "--global-batch-sizes",
+        help="curve of batch_overlap_rate, comma-separated (default k*4^j up to half the samples, and every W*k)",
+    )
+    p.add_argument(
+        "--table-sizes",
+        default="100000,1000000,10000000",
+        help="embedding table sizes T for hash_collision_rate, comma-separated",
+    )
+    p.add_argument(
+        "--length-thresholds",
+        default="256,1024,4096,16384",
+        help="report the share of samples longer than each of these",
+    )
+    p.add_argument(
+        "--sample-fraction",
+        type=float,
+        default=1.0,
+        help="describe this share of users (selected by a hash of the user id); figures are "
+        "then estimates with standard errors",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random batching")
     p.add_argument("--max-uih-len", type=int, default=21000, help="raw sources: as in prepare")
     p.add_argument("--window-stride", type=int, default=0, help="raw sources: as in prepare")
@@ -113,24 +160,35 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (as in prepare)")
     p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--work-dir", help="raw sources: keep prepare's scan/samples here; a re-run with the same "
-                                      "options and sources skips them")
+    p.add_argument(
+        "--work-dir",
+        help="raw sources: keep prepare's scan/samples here; a re-run with the same options and sources skips them",
+    )
     p.add_argument("--cache-dir", help="prepared dataset on s3://: local shard cache")
     p.add_argument("--no-plots", action="store_true", help="write stats.json only")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train on a prepared dataset with torchrun (FreeScale or TorchRec engine)",
-                       description="Validate the run config, then start torchrun with --nproc ranks of "
-                                   "`python -m freescale.trainer` (gloo on CPU, NCCL on CUDA). Writes metrics.jsonl, "
-                                   "bubbles.json, trace.json, timeline.png and summary.txt to logging.out_dir.")
+    p = sub.add_parser(
+        "train",
+        help="train on a prepared dataset with torchrun (FreeScale or TorchRec engine)",
+        description="Validate the run config, then start torchrun with --nproc ranks of "
+        "`python -m freescale.trainer` (gloo on CPU, NCCL on CUDA). Writes metrics.jsonl, "
+        "bubbles.json, trace.json, timeline.png and summary.txt to logging.out_dir.",
+    )
     p.add_argument("--config", required=True, help="run config TOML ([model], [data], [optimizer], [engine], ...)")
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (default 1)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="overrides engine.device")
     p.add_argument("--engine", choices=["freescale", "torchrec"], help="overrides engine.name")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE",
-                   help="override a config option with a TOML value, e.g. --set data.max_steps=50")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.OPTION=VALUE",
+        help="override a config option with a TOML value, e.g. --set data.max_steps=50",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,8 +258,13 @@ def prepare_config_from_args(args: argparse.Namespace):
     from freescale.pipeline.config import PrepareConfig, SampleConfig, parse_size
     from freescale.pipeline.cost import ModelConfig
 
-    balance_options = {"group_size": args.group_size, "micro_batch_size": args.micro_batch_size,
-                       "mode": args.mode, "strategy": args.strategy, "seed": args.seed}
+    balance_options = {
+        "group_size": args.group_size,
+        "micro_batch_size": args.micro_batch_size,
+        "mode": args.mode,
+        "strategy": args.strategy,
+        "seed": args.seed,
+    }
     for option in ("max_outlier_fraction", "target_imbalance", "refine_swaps"):
         if getattr(args, option) is not None:
             balance_options[option] = getattr(args, option)
@@ -209,8 +272,9 @@ def prepare_config_from_args(args: argparse.Namespace):
     return PrepareConfig(
         sources=args.sources,
         output=args.output,
-        samples=SampleConfig(max_uih_len=args.max_uih_len, window_stride=args.window_stride,
-                             min_len=args.min_len, kcore=args.kcore),
+        samples=SampleConfig(
+            max_uih_len=args.max_uih_len, window_stride=args.window_stride, min_len=args.min_len, kcore=args.kcore
+        ),
         model=model,
         cost_model_file=args.cost_model,
         balance=BalanceConfig(**balance_options),
@@ -257,8 +321,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("== 1/3 generate the demo sources")
     cmd_generate(build_parser().parse_args(["generate", "--preset", "demo", "--out", str(data)]))
     print("== 2/3 prepare load-balanced shards (G = 8 ranks, k = 32 samples per micro-batch)")
-    prepare_args = ["prepare", "--sources", str(data / "sources.toml"), "--output", str(dataset),
-                    "--group-size", "8", "--micro-batch-size", "32", "--max-uih-len", "4096", "--overwrite"]
+    prepare_args = [
+        "prepare",
+        "--sources",
+        str(data / "sources.toml"),
+        "--output",
+        str(dataset),
+        "--group-size",
+        "8",
+        "--micro-batch-size",
+        "32",
+        "--max-uih-len",
+        "4096",
+        "--overwrite",
+    ]
     status = cmd_prepare(build_parser().parse_args(prepare_args))
     if status:
         return status
@@ -294,8 +370,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         length_thresholds=_int_list(args.length_thresholds, "--length-thresholds"),
         sample_fraction=args.sample_fraction,
         seed=args.seed,
-        samples=SampleConfig(max_uih_len=args.max_uih_len, window_stride=args.window_stride,
-                             min_len=args.min_len, kcore=args.kcore),
+        samples=SampleConfig(
+            max_uih_len=args.max_uih_len, window_stride=args.window_stride, min_len=args.min_len, kcore=args.kcore
+        ),
         model=ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig(),
         cost_model_file=args.cost_model,
         memory_limit=parse_size(args.memory_limit, "--memory-limit"),
@@ -321,8 +398,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return launch(args.config, nproc=args.nproc, device=args.device, overrides=overrides)
 
 
-COMMANDS = {"generate": cmd_generate, "prepare": cmd_prepare, "inspect": cmd_inspect, "bench": cmd_bench,
-            "demo": cmd_demo, "stats": cmd_stats, "train": cmd_train}
+COMMANDS = {
+    "generate": cmd_generate,
+    "prepare": cmd_prepare,
+    "inspect": cmd_inspect,
+    "bench": cmd_bench,
+    "demo": cmd_demo,
+    "stats": cmd_stats,
+    "train": cmd_train,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,8 +40,10 @@ def balance_table(manifest: dict[str, Any]) -> Table:
     """Predicted straggler_pct of random batching, within-step balancing and the plan, side by side."""
     balance = manifest["balance"]
     predicted = balance["straggler_pct"]
-    table = Table(title=f"balance (G = {manifest['layout']['group_size']}, "
-                        f"k = {manifest['layout']['micro_batch_size']}, {manifest['layout']['mode']})")
+    table = Table(
+        title=f"balance (G = {manifest['layout']['group_size']}, "
+        f"k = {manifest['layout']['micro_batch_size']}, {manifest['layout']['mode']})"
+    )
     table.add_column("batching")
     table.add_column("predicted straggler_pct", justify="right")
     table.add_column("vs random", justify="right")

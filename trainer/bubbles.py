@@ -50,8 +50,13 @@ class RankStep:
 
     def parts(self) -> dict[str, float]:
         """Seconds per part plus wall, step and rank (``bubbles.json`` → ``rank_steps``)."""
-        return {"step": self.step, "rank": self.rank, "wall": self.wall,
-                **{part: getattr(self, part) for part in PARTS}, "stages": self.stages}
+        return {
+            "step": self.step,
+            "rank": self.rank,
+            "wall": self.wall,
+            **{part: getattr(self, part) for part in PARTS},
+            "stages": self.stages,
+        }
 
 
 def max_launches(records: list[StepRecord]) -> list[float]:
@@ -76,9 +81,20 @@ def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
             data += span.end - span.start
     staged = sum(stages.values())
     wall = record.end - record.start
-    return RankStep(step=record.step, rank=record.rank, wall=wall, compute=staged - data - waits,
-                    data=data, comm=waits - idle, idle=idle, untimed=wall - staged, samples=record.samples,
-                    loss=record.loss, cost=record.cost, stages=dict(stages))
+    return RankStep(
+        step=record.step,
+        rank=record.rank,
+        wall=wall,
+        compute=staged - data - waits,
+        data=data,
+        comm=waits - idle,
+        idle=idle,
+        untimed=wall - staged,
+        samples=record.samples,
+        loss=record.loss,
+        cost=record.cost,
+        stages=dict(stages),
+    )
 
 
 def analyze(records_by_rank: list[list[StepRecord]]) -> list[list[RankStep]]:
@@ -97,6 +113,7 @@ def analyze(records_by_rank: list[list[StepRecord]]) -> list[list[RankStep]]:
 
 def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     """The per-step JSONL fields for one step (all ranks)."""
+
     def pct(part: str) -> float:
         return 100.0 * sum(getattr(r, part) / r.wall for r in ranks if r.wall > 0) / len(ranks)
 
@@ -169,13 +186,19 @@ def summary_table(summary: dict[str, Any], title: str = "") -> str:
     if not summary.get("steps"):
         return f"{title}: no steps measured"
     header = f"{'':8} {'compute%':>9} {'data%':>7} {'exposed_comm%':>14} {'straggler%':>11} {'bubble%':>8}"
-    lines = [title, f"steps {summary['steps']} (after {summary['skipped_steps']} warm-up), "
-                    f"{summary['world_size']} ranks, {summary['step_ms']:.1f} ms/step, "
-                    f"{summary['samples_per_s']:.1f} samples/s", header]
+    lines = [
+        title,
+        f"steps {summary['steps']} (after {summary['skipped_steps']} warm-up), "
+        f"{summary['world_size']} ranks, {summary['step_ms']:.1f} ms/step, "
+        f"{summary['samples_per_s']:.1f} samples/s",
+        header,
+    ]
 
     def row(name: str, values: dict[str, float]) -> str:
-        return (f"{name:8} {values['compute_pct']:9.1f} {values['data_pct']:7.1f} {values['exposed_comm_pct']:14.1f} "
-                f"{values['straggler_pct']:11.1f} {values['bubble_pct']:8.1f}")
+        return (
+            f"{name:8} {values['compute_pct']:9.1f} {values['data_pct']:7.1f} {values['exposed_comm_pct']:14.1f} "
+            f"{values['straggler_pct']:11.1f} {values['bubble_pct']:8.1f}"
+        )
 
     lines.extend(row(f"rank {r}", values) for r, values in enumerate(summary["per_rank"]))
     lines.append(row("all", summary))

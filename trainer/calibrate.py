@@ -22,8 +22,9 @@ from freescale.trainer.jagged import build_layout
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
 
 
-def sample_seconds(model_cfg: ModelConfig, extra: ModelExtraConfig, length: int, reps: int = 3,
-                   batch: int = 8) -> float:
+def sample_seconds(
+    model_cfg: ModelConfig, extra: ModelExtraConfig, length: int, reps: int = 3, batch: int = 8
+) -> float:
     """Seconds per sample of forward + backward + loss, ``batch`` samples of ``length`` run together.
 
     Timing samples in a batch, as the trainer runs them (one length group), keeps per-call overheads
@@ -42,8 +43,9 @@ def sample_seconds(model_cfg: ModelConfig, extra: ModelExtraConfig, length: int,
     for _ in range(reps + 1):
         start = time.perf_counter()
         out = model(items, actions, layout, times)
-        loss = sampled_softmax_loss(out, items, negatives, ids, -torch.ones(negatives.shape[0], dtype=torch.int64),
-                                    extra.temperature)
+        loss = sampled_softmax_loss(
+            out, items, negatives, ids, -torch.ones(negatives.shape[0], dtype=torch.int64), extra.temperature
+        )
         loss.backward()
         seconds.append((time.perf_counter() - start) / batch)
     return float(np.min(seconds[1:]))
@@ -73,17 +75,27 @@ def fit(lengths: np.ndarray, seconds: np.ndarray) -> tuple[float, float, float]:
     return best
 
 
-def calibrate(model_cfg: ModelConfig, extra: ModelExtraConfig, max_len: int, path: str | None = None,
-              points: int = 8) -> CostModel:
+def calibrate(
+    model_cfg: ModelConfig, extra: ModelExtraConfig, max_len: int, path: str | None = None, points: int = 8
+) -> CostModel:
     """Measure, fit and (optionally) write a cost-model JSON that ``prepare --cost-model`` reads."""
     lengths = np.unique(np.geomspace(8, max_len, points).astype(int))
-    seconds = np.array([sample_seconds(model_cfg, extra, int(n), batch=max(1, min(8, 4096 // int(n))))
-                        for n in lengths])
+    seconds = np.array(
+        [sample_seconds(model_cfg, extra, int(n), batch=max(1, min(8, 4096 // int(n)))) for n in lengths]
+    )
     a, b, c = fit(lengths, seconds)
-    model = CostModel(a=a, b=b, c=c, units="seconds", origin="calibrated",
-                      details={"lengths": lengths.tolist(), "seconds": seconds.tolist(),
-                               "threads": torch.get_num_threads()})
+    model = CostModel(
+        a=a,
+        b=b,
+        c=c,
+        units="seconds",
+        origin="calibrated",
+        details={"lengths": lengths.tolist(), "seconds": seconds.tolist(), "threads": torch.get_num_threads()},
+    )
     if path is not None:
-        Path(path).write_text(json.dumps({"a": a, "b": b, "c": c, "units": "seconds", "origin": "calibrated",
-                                          "details": model.details}, indent=1))
+        Path(path).write_text(
+            json.dumps(
+                {"a": a, "b": b, "c": c, "units": "seconds", "origin": "calibrated", "details": model.details}, indent=1
+            )
+        )
     return model

@@ -100,11 +100,14 @@ class FreeScaleCheckpointer:
         dcp.load(state, checkpoint_id=path)
         saved_world = int(state["loader"]["world_size"])
         if saved_world != self.engine.world_size:
-            raise ValueError(f"checkpoint {path} was written by {saved_world} ranks; resume with the same "
-                             f"--nproc (the loader's step → micro-batch map depends on it)")
+            raise ValueError(
+                f"checkpoint {path} was written by {saved_world} ranks; resume with the same "
+                f"--nproc (the loader's step → micro-batch map depends on it)"
+            )
         self.engine.model.load_state_dict(state["model"])
-        set_optimizer_state_dict(self.engine.model, self.engine.dense_optimizer, state["dense_optimizer"],
-                                 options=self._options)
+        set_optimizer_state_dict(
+            self.engine.model, self.engine.dense_optimizer, state["dense_optimizer"], options=self._options
+        )
         for key, tensor in self.engine.tables.local_state().items():
             tensor.copy_(state["tables"][key].to_local())
         return int(state["loader"]["step"])

@@ -56,12 +56,12 @@ class ModelExtraConfig:
         _choice("model_extra.architecture", self.architecture, ARCHITECTURES)
         for name in ("num_items", "num_actions", "time_buckets", "ffn_multiplier"):
             _check(getattr(self, name) >= 1, f"model_extra.{name}", "must be >= 1", getattr(self, name))
-        _check(self.inbatch_negatives >= 0, "model_extra.inbatch_negatives", "must be >= 0",
-               self.inbatch_negatives)
+        _check(self.inbatch_negatives >= 0, "model_extra.inbatch_negatives", "must be >= 0", self.inbatch_negatives)
         _check(self.temperature > 0, "model_extra.temperature", "must be > 0", self.temperature)
         _check(0.0 <= self.dropout < 1.0, "model_extra.dropout", "must be in [0, 1)", self.dropout)
-        _check(self.length_group_ratio >= 1.0, "model_extra.length_group_ratio", "must be >= 1.0",
-               self.length_group_ratio)
+        _check(
+            self.length_group_ratio >= 1.0, "model_extra.length_group_ratio", "must be >= 1.0", self.length_group_ratio
+        )
 
 
 @dataclass
@@ -78,8 +78,7 @@ class DataConfig:
     seed: int = 0  # negatives and dropout draw from (seed, step, rank)
 
     def __post_init__(self) -> None:
-        _check(bool(self.path), "data.path", "is required (a prepared dataset directory or s3:// prefix)",
-               self.path)
+        _check(bool(self.path), "data.path", "is required (a prepared dataset directory or s3:// prefix)", self.path)
         _check(self.epochs > 0, "data.epochs", "must be > 0", self.epochs)
         _check(self.max_steps >= 0, "data.max_steps", "must be >= 0", self.max_steps)
         _check(self.max_seconds >= 0, "data.max_seconds", "must be >= 0", self.max_seconds)
@@ -106,8 +105,12 @@ class OptimizerConfig:
             _check(getattr(self, name) > 0, f"optimizer.{name}", "must be > 0", getattr(self, name))
         _check(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", self.weight_decay)
         self.betas = tuple(self.betas)  # TOML gives a list
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
-               "must be two numbers in [0, 1)", self.betas)
+        _check(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "optimizer.betas",
+            "must be two numbers in [0, 1)",
+            self.betas,
+        )
 
 
 @dataclass
@@ -169,8 +172,12 @@ class CheckpointConfig:
         _check(all(int(s) >= 1 for s in self.steps), "checkpoint.steps", "must hold steps >= 1", self.steps)
         self.steps = sorted({int(s) for s in self.steps})
         wants = self.every or self.steps or self.resume
-        _check(bool(self.dir) or not wants, "checkpoint.dir",
-               "is required when checkpoint.every, checkpoint.steps or checkpoint.resume is set", self.dir)
+        _check(
+            bool(self.dir) or not wants,
+            "checkpoint.dir",
+            "is required when checkpoint.every, checkpoint.steps or checkpoint.resume is set",
+            self.dir,
+        )
 
 
 @dataclass
@@ -192,8 +199,14 @@ class LoggingConfig:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "model_extra": ModelExtraConfig, "data": DataConfig, "optimizer": OptimizerConfig,
-    "engine": EngineConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig, "logging": LoggingConfig,
+    "model": ModelConfig,
+    "model_extra": ModelExtraConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "engine": EngineConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
 }
 
 
@@ -227,11 +240,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.engine.name == "torchrec" and self.checkpoint.dir:
-            raise ValueError("checkpoint.dir must be empty with engine.name 'torchrec': checkpoint/resume is "
-                             "implemented for the FreeScale engine; the TorchRec baseline runs without checkpoints")
+            raise ValueError(
+                "checkpoint.dir must be empty with engine.name 'torchrec': checkpoint/resume is "
+                "implemented for the FreeScale engine; the TorchRec baseline runs without checkpoints"
+            )
         if self.model.num_negatives + self.model_extra.inbatch_negatives < 1:
-            raise ValueError("model.num_negatives + model_extra.inbatch_negatives must be >= 1 "
-                             "(the sampled softmax needs at least one negative)")
+            raise ValueError(
+                "model.num_negatives + model_extra.inbatch_negatives must be >= 1 "
+                "(the sampled softmax needs at least one negative)"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -69,9 +69,19 @@ class Batch:
         return int(self.input_index.numel())
 
     def to(self, device: torch.device) -> Batch:
-        tensors = {name: getattr(self, name).to(device) for name in
-                   ("item_ids", "action_ids", "timestamps", "lengths", "negative_ids", "input_index",
-                    "target_index", "user_ids")}
+        tensors = {
+            name: getattr(self, name).to(device)
+            for name in (
+                "item_ids",
+                "action_ids",
+                "timestamps",
+                "lengths",
+                "negative_ids",
+                "input_index",
+                "target_index",
+                "user_ids",
+            )
+        }
         return replace(self, layout=self.layout.to(device), **tensors)
 
     def last_input_rows(self) -> torch.Tensor:
@@ -101,25 +111,33 @@ def draw_negatives(targets: np.ndarray, cfg: CollateConfig, step: int, rank: int
     return np.concatenate([uniform, inbatch])
 
 
-def collate(samples: list[dict[str, Any]], cfg: CollateConfig, step: int, rank: int,
-            holdout: bool | None = None) -> Batch:
+def collate(
+    samples: list[dict[str, Any]], cfg: CollateConfig, step: int, rank: int, holdout: bool | None = None
+) -> Batch:
     """Prepared samples (dicts of numpy arrays) → ``Batch``; samples under two events are skipped."""
     holdout = cfg.holdout_last if holdout is None else holdout
     parts = [sequence_arrays(s, cfg, holdout) for s in samples]
     kept = [i for i, p in enumerate(parts) if len(p[0]) >= 2]
     parts = [parts[i] for i in kept]
     lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
-    items, actions, times = (np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64)
-                             for j in range(3))
+    items, actions, times = (
+        np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64) for j in range(3)
+    )
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if parts else np.zeros(0, np.int64)
     input_index = np.concatenate([s + np.arange(n - 1) for s, n in zip(starts, lengths)]) if parts else starts
     target_index = input_index + 1
     negatives = draw_negatives(items[target_index], cfg, step, rank)
     as_tensor = torch.from_numpy
     return Batch(
-        step=step, item_ids=as_tensor(items), action_ids=as_tensor(actions), timestamps=as_tensor(times),
-        lengths=as_tensor(lengths), negative_ids=as_tensor(negatives), input_index=as_tensor(input_index),
-        target_index=as_tensor(target_index), layout=build_layout(as_tensor(lengths - 1), cfg.length_group_ratio),
+        step=step,
+        item_ids=as_tensor(items),
+        action_ids=as_tensor(actions),
+        timestamps=as_tensor(times),
+        lengths=as_tensor(lengths),
+        negative_ids=as_tensor(negatives),
+        input_index=as_tensor(input_index),
+        target_index=as_tensor(target_index),
+        layout=build_layout(as_tensor(lengths - 1), cfg.length_group_ratio),
         cost=float(sum(float(samples[i]["cost"]) for i in kept)),
         user_ids=torch.tensor([int(samples[i]["user_id"]) for i in kept], dtype=torch.int64),
     )
@@ -145,8 +163,16 @@ class StepLoader:
     kernels); ``prefetch=0`` reads inline, which the benchmarks use to keep timings single-threaded.
     """
 
-    def __init__(self, dataset: PreparedDataset, world_size: int, rank: int, start: int, end: int,
-                 cfg: CollateConfig, prefetch: int = 2) -> None:
+    def __init__(
+        self,
+        dataset: PreparedDataset,
+        world_size: int,
+        rank: int,
+        start: int,
+        end: int,
+        cfg: CollateConfig,
+        prefetch: int = 2,
+    ) -> None:
         self.reader = RankReader(dataset, world_size=world_size, rank=rank, step=start, num_steps=end - start)
         self.cfg, self.rank, self.prefetch = cfg, rank, prefetch
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))

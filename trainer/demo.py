@@ -49,8 +49,15 @@ def demo_train(sources: str, out: str, seconds: float = 60.0, nproc: int = 2, nu
     root = Path(out)
     dataset = root / "prepared-train"
     config = write_demo_config(root / "train.toml", dataset, root / "logs", seconds, num_items)
-    prepare(PrepareConfig(sources=sources, output=str(dataset), samples=SampleConfig(max_uih_len=DEMO_MODEL[
-        "max_uih_len"]), model=ModelConfig.from_toml(str(config)), balance=BalanceConfig(group_size=8,
-                                                                                        micro_batch_size=16),
-                          progress=False, overwrite=True))
+    prepare(
+        PrepareConfig(
+            sources=sources,
+            output=str(dataset),
+            samples=SampleConfig(max_uih_len=DEMO_MODEL["max_uih_len"]),
+            model=ModelConfig.from_toml(str(config)),
+            balance=BalanceConfig(group_size=8, micro_batch_size=16),
+            progress=False,
+            overwrite=True,
+        )
+    )
     return launch(str(config), nproc=nproc)

@@ -37,30 +37,36 @@ FEATURES = ("item", "action", "neg")
 def table_specs(cfg: RunConfig) -> list[TableSpec]:
     """The item table (history, targets and negatives read it) and the action table."""
     d = cfg.model.d_model
-    return [TableSpec("item", cfg.model_extra.num_items, d, ("item", "neg")),
-            TableSpec("action", cfg.model_extra.num_actions, d, ("action",))]
+    return [
+        TableSpec("item", cfg.model_extra.num_items, d, ("item", "neg")),
+        TableSpec("action", cfg.model_extra.num_actions, d, ("action",)),
+    ]
 
 
 def batch_features(batch: Batch) -> JaggedIds:
     """The batch's sparse features, keyed like the TorchRec ``KeyedJaggedTensor`` of ``kjt.py``."""
     values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids])
-    return JaggedIds(list(FEATURES), values, [batch.item_ids.numel(), batch.action_ids.numel(),
-                                              batch.negative_ids.numel()])
+    return JaggedIds(
+        list(FEATURES), values, [batch.item_ids.numel(), batch.action_ids.numel(), batch.negative_ids.numel()]
+    )
 
 
-def batch_loss(model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor],
-               temperature: float) -> torch.Tensor:
+def batch_loss(
+    model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor], temperature: float
+) -> torch.Tensor:
     """Autoregressive sampled-softmax loss of one micro-batch given its features' embedding rows."""
     items, actions = rows["item"], rows["action"]
     inputs = batch.input_index
     outputs = model(items[inputs], actions[inputs], batch.layout, batch.timestamps[inputs])
     targets = batch.target_index
-    return sampled_softmax_loss(outputs, items[targets], rows["neg"], batch.item_ids[targets],
-                                batch.negative_ids, temperature)
+    return sampled_softmax_loss(
+        outputs, items[targets], rows["neg"], batch.item_ids[targets], batch.negative_ids, temperature
+    )
 
 
-def batch_queries(model: SequentialTransducer, batch: Batch,
-                  rows: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch_queries(
+    model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each sample's query (output at its last input), its target's row and target id (evaluation)."""
     items, actions = rows["item"], rows["action"]
     inputs = batch.input_index
@@ -88,8 +94,9 @@ class FreeScaleEngine:
         torch.manual_seed(cfg.engine.seed)
         self.model = SequentialTransducer(cfg.model, cfg.model_extra).to(device)
         broadcast_parameters(self.model)
-        self.tables = RowWiseShardedTables(table_specs(cfg), rank, world_size, device, cfg.engine.seed,
-                                           cfg.optimizer, self.comm)
+        self.tables = RowWiseShardedTables(
+            table_specs(cfg), rank, world_size, device, cfg.engine.seed, cfg.optimizer, self.comm
+        )
         self.dense_optimizer = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
 
     # the step ----------------------------------------------------------------------------------
@@ -116,8 +123,9 @@ class FreeScaleEngine:
         with stage("embedding_comm", "comm"):
             unique_rows = [rows.requires_grad_() for rows in self.tables.output_dist(ctx, owned_rows)]
         with stage("forward", "compute"):
-            loss = batch_loss(self.model, batch, self.tables.feature_rows(ctx, unique_rows),
-                              self.cfg.model_extra.temperature)
+            loss = batch_loss(
+                self.model, batch, self.tables.feature_rows(ctx, unique_rows), self.cfg.model_extra.temperature
+            )
         with stage("backward", "compute"):
             loss.backward()
         with stage("gradient_comm", "comm"):

@@ -64,8 +64,15 @@ def _full_ranks(engine: Any, queries: torch.Tensor, target_scores: torch.Tensor)
     return above[first : first + queries.shape[0]]
 
 
-def _sampled_ranks(engine: Any, queries: torch.Tensor, target_scores: torch.Tensor, target_ids: torch.Tensor,
-                   num_candidates: int, num_items: int, seed: int) -> torch.Tensor:
+def _sampled_ranks(
+    engine: Any,
+    queries: torch.Tensor,
+    target_scores: torch.Tensor,
+    target_ids: torch.Tensor,
+    num_candidates: int,
+    num_items: int,
+    seed: int,
+) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     candidates = torch.randint(0, num_items, (num_candidates,), generator=generator)
     rows = F.normalize(engine.lookup_items(candidates), dim=-1)
@@ -74,8 +81,9 @@ def _sampled_ranks(engine: Any, queries: torch.Tensor, target_scores: torch.Tens
     return (scores > target_scores[:, None]).sum(dim=1)
 
 
-def evaluate(engine: Any, samples: list[dict[str, Any]], collate_cfg: CollateConfig, num_candidates: int,
-             k: int, seed: int = 0) -> dict[str, Any]:
+def evaluate(
+    engine: Any, samples: list[dict[str, Any]], collate_cfg: CollateConfig, num_candidates: int, k: int, seed: int = 0
+) -> dict[str, Any]:
     """HR@k / NDCG@k over all ranks' eval samples (collective: every rank must call it)."""
     chunks = [samples[i : i + EVAL_CHUNK] for i in range(0, len(samples), EVAL_CHUNK)]
     count = torch.tensor([len(chunks)], device=engine.device)
@@ -88,8 +96,15 @@ def evaluate(engine: Any, samples: list[dict[str, Any]], collate_cfg: CollateCon
         queries, target_rows = F.normalize(queries.float(), dim=-1), F.normalize(target_rows.float(), dim=-1)
         target_scores = (queries * target_rows).sum(-1)
         if num_candidates:
-            rank = _sampled_ranks(engine, queries, target_scores, target_ids, num_candidates,
-                                  collate_cfg.num_items, seed * 100_003 + number)
+            rank = _sampled_ranks(
+                engine,
+                queries,
+                target_scores,
+                target_ids,
+                num_candidates,
+                collate_cfg.num_items,
+                seed * 100_003 + number,
+            )
         else:
             rank = _full_ranks(engine, queries, target_scores)
         ranks.append(rank.cpu())
@@ -108,5 +123,9 @@ def popularity_metrics(train_items: np.ndarray, eval_targets: np.ndarray, num_it
     target_counts = counts[eval_targets % num_items]
     above = num_items - np.searchsorted(ordered, target_counts, side="right")
     result = metrics_from_ranks(above.astype(np.float64), k)
-    return {"protocol": "full", "users": len(eval_targets), **result,
-            "note": "score = training frequency; ties broken in the target's favour"}
+    return {
+        "protocol": "full",
+        "users": len(eval_targets),
+        **result,
+        "note": "score = training frequency; ties broken in the target's favour",
+    }

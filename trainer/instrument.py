@@ -82,8 +82,7 @@ class StepTimer:
     def __init__(self, rank: int, device: torch.device, enabled: bool = True) -> None:
         self.rank = rank
         self.enabled = enabled
-        self._sync: Callable[[], None] = (torch.cuda.synchronize if device.type == "cuda" and enabled
-                                          else (lambda: None))
+        self._sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" and enabled else (lambda: None)
         self.current: StepRecord | None = None
         self._last_end = 0.0
 
@@ -143,8 +142,9 @@ class TimedComm:
     def __init__(self, timer: StepTimer, group: dist.ProcessGroup | None = None) -> None:
         self.timer, self.group = timer, group
 
-    def all_to_all(self, name: str, output: torch.Tensor, data: torch.Tensor, output_splits: list[int],
-                   input_splits: list[int]) -> torch.Tensor:
+    def all_to_all(
+        self, name: str, output: torch.Tensor, data: torch.Tensor, output_splits: list[int], input_splits: list[int]
+    ) -> torch.Tensor:
         start = self.timer.now()
         dist.all_to_all_single(output, data, output_splits, input_splits, group=self.group)
         end = self.timer.now()
@@ -195,8 +195,14 @@ def _shifted(record: StepRecord, offset: float) -> StepRecord:
     if offset == 0.0:
         return record
     return StepRecord(
-        step=record.step, rank=record.rank, start=record.start + offset, end=record.end + offset,
+        step=record.step,
+        rank=record.rank,
+        start=record.start + offset,
+        end=record.end + offset,
         stages=[StageSpan(s.name, s.kind, s.start + offset, s.end + offset) for s in record.stages],
-        comms=[CommRecord(c.name, c.launch + offset, c.wait_start + offset, c.wait_end + offset)
-               for c in record.comms],
-        loss=record.loss, samples=record.samples, positions=record.positions, cost=record.cost)
+        comms=[CommRecord(c.name, c.launch + offset, c.wait_start + offset, c.wait_end + offset) for c in record.comms],
+        loss=record.loss,
+        samples=record.samples,
+        positions=record.positions,
+        cost=record.cost,
+    )

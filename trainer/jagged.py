@@ -53,8 +53,14 @@ class JaggedLayout:
 
     def to(self, device: torch.device) -> JaggedLayout:
         groups = [LengthGroup(*(t.to(device) for t in (g.samples, g.index, g.valid, g.lengths))) for g in self.groups]
-        return JaggedLayout(self.lengths.to(device), self.offsets.to(device), groups, self.inverse.to(device),
-                            self.positions.to(device), self.sample_of.to(device))
+        return JaggedLayout(
+            self.lengths.to(device),
+            self.offsets.to(device),
+            groups,
+            self.inverse.to(device),
+            self.positions.to(device),
+            self.sample_of.to(device),
+        )
 
 
 MAX_GROUP_ELEMENTS = 2**24  # B_g · L_max² per group: bounds one attention score tensor per head
@@ -91,8 +97,9 @@ def build_layout(lengths: torch.Tensor, ratio: float = 1.25) -> JaggedLayout:
         width = int(group_lengths.max())
         steps = torch.arange(width)
         valid = steps[None, :] < group_lengths[:, None]
-        index = torch.where(valid, offsets[members][:, None] + steps[None, :], torch.full_like(valid, total,
-                                                                                                 dtype=torch.int64))
+        index = torch.where(
+            valid, offsets[members][:, None] + steps[None, :], torch.full_like(valid, total, dtype=torch.int64)
+        )
         groups.append(LengthGroup(torch.tensor(members, dtype=torch.int64), index, valid, group_lengths))
     order = torch.cat([g.index[g.valid] for g in groups]) if groups else torch.zeros(0, dtype=torch.int64)
     inverse = torch.empty(total, dtype=torch.int64)

@@ -19,11 +19,18 @@ from freescale.trainer.config import RunConfig
 
 
 def rank_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m freescale.trainer",
-                                     description="One rank of a FreeScale training run (started by torchrun).")
+    parser = argparse.ArgumentParser(
+        prog="python -m freescale.trainer", description="One rank of a FreeScale training run (started by torchrun)."
+    )
     parser.add_argument("--config", required=True, help="run config TOML")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE",
-                        help="override a config option (TOML value), e.g. --set data.max_steps=20")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.OPTION=VALUE",
+        help="override a config option (TOML value), e.g. --set data.max_steps=20",
+    )
     return parser
 
 
@@ -43,8 +50,17 @@ def rank_main(argv: list[str] | None = None) -> int:
 
 def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]:
     """The torchrun command line that starts ``nproc`` ranks on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "freescale.trainer", "--config", str(Path(config).absolute())]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "freescale.trainer",
+        "--config",
+        str(Path(config).absolute()),
+    ]
     for override in overrides:
         command += ["--set", override]
     return command

@@ -51,8 +51,9 @@ class GroupContext:
     gaps: torch.Tensor | None  # [B, L, L] long: time bucket of t_i - t_j (HSTU time bias)
 
 
-def attention_contexts(layout: JaggedLayout, timestamps: torch.Tensor, max_distance: int,
-                       time_buckets: int | None) -> list[GroupContext]:
+def attention_contexts(
+    layout: JaggedLayout, timestamps: torch.Tensor, max_distance: int, time_buckets: int | None
+) -> list[GroupContext]:
     """``GroupContext`` of every group; ``time_buckets=None`` skips the HSTU bias indices."""
     contexts = []
     ts_source = pad_source(timestamps)
@@ -90,8 +91,9 @@ class HSTULayer(nn.Module):
         attn = self._attention(q, k, v, layout, contexts)
         return x + self.out(self.dropout(u * self.norm_attn(attn)))
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: JaggedLayout,
-                   contexts: list[GroupContext]) -> torch.Tensor:
+    def _attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: JaggedLayout, contexts: list[GroupContext]
+    ) -> torch.Tensor:
         """Pointwise SiLU attention ``silu(qkᵀ + rab) / n`` under the causal mask, one batch per group."""
         if not layout.groups:  # empty micro-batch: keep every parameter in the graph (DDP)
             return torch.zeros_like(v) + 0.0 * (self.pos_bias.sum() + self.time_bias.sum())
@@ -116,8 +118,9 @@ class SASRecLayer(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.norm_ffn = nn.LayerNorm(d_model)
-        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_multiplier * d_model), nn.GELU(),
-                                 nn.Linear(ffn_multiplier * d_model, d_model))
+        self.ffn = nn.Sequential(
+            nn.Linear(d_model, ffn_multiplier * d_model), nn.GELU(), nn.Linear(ffn_multiplier * d_model, d_model)
+        )
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, layout: JaggedLayout, contexts: list[GroupContext]) -> torch.Tensor:
@@ -147,17 +150,21 @@ class SequentialTransducer(nn.Module):
         if extra.architecture == "hstu":
             self.layers = nn.ModuleList(
                 HSTULayer(model.d_model, model.num_heads, model.max_uih_len, extra.time_buckets, extra.dropout)
-                for _ in range(model.num_layers))
+                for _ in range(model.num_layers)
+            )
             self.final_norm: nn.Module = nn.Identity()
         else:
             self.position = nn.Embedding(model.max_uih_len, model.d_model)
             nn.init.normal_(self.position.weight, std=0.02)
-            self.layers = nn.ModuleList(SASRecLayer(model.d_model, model.num_heads, extra.ffn_multiplier,
-                                                    extra.dropout) for _ in range(model.num_layers))
+            self.layers = nn.ModuleList(
+                SASRecLayer(model.d_model, model.num_heads, extra.ffn_multiplier, extra.dropout)
+                for _ in range(model.num_layers)
+            )
             self.final_norm = nn.LayerNorm(model.d_model)
 
-    def forward(self, item_rows: torch.Tensor, action_rows: torch.Tensor, layout: JaggedLayout,
-                timestamps: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, item_rows: torch.Tensor, action_rows: torch.Tensor, layout: JaggedLayout, timestamps: torch.Tensor
+    ) -> torch.Tensor:
         """``item_rows``/``action_rows``: [N, d] embeddings of the input positions → [N, d]."""
         x = (item_rows + action_rows) * self.scale
         if self.architecture == "sasrec":
@@ -169,8 +176,14 @@ class SequentialTransducer(nn.Module):
         return self.final_norm(x)
 
 
-def sampled_softmax_loss(queries: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor,
-                         target_ids: torch.Tensor, negative_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+def sampled_softmax_loss(
+    queries: torch.Tensor,
+    positives: torch.Tensor,
+    negatives: torch.Tensor,
+    target_ids: torch.Tensor,
+    negative_ids: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """Mean next-item cross entropy of each query against its positive and the shared negatives."""
     if queries.shape[0] == 0:
         return queries.sum() * 0.0 + negatives.sum() * 0.0

@@ -29,10 +29,12 @@ class ReferenceTrainer:
         torch.manual_seed(cfg.engine.seed)
         self.model = SequentialTransducer(cfg.model, cfg.model_extra)
         self.specs = table_specs(cfg)
-        self.tables = [init_rows(cfg.engine.seed, t, spec.rows, 0, spec.rows, spec.dim)
-                       for t, spec in enumerate(self.specs)]
-        self.sparse = [make_sparse_optimizer(cfg.optimizer, spec.rows, spec.dim, torch.device("cpu"))
-                       for spec in self.specs]
+        self.tables = [
+            init_rows(cfg.engine.seed, t, spec.rows, 0, spec.rows, spec.dim) for t, spec in enumerate(self.specs)
+        ]
+        self.sparse = [
+            make_sparse_optimizer(cfg.optimizer, spec.rows, spec.dim, torch.device("cpu")) for spec in self.specs
+        ]
         self.dense = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
         self.table_of = {feature: t for t, spec in enumerate(self.specs) for feature in spec.features}
 

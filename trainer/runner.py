@@ -32,11 +32,16 @@ from freescale.trainer.trace import plot_timeline, write_trace
 
 
 def collate_config(cfg: RunConfig) -> CollateConfig:
-    return CollateConfig(num_items=cfg.model_extra.num_items, num_actions=cfg.model_extra.num_actions,
-                         max_len=cfg.model.max_uih_len, num_negatives=cfg.model.num_negatives,
-                         inbatch_negatives=cfg.model_extra.inbatch_negatives,
-                         length_group_ratio=cfg.model_extra.length_group_ratio,
-                         holdout_last=cfg.data.holdout_last, seed=cfg.data.seed)
+    return CollateConfig(
+        num_items=cfg.model_extra.num_items,
+        num_actions=cfg.model_extra.num_actions,
+        max_len=cfg.model.max_uih_len,
+        num_negatives=cfg.model.num_negatives,
+        inbatch_negatives=cfg.model_extra.inbatch_negatives,
+        length_group_ratio=cfg.model_extra.length_group_ratio,
+        holdout_last=cfg.data.holdout_last,
+        seed=cfg.data.seed,
+    )
 
 
 def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> Any:
@@ -96,8 +101,9 @@ class Trainer:
             (self.out / "run.toml").write_text(self.cfg.to_toml())
             if start == 0 and self.metrics_file.exists():
                 self.metrics_file.unlink()
-        loader = StepLoader(self.dataset, self.world_size, self.rank, start, end, self.collate_cfg,
-                            self.cfg.data.prefetch)
+        loader = StepLoader(
+            self.dataset, self.world_size, self.rank, start, end, self.collate_cfg, self.cfg.data.prefetch
+        )
         progress = self._progress(start, end)
         try:
             end = self._loop(iter(loader), start, end, progress)
@@ -188,8 +194,14 @@ class Trainer:
         if self._eval_samples is None:
             self._eval_samples = eval_samples(self.dataset, self.world_size, self.rank, self.cfg.eval.max_users)
         started = time.perf_counter()
-        result = evaluate(self.engine, self._eval_samples, self.collate_cfg, self.cfg.eval.num_candidates,
-                          self.cfg.eval.k, seed=self.cfg.data.seed)
+        result = evaluate(
+            self.engine,
+            self._eval_samples,
+            self.collate_cfg,
+            self.cfg.eval.num_candidates,
+            self.cfg.eval.k,
+            seed=self.cfg.data.seed,
+        )
         result["seconds"] = time.perf_counter() - started
         if self.rank == 0:
             line = {"step": step, "eval": result}
@@ -207,9 +219,16 @@ class Trainer:
         summary = bubbles.summarize(steps, self.cfg.logging.skip_steps)
         title = f"bubbles: engine={self.engine.name} ({self.engine.describe()}), data={self.cfg.data.path}"
         table = bubbles.summary_table(summary, title)
-        report = {"engine": self.engine.name, "pipeline": self.engine.describe(), "world_size": self.world_size,
-                  "config": self.cfg.to_dict(), "summary": summary, "evals": self.state.evals,
-                  "steps": self.state.step_lines, "rank_steps": [r.parts() for ranks in steps for r in ranks]}
+        report = {
+            "engine": self.engine.name,
+            "pipeline": self.engine.describe(),
+            "world_size": self.world_size,
+            "config": self.cfg.to_dict(),
+            "summary": summary,
+            "evals": self.state.evals,
+            "steps": self.state.step_lines,
+            "rank_steps": [r.parts() for ranks in steps for r in ranks],
+        }
         (self.out / "bubbles.json").write_text(json.dumps(report, indent=1, default=str))
         write_trace(self.out / "trace.json", records, self.cfg.logging.trace_steps)
         first = steps[min(self.cfg.logging.skip_steps, len(steps) - 1)][0].step if steps else 0

@@ -108,8 +108,16 @@ class DistContext:
 class RowWiseShardedTables:
     """This rank's shards of several equal-width tables and their sparse optimizers."""
 
-    def __init__(self, specs: list[TableSpec], rank: int, world_size: int, device: torch.device, seed: int,
-                 optimizer: OptimizerConfig, comm: TimedComm) -> None:
+    def __init__(
+        self,
+        specs: list[TableSpec],
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        seed: int,
+        optimizer: OptimizerConfig,
+        comm: TimedComm,
+    ) -> None:
         dims = {spec.dim for spec in specs}
         if len(dims) != 1:
             raise ValueError(f"all tables must share one embedding dim, got {sorted(dims)}")
@@ -117,10 +125,13 @@ class RowWiseShardedTables:
         self.dim = dims.pop()
         self.bounds = [shard_bounds(spec.rows, world_size, rank) for spec in specs]
         self.rows_per_rank = [-(-spec.rows // world_size) for spec in specs]
-        self.weights = [init_rows(seed, t, spec.rows, lo, hi, self.dim).to(device)
-                        for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))]
-        self.optimizers: list[SparseOptimizer] = [make_sparse_optimizer(optimizer, hi - lo, self.dim, device)
-                                                  for lo, hi in self.bounds]
+        self.weights = [
+            init_rows(seed, t, spec.rows, lo, hi, self.dim).to(device)
+            for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))
+        ]
+        self.optimizers: list[SparseOptimizer] = [
+            make_sparse_optimizer(optimizer, hi - lo, self.dim, device) for lo, hi in self.bounds
+        ]
         self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
 
     # 1. input distribution -------------------------------------------------------------------

@@ -36,8 +36,9 @@ class RowWiseAdagrad:
 class LazyAdam:
     """Adam moments per element, bias correction per row from the row's own update count."""
 
-    def __init__(self, rows: int, dim: int, lr: float, eps: float, betas: tuple[float, float],
-                 device: torch.device) -> None:
+    def __init__(
+        self, rows: int, dim: int, lr: float, eps: float, betas: tuple[float, float], device: torch.device
+    ) -> None:
         self.lr, self.eps, self.betas = lr, eps, betas
         self.state = {
             "exp_avg": torch.zeros(rows, dim, dtype=torch.float32, device=device),
@@ -80,9 +81,11 @@ def sum_by_row(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, t
 def make_dense_optimizer(cfg: OptimizerConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The data-parallel parameters' optimizer (deterministic single-tensor implementations)."""
     if cfg.dense == "adam":
-        return torch.optim.Adam(params, lr=cfg.dense_lr, betas=cfg.betas, eps=cfg.eps,
-                                weight_decay=cfg.weight_decay, foreach=False)
+        return torch.optim.Adam(
+            params, lr=cfg.dense_lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
+        )
     if cfg.dense == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.dense_lr, betas=cfg.betas, eps=cfg.eps,
-                                 weight_decay=cfg.weight_decay, foreach=False)
+        return torch.optim.AdamW(
+            params, lr=cfg.dense_lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
+        )
     return torch.optim.SGD(params, lr=cfg.dense_lr, weight_decay=cfg.weight_decay, foreach=False)

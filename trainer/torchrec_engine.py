@@ -74,10 +74,12 @@ class DenseHead(nn.Module):
         self.transducer = SequentialTransducer(cfg.model, cfg.model_extra)
         self.temperature = cfg.model_extra.temperature
 
-    def forward(self, batch: Batch, items: torch.Tensor, actions: torch.Tensor,
-                negatives: torch.Tensor) -> torch.Tensor:
-        return batch_loss(self.transducer, batch, {"item": items, "action": actions, "neg": negatives},
-                          self.temperature)
+    def forward(
+        self, batch: Batch, items: torch.Tensor, actions: torch.Tensor, negatives: torch.Tensor
+    ) -> torch.Tensor:
+        return batch_loss(
+            self.transducer, batch, {"item": items, "action": actions, "neg": negatives}, self.temperature
+        )
 
 
 class TorchRecModel(nn.Module):
@@ -87,8 +89,12 @@ class TorchRecModel(nn.Module):
         super().__init__()
         from torchrec import EmbeddingCollection, EmbeddingConfig
 
-        tables = [EmbeddingConfig(name=spec.name, embedding_dim=spec.dim, num_embeddings=spec.rows,
-                                  feature_names=list(spec.features)) for spec in table_specs(cfg)]
+        tables = [
+            EmbeddingConfig(
+                name=spec.name, embedding_dim=spec.dim, num_embeddings=spec.rows, feature_names=list(spec.features)
+            )
+            for spec in table_specs(cfg)
+        ]
         self.ec = EmbeddingCollection(tables=tables, device=torch.device("meta"))
         torch.manual_seed(cfg.engine.seed)
         self.head = DenseHead(cfg)
@@ -149,8 +155,14 @@ def _install_a2a_timing(timer: StepTimer) -> Any:
     """Wrap ``dist.all_to_all_single`` (TorchRec looks it up at call time); returns the original."""
     original = dist.all_to_all_single
 
-    def timed(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,
-              group: Any = None, async_op: bool = False) -> Any:
+    def timed(
+        output: Any,
+        input: Any,
+        output_split_sizes: Any = None,
+        input_split_sizes: Any = None,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
         launch = timer.now()
         work = original(output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
         if async_op:
@@ -213,8 +225,13 @@ def _sharded_model(cfg: RunConfig, model: TorchRecModel, world_size: int, device
     if opt.sparse == "rowwise_adagrad":
         fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": opt.sparse_lr, "eps": opt.eps}
     else:
-        fused = {"optimizer": EmbOptimType.ADAM, "learning_rate": opt.sparse_lr, "eps": opt.eps,
-                 "beta1": opt.betas[0], "beta2": opt.betas[1]}
+        fused = {
+            "optimizer": EmbOptimType.ADAM,
+            "learning_rate": opt.sparse_lr,
+            "eps": opt.eps,
+            "beta1": opt.betas[0],
+            "beta2": opt.betas[1],
+        }
     sharder = EmbeddingCollectionSharder(fused_params=fused)
     constraints = {spec.name: ParameterConstraints(sharding_types=["row_wise"]) for spec in table_specs(cfg)}
     topology = Topology(world_size=world_size, compute_device=device.type)
@@ -339,9 +356,17 @@ class TorchRecEngine:
     @torch.no_grad()
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
         empty = torch.zeros(0, dtype=torch.int64)
-        probe = Batch(step=0, item_ids=empty, action_ids=empty, timestamps=empty, lengths=empty,
-                      negative_ids=ids.to(torch.int64).cpu(), input_index=empty, target_index=empty,
-                      layout=_empty_layout())
+        probe = Batch(
+            step=0,
+            item_ids=empty,
+            action_ids=empty,
+            timestamps=empty,
+            lengths=empty,
+            negative_ids=ids.to(torch.int64).cpu(),
+            input_index=empty,
+            target_index=empty,
+            layout=_empty_layout(),
+        )
         return self._lookup(probe)["neg"]
 
     def local_item_rows(self) -> tuple[int, torch.Tensor]:
@@ -368,4 +393,3 @@ def _fill_gaps(record: Any, end: float) -> None:
     if end > cursor:
         gaps.append(StageSpan("pipeline", "compute", cursor, end))
     record.stages.extend(gaps)
-

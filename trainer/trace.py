@@ -53,13 +53,32 @@ def chrome_trace(records_by_rank: list[list[StepRecord]], max_steps: int) -> dic
     events: list[dict[str, Any]] = []
 
     def span(name: str, cat: str, rank: int, tid: int, start: float, end: float, **args: Any) -> None:
-        events.append({"name": name, "cat": cat, "ph": "X", "pid": rank, "tid": tid,
-                       "ts": (start - origin) * 1e6, "dur": max(0.0, end - start) * 1e6, "args": args})
+        events.append(
+            {
+                "name": name,
+                "cat": cat,
+                "ph": "X",
+                "pid": rank,
+                "tid": tid,
+                "ts": (start - origin) * 1e6,
+                "dur": max(0.0, end - start) * 1e6,
+                "args": args,
+            }
+        )
 
     for step in chosen:
         for record in steps[step]:
-            span(f"step {step}", "step", record.rank, 0, record.start, record.end, loss=record.loss,
-                 samples=record.samples, cost=record.cost)
+            span(
+                f"step {step}",
+                "step",
+                record.rank,
+                0,
+                record.start,
+                record.end,
+                loss=record.loss,
+                samples=record.samples,
+                cost=record.cost,
+            )
             for stage in record.stages:
                 span(stage.name, stage.kind, record.rank, 0, stage.start, stage.end, step=step)
         for rank, name, start, end, collective in wait_segments(steps[step]):
@@ -75,8 +94,9 @@ def write_trace(path: Path, records_by_rank: list[list[StepRecord]], max_steps: 
     path.write_text(json.dumps(chrome_trace(records_by_rank, max_steps)))
 
 
-def plot_timeline(path: Path, records_by_rank: list[list[StepRecord]], first_step: int, num_steps: int,
-                  title: str = "") -> bool:
+def plot_timeline(
+    path: Path, records_by_rank: list[list[StepRecord]], first_step: int, num_steps: int, title: str = ""
+) -> bool:
     """Draw ``num_steps`` steps from ``first_step`` for all ranks; False when nothing to draw."""
     import matplotlib
 
@@ -95,13 +115,21 @@ def plot_timeline(path: Path, records_by_rank: list[list[StepRecord]], first_ste
         for record in steps[step]:
             y = world - 1 - record.rank
             for stage in record.stages:
-                ax.broken_barh([((stage.start - origin) * 1e3, (stage.end - stage.start) * 1e3)], (y + 0.45, 0.4),
-                               facecolors=COLORS[stage.kind], edgecolor="white", linewidth=0.3)
+                ax.broken_barh(
+                    [((stage.start - origin) * 1e3, (stage.end - stage.start) * 1e3)],
+                    (y + 0.45, 0.4),
+                    facecolors=COLORS[stage.kind],
+                    edgecolor="white",
+                    linewidth=0.3,
+                )
             ax.axvline((record.start - origin) * 1e3, color="black", linewidth=0.4, alpha=0.3)
         for rank, name, start, end, _ in wait_segments(steps[step]):
             kind = "idle" if name == "idle" else "comm"
-            ax.broken_barh([((start - origin) * 1e3, (end - start) * 1e3)], (world - 1 - rank + 0.05, 0.35),
-                           facecolors=COLORS[kind])
+            ax.broken_barh(
+                [((start - origin) * 1e3, (end - start) * 1e3)],
+                (world - 1 - rank + 0.05, 0.35),
+                facecolors=COLORS[kind],
+            )
     ax.set_yticks([world - 1 - r + 0.45 for r in range(world)], [f"rank {r}" for r in range(world)])
     ax.set_xlabel("ms (upper bar: stages; lower bar: blocking collective waits)")
     ax.set_title(title or f"steps {chosen[0]}–{chosen[-1]}")
