@@ -65,18 +65,26 @@ def plot_lengths(ax: Any, report: dict[str, Any]) -> None:
     ax.set_ylabel("samples per bin")
     sp = report["sparsity"]["random"]
     if sp["sparsity"] is not None:
-        ax.text(
-            0.99,
-            0.97,
+        _corner_note(
+            ax,
             f"sparsity at B = {report['sparsity']['batch_size']}: {sp['sparsity']:.1%}\n"
             f"padded compute wasted: {sp['wasted_compute_pct']:.1f}%",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=9,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"},
         )
     ax.legend(fontsize=8, loc="lower left")
+
+
+def _corner_note(ax: Any, text: str) -> None:
+    """A boxed note in the top-right corner of ``ax`` (figures that summarise the curve they sit on)."""
+    ax.text(
+        0.99,
+        0.97,
+        text,
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=9,
+        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"},
+    )
 
 
 def plot_overlap(ax: Any, report: dict[str, Any]) -> None:
@@ -164,17 +172,11 @@ def plot_popularity(ax: Any, report: dict[str, Any]) -> None:
     ax.set_ylabel("occurrences")
     shares = pop.get("top_share", {})
     if shares:
-        ax.text(
-            0.99,
-            0.97,
+        _corner_note(
+            ax,
             "\n".join(
                 f"{k.replace('top_', 'top ').replace('pct', '%')} of ids: {v:.1%} of events" for k, v in shares.items()
             ),
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=9,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"},
         )
     ax.legend(fontsize=8, loc="lower left")
 

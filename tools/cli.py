@@ -39,6 +39,34 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-options", action="store_true", help="print the generator options and exit")
 
 
+def _add_sample_options(p: argparse.ArgumentParser) -> None:
+    """Sample construction, cost model and resources: shared by ``prepare`` and ``stats`` (same meaning)."""
+    p.add_argument("--max-uih-len", type=int, default=21000, help="keep the most recent N events per sample")
+    p.add_argument("--window-stride", type=int, default=0, help="sliding windows every N events (0: off)")
+    p.add_argument("--min-len", type=int, default=2, help="drop users with fewer events")
+    p.add_argument("--kcore", type=int, default=0, help="k-core filter over users and items (0: off)")
+    p.add_argument("--model-config", help="TOML with a [model] table (d_model, num_layers, num_heads, ...)")
+    p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (overrides the model)")
+    p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
+    p.add_argument("--workers", type=int, default=2)
+
+
+def _sample_options(args: argparse.Namespace) -> dict:
+    """The config fields ``_add_sample_options`` sets, for ``PrepareConfig`` and ``StatsConfig``."""
+    from freescale.pipeline.config import SampleConfig, parse_size
+    from freescale.pipeline.cost import ModelConfig
+
+    return {
+        "samples": SampleConfig(
+            max_uih_len=args.max_uih_len, window_stride=args.window_stride, min_len=args.min_len, kcore=args.kcore
+        ),
+        "model": ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig(),
+        "cost_model_file": args.cost_model,
+        "memory_limit": parse_size(args.memory_limit, "--memory-limit"),
+        "workers": args.workers,
+    }
+
+
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prepare",
@@ -67,14 +95,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-imbalance", type=float, default=None, help="max/mean goal per group")
     p.add_argument("--refine-swaps", type=int, default=None, help="swap-refinement iterations per step")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-uih-len", type=int, default=21000)
-    p.add_argument("--window-stride", type=int, default=0, help="sliding windows every N events (0: off)")
-    p.add_argument("--min-len", type=int, default=2)
-    p.add_argument("--kcore", type=int, default=0, help="k-core filter over users and items (0: off)")
-    p.add_argument("--model-config", help="TOML with a [model] table (d_model, num_layers, num_heads, ...)")
-    p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (overrides the model)")
-    p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
-    p.add_argument("--workers", type=int, default=2)
+    _add_sample_options(p)
     p.add_argument("--max-reject-fraction", type=float, default=0.05)
     p.add_argument("--shard-size-limit", default="64MB")
     p.add_argument("--work-dir", help="where intermediate files go (default: <output>/.freescale-work)")
@@ -152,14 +173,7 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
         "then estimates with standard errors",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random batching")
-    p.add_argument("--max-uih-len", type=int, default=21000, help="raw sources: as in prepare")
-    p.add_argument("--window-stride", type=int, default=0, help="raw sources: as in prepare")
-    p.add_argument("--min-len", type=int, default=2, help="raw sources: as in prepare")
-    p.add_argument("--kcore", type=int, default=0, help="raw sources: as in prepare")
-    p.add_argument("--model-config", help="TOML with a [model] table (cost model, as in prepare)")
-    p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (as in prepare)")
-    p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
-    p.add_argument("--workers", type=int, default=2)
+    _add_sample_options(p)
     p.add_argument(
         "--work-dir",
         help="raw sources: keep prepare's scan/samples here; a re-run with the same options and sources skips them",
@@ -255,8 +269,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def prepare_config_from_args(args: argparse.Namespace):
     from freescale.pipeline.balance import BalanceConfig
-    from freescale.pipeline.config import PrepareConfig, SampleConfig, parse_size
-    from freescale.pipeline.cost import ModelConfig
+    from freescale.pipeline.config import PrepareConfig, parse_size
 
     balance_options = {
         "group_size": args.group_size,
@@ -268,18 +281,11 @@ def prepare_config_from_args(args: argparse.Namespace):
     for option in ("max_outlier_fraction", "target_imbalance", "refine_swaps"):
         if getattr(args, option) is not None:
             balance_options[option] = getattr(args, option)
-    model = ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig()
     return PrepareConfig(
         sources=args.sources,
         output=args.output,
-        samples=SampleConfig(
-            max_uih_len=args.max_uih_len, window_stride=args.window_stride, min_len=args.min_len, kcore=args.kcore
-        ),
-        model=model,
-        cost_model_file=args.cost_model,
+        **_sample_options(args),
         balance=BalanceConfig(**balance_options),
-        memory_limit=parse_size(args.memory_limit, "--memory-limit"),
-        workers=args.workers,
         max_reject_fraction=args.max_reject_fraction,
         shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
         work_dir=args.work_dir,
@@ -345,8 +351,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from freescale.pipeline.config import SampleConfig, parse_size
-    from freescale.pipeline.cost import ModelConfig
     from freescale.pipeline.stats import StatsConfig, run_stats
     from freescale.pipeline.stats_report import print_stats_summary
 
@@ -370,13 +374,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         length_thresholds=_int_list(args.length_thresholds, "--length-thresholds"),
         sample_fraction=args.sample_fraction,
         seed=args.seed,
-        samples=SampleConfig(
-            max_uih_len=args.max_uih_len, window_stride=args.window_stride, min_len=args.min_len, kcore=args.kcore
-        ),
-        model=ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig(),
-        cost_model_file=args.cost_model,
-        memory_limit=parse_size(args.memory_limit, "--memory-limit"),
-        workers=args.workers,
+        **_sample_options(args),
         work_dir=args.work_dir,
         cache_dir=args.cache_dir,
         plots=not args.no_plots,
