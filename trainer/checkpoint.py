@@ -90,6 +90,7 @@ class FreeScaleCheckpointer:
     def save(self, root: str, step: int) -> str:
         """Write the state after ``step`` steps; returns the checkpoint directory."""
         path = step_dir(root, step)
+        self.engine.settle()  # PEC: deferred gradients belong to the saved state
         dcp.save(self._state(step), checkpoint_id=path)
         dist.barrier()
         return path

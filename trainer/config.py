@@ -27,6 +27,7 @@ SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
+OVERLAPS = ("pec", "none")
 
 
 def _check(condition: bool, option: str, message: str, value: Any) -> None:
@@ -124,12 +125,14 @@ class EngineConfig:
     seed: int = 0  # model and table initialisation
     instrument: bool = True  # per-stage timers (CUDA: synchronises at stage boundaries)
     torchrec_pipeline: str = "auto"  # auto: TrainPipelineSparseDist (runs on CPU too), see torchrec_engine
+    overlap: str = "pec"  # freescale engine: pec = prioritized embedding communication (exact); none = synchronous
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
         _choice("engine.device", self.device, DEVICES)
         _choice("engine.backend", self.backend, BACKENDS)
         _choice("engine.torchrec_pipeline", self.torchrec_pipeline, TORCHREC_PIPELINES)
+        _choice("engine.overlap", self.overlap, OVERLAPS)
         _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
         _check(self.seed >= 0, "engine.seed", "must be >= 0", self.seed)
         if self.backend == "nccl" and self.device != "cuda":

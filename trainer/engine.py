@@ -28,7 +28,7 @@ from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
 from freescale.trainer.instrument import StepTimer, TimedComm
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
-from freescale.trainer.sharded import JaggedIds, RowWiseShardedTables, TableSpec
+from freescale.trainer.sharded import DistContext, JaggedIds, RowWiseShardedTables, TableSpec
 from freescale.trainer.sparse_optim import make_dense_optimizer
 
 FEATURES = ("item", "action", "neg")
@@ -114,34 +114,54 @@ class FreeScaleEngine:
 
     def train_step(self, batch: Batch) -> float:
         """One synchronous step on this rank's micro-batch (already on the device); returns the local loss."""
-        self.model.train()
         stage = self.timer.stage
         with stage("input_dist", "comm"):
             ctx = self.tables.input_dist(batch_features(batch))
         with stage("embedding_lookup", "compute"):
             owned_rows = self.tables.lookup(ctx)
         with stage("embedding_comm", "comm"):
-            unique_rows = [rows.requires_grad_() for rows in self.tables.output_dist(ctx, owned_rows)]
-        with stage("forward", "compute"):
-            loss = batch_loss(
-                self.model, batch, self.tables.feature_rows(ctx, unique_rows), self.cfg.model_extra.temperature
-            )
-        with stage("backward", "compute"):
-            loss.backward()
+            unique_rows = self.tables.output_dist(ctx, owned_rows)
+        loss, unique_grads = self.forward_backward(batch, ctx, unique_rows)
         with stage("gradient_comm", "comm"):
-            owner_grads = self.tables.grad_dist(ctx, [rows.grad for rows in unique_rows])
+            owner_grads = self.tables.grad_dist(ctx, unique_grads)
             self._all_reduce_dense_grads()
         with stage("sparse_update", "compute"):
             self.tables.sparse_update(ctx, owner_grads)
         with stage("dense_update", "compute"):
-            self.dense_optimizer.step()
-            self.dense_optimizer.zero_grad(set_to_none=True)
+            self.dense_update()
+        return self.finish_record(batch, loss)
+
+    def forward_backward(
+        self, batch: Batch, ctx: DistContext, unique_rows: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The ``forward`` and ``backward`` stages; returns the loss and each unique row's gradient."""
+        self.model.train()
+        leaves = [rows.requires_grad_() for rows in unique_rows]
+        with self.timer.stage("forward", "compute"):
+            rows = self.tables.feature_rows(ctx, leaves)
+            loss = batch_loss(self.model, batch, rows, self.cfg.model_extra.temperature)
+        with self.timer.stage("backward", "compute"):
+            loss.backward()
+        return loss, [leaf.grad for leaf in leaves]
+
+    def dense_update(self) -> None:
+        self.dense_optimizer.step()
+        self.dense_optimizer.zero_grad(set_to_none=True)
+
+    def finish_record(self, batch: Batch, loss: torch.Tensor) -> float:
+        """Put the step's loss and sizes in the timer's record; returns the loss."""
         value = float(loss.detach())
         if self.timer.current is not None:
             record = self.timer.current
             record.loss, record.samples, record.positions = value, batch.num_samples, batch.num_positions
             record.cost = batch.cost
         return value
+
+    def settle(self) -> None:
+        """Apply every pending update (synchronous engine: none are ever pending)."""
+
+    def close(self) -> None:
+        """Release background resources (synchronous engine: none)."""
 
     def _all_reduce_dense_grads(self) -> None:
         """Average dense gradients over ranks in one flat buffer (missing grads count as zero)."""
@@ -158,6 +178,7 @@ class FreeScaleEngine:
     @torch.no_grad()
     def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, target rows and target ids of ``batch`` (no timing, no update)."""
+        self.settle()
         batch = batch.to(self.device)
         self.model.eval()
         ctx = self.tables.input_dist(batch_features(batch))
@@ -167,6 +188,7 @@ class FreeScaleEngine:
     @torch.no_grad()
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of arbitrary item ids through the sharded lookup (sampled evaluation)."""
+        self.settle()
         features = JaggedIds(["item"], ids.to(self.device), [ids.numel()])
         ctx = self.tables.input_dist(features)
         unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
@@ -174,4 +196,5 @@ class FreeScaleEngine:
 
     def local_item_rows(self) -> tuple[int, torch.Tensor]:
         """(first global row, rows) of this rank's item-table shard (full-catalogue ranking)."""
+        self.settle()
         return self.tables.bounds[0][0], self.tables.weights[0]

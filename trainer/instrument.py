@@ -64,6 +64,7 @@ class StepRecord:
     samples: int = 0
     positions: int = 0
     cost: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)  # engine-specific counters (PEC: overlap, prefetch)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,4 +206,5 @@ def _shifted(record: StepRecord, offset: float) -> StepRecord:
         samples=record.samples,
         positions=record.positions,
         cost=record.cost,
+        extra=dict(record.extra),
     )

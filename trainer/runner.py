@@ -45,11 +45,15 @@ def collate_config(cfg: RunConfig) -> CollateConfig:
 
 
 def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> Any:
-    """The engine ``engine.name`` selects; TorchRec is imported only for ``torchrec``."""
+    """The engine ``engine.name`` (and ``engine.overlap``) selects; TorchRec is imported only for ``torchrec``."""
     if cfg.engine.name == "torchrec":
         from freescale.trainer.torchrec_engine import TorchRecEngine
 
         return TorchRecEngine(cfg, rank, world_size, device)
+    if cfg.engine.overlap == "pec":
+        from freescale.trainer.pec import PECEngine
+
+        return PECEngine(cfg, rank, world_size, device)
     from freescale.trainer.engine import FreeScaleEngine
 
     return FreeScaleEngine(cfg, rank, world_size, device)

@@ -133,10 +133,16 @@ class RowWiseShardedTables:
             make_sparse_optimizer(optimizer, hi - lo, self.dim, device) for lo, hi in self.bounds
         ]
         self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
+        self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
 
     # 1. input distribution -------------------------------------------------------------------
-    def input_dist(self, features: Any) -> DistContext:
-        """De-duplicate ids per table, send each owner the ids it holds (two all-to-alls)."""
+    def input_dist(self, features: Any, comm: TimedComm | None = None) -> DistContext:
+        """De-duplicate ids per table, send each owner the ids it holds (two all-to-alls).
+
+        ``comm`` (default: the engine's timed collectives) lets the PEC engine run this stage for
+        the next batch on its communication thread's own process group.
+        """
+        comm = comm or self.comm
         per_feature = split_features(features)
         unknown = sorted(set(per_feature) - set(self.table_of))
         if unknown:
@@ -145,11 +151,11 @@ class RowWiseShardedTables:
         send_ids, send_position, counts = self._bucket_by_owner(unique)
         recv_counts = torch.empty_like(counts.flatten())
         splits = [len(self.specs)] * self.world_size
-        self.comm.all_to_all("input_dist.counts", recv_counts, counts.flatten(), splits, splits)
+        comm.all_to_all("input_dist.counts", recv_counts, counts.flatten(), splits, splits)
         recv_counts = recv_counts.view(self.world_size, len(self.specs))
         send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
         recv_ids = send_ids.new_empty(sum(recv_splits))
-        self.comm.all_to_all("input_dist.ids", recv_ids, send_ids, recv_splits, send_splits)
+        comm.all_to_all("input_dist.ids", recv_ids, send_ids, recv_splits, send_splits)
         tables = torch.arange(len(self.specs), device=self.device).repeat(self.world_size)
         recv_table = torch.repeat_interleave(tables, recv_counts.flatten().to(self.device))
         return DistContext(feature_index, unique, send_position, send_splits, recv_splits, recv_ids, recv_table)
@@ -189,13 +195,20 @@ class RowWiseShardedTables:
             send_ids[position] = ids
         return send_ids, send_position, counts
 
+    def row_keys(self, ctx: DistContext) -> torch.Tensor:
+        """One int64 per received id naming (table, row) across all tables: the owner's row identity."""
+        return ctx.recv_ids + self.key_offsets[ctx.recv_table]
+
     # 2. lookup ------------------------------------------------------------------------------------
-    def lookup(self, ctx: DistContext) -> torch.Tensor:
-        """Rows of the received ids from the local shards, in receive order."""
-        rows = torch.empty(ctx.recv_ids.numel(), self.dim, dtype=torch.float32, device=self.device)
+    def lookup(self, ctx: DistContext, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows of the received ids (those where ``mask``, if given) from the local shards, in receive order."""
+        ids, tables = ctx.recv_ids, ctx.recv_table
+        if mask is not None:
+            ids, tables = ids[mask], tables[mask]
+        rows = torch.empty(ids.numel(), self.dim, dtype=torch.float32, device=self.device)
         for t, weight in enumerate(self.weights):
-            mask = ctx.recv_table == t
-            rows[mask] = weight[ctx.recv_ids[mask] - self.bounds[t][0]]
+            in_table = tables == t
+            rows[in_table] = weight[ids[in_table] - self.bounds[t][0]]
         return rows
 
     # 3. output distribution ----------------------------------------------------------------------
@@ -213,20 +226,33 @@ class RowWiseShardedTables:
     # 5. gradient distribution --------------------------------------------------------------------
     def grad_dist(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
         """Send each unique row's gradient to its owner; returns grads aligned with ``ctx.recv_ids``."""
-        send = torch.zeros(sum(ctx.send_splits), self.dim, dtype=torch.float32, device=self.device)
-        for position, grad in zip(ctx.send_position, unique_grads):
-            if grad is not None:
-                send[position] = grad
+        send = self.grad_send_buffer(ctx, unique_grads)
         received = send.new_empty(sum(ctx.recv_splits), self.dim)
         self.comm.all_to_all("gradient_comm.embeddings", received, send, ctx.recv_splits, ctx.send_splits)
         return received
 
+    def grad_send_buffer(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
+        """The unique rows' gradients in send order (owner-major); rows without a gradient are zero."""
+        send = torch.zeros(sum(ctx.send_splits), self.dim, dtype=torch.float32, device=self.device)
+        for position, grad in zip(ctx.send_position, unique_grads):
+            if grad is not None:
+                send[position] = grad
+        return send
+
     # 6. sparse update ----------------------------------------------------------------------------
-    def sparse_update(self, ctx: DistContext, grads: torch.Tensor) -> None:
-        """Sum duplicate rows' gradients (several requesters) and step each table's optimizer."""
+    def sparse_update(self, ctx: DistContext, grads: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Sum duplicate rows' gradients (several requesters) and step each table's optimizer.
+
+        With ``mask``, only the received ids where it is set are updated and ``grads`` holds just
+        theirs (in receive order). Every requester's gradient of one row is in the same part, summed
+        in the same order, so updating a row in a later part gives bitwise the same row.
+        """
+        ids, tables = ctx.recv_ids, ctx.recv_table
+        if mask is not None:
+            ids, tables = ids[mask], tables[mask]
         for t, (weight, optimizer) in enumerate(zip(self.weights, self.optimizers)):
-            mask = ctx.recv_table == t
-            rows, summed = sum_by_row(ctx.recv_ids[mask] - self.bounds[t][0], grads[mask])
+            in_table = tables == t
+            rows, summed = sum_by_row(ids[in_table] - self.bounds[t][0], grads[in_table])
             optimizer.step(weight, rows, summed)
 
     # checkpointing ---------------------------------------------------------------------------

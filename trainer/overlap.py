@@ -1,0 +1,189 @@
+"""The pieces prioritized embedding communication (DESIGN §5) is built from.
+
+* ``OverlapMasks``: for two consecutive steps n and n+1, which rows overlap (OL: in both global
+  batches) — decided by the shard that owns the row, which sees every rank's request, and sent back
+  to the requesters in one small all-to-all so that both ends of every later all-to-all agree on
+  which rows travel when.
+* ``masked_all_to_all``: an all-to-all of just the rows a mask selects, with split sizes that both
+  sides derive from their own copy of the mask (no extra exchange of counts).
+* ``CommWorker``: one background thread per rank, with its own process group (and CUDA stream), that
+  runs the prefetch chain of batch n+1 and the deferred gradient all-to-all while the main thread
+  computes. Its collectives are never recorded as waits of the main thread; the main thread records
+  only how long it blocked on the worker's futures, so ``bubbles.analyze`` still matches
+  collectives across ranks by their order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from freescale.trainer.sharded import DistContext, RowWiseShardedTables
+
+
+def segment_counts(mask: torch.Tensor, splits: list[int]) -> list[int]:
+    """How many set entries each consecutive segment (of the given sizes) of ``mask`` holds."""
+    if not splits:
+        return []
+    if mask.numel() == 0:
+        return [0] * len(splits)
+    return [int(part.sum()) for part in torch.split(mask, splits)]
+
+
+class SideComm:
+    """Untimed collectives on the worker's process group; adds up the seconds they took (thread-safe)."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self._seconds = 0.0
+        self._lock = threading.Lock()
+
+    def all_to_all(
+        self, name: str, output: torch.Tensor, data: torch.Tensor, output_splits: list[int], input_splits: list[int]
+    ) -> torch.Tensor:
+        start = time.perf_counter()
+        dist.all_to_all_single(output, data, output_splits, input_splits, group=self.group)
+        if output.is_cuda:
+            torch.cuda.current_stream(output.device).synchronize()
+        with self._lock:
+            self._seconds += time.perf_counter() - start
+        return output
+
+    def take_seconds(self) -> float:
+        """Seconds spent in collectives since the last call."""
+        with self._lock:
+            seconds, self._seconds = self._seconds, 0.0
+        return seconds
+
+
+def masked_all_to_all(
+    comm: Any,
+    name: str,
+    rows: torch.Tensor,
+    send_mask: torch.Tensor,
+    send_splits: list[int],
+    recv_mask: torch.Tensor,
+    recv_splits: list[int],
+) -> torch.Tensor:
+    """All-to-all of the rows of ``rows`` where ``send_mask`` is set (``rows`` already holds only those).
+
+    ``send_splits``/``recv_splits`` segment the full (unmasked) buffers by peer; the masked counts per
+    peer follow from the masks, which both ends hold consistently (``OverlapMasks``).
+    """
+    input_splits = segment_counts(send_mask, send_splits)
+    output_splits = segment_counts(recv_mask, recv_splits)
+    received = rows.new_empty(sum(output_splits), rows.shape[1])
+    comm.all_to_all(name, received, rows, output_splits, input_splits)
+    return received
+
+
+@dataclass
+class OverlapMasks:
+    """Which rows steps n and n+1 share, seen from both ends of the all-to-alls.
+
+    Owner side (aligned with the owner's received ids): ``hot_recv`` marks step-n rows that step n+1
+    reads again (their gradients must be applied before step n+1's OL lookup); ``ol_recv`` marks
+    step-(n+1) rows that step n updates (OL: looked up after that update). Requester side (aligned
+    with this rank's send buffer of that step): ``hot_send`` and ``ol_send``, the same marks.
+    """
+
+    hot_recv: torch.Tensor
+    ol_recv: torch.Tensor
+    hot_send: torch.Tensor
+    ol_send: torch.Tensor
+    ol_unique: list[int]  # per table: distinct OL rows this rank owns
+    next_unique: list[int]  # per table: distinct step-(n+1) rows this rank owns
+
+
+def exchange_masks(tables: RowWiseShardedTables, now: DistContext, nxt: DistContext, comm: Any) -> OverlapMasks:
+    """Decide OL/NOL at the owners and send every requester its marks (one all-to-all of bytes)."""
+    keys_now, keys_next = tables.row_keys(now), tables.row_keys(nxt)
+    hot_recv = torch.isin(keys_now, keys_next)
+    ol_recv = torch.isin(keys_next, keys_now)
+    hot_parts = torch.split(hot_recv.to(torch.uint8), now.recv_splits)
+    ol_parts = torch.split(ol_recv.to(torch.uint8), nxt.recv_splits)
+    send = torch.cat([part for pair in zip(hot_parts, ol_parts) for part in pair])
+    input_splits = [a + b for a, b in zip(now.recv_splits, nxt.recv_splits)]
+    output_splits = [a + b for a, b in zip(now.send_splits, nxt.send_splits)]
+    received = send.new_empty(sum(output_splits))
+    comm.all_to_all("input_dist.overlap_masks", received, send, output_splits, input_splits)
+    pieces = torch.split(received, [n for pair in zip(now.send_splits, nxt.send_splits) for n in pair])
+    hot_send = torch.cat([torch.zeros(0, dtype=torch.uint8, device=send.device), *pieces[0::2]]).bool()
+    ol_send = torch.cat([torch.zeros(0, dtype=torch.uint8, device=send.device), *pieces[1::2]]).bool()
+    ol_unique, next_unique = _unique_counts(tables, nxt, ol_recv)
+    return OverlapMasks(hot_recv, ol_recv, hot_send, ol_send, ol_unique, next_unique)
+
+
+def _unique_counts(tables: RowWiseShardedTables, nxt: DistContext, ol_recv: torch.Tensor) -> tuple[list, list]:
+    """Distinct rows per table among this owner's step-(n+1) requests, and how many of them are OL."""
+    ol_unique, next_unique = [], []
+    for t in range(len(tables.specs)):
+        in_table = nxt.recv_table == t
+        next_unique.append(int(torch.unique(nxt.recv_ids[in_table]).numel()))
+        ol_unique.append(int(torch.unique(nxt.recv_ids[in_table & ol_recv]).numel()))
+    return ol_unique, next_unique
+
+
+def adopt(value: Any) -> Any:
+    """Mark the CUDA tensors a worker task returned as used by the caller's stream (allocator safety).
+
+    Without it the caching allocator could hand their memory back to the worker's stream while
+    kernels the main thread queued on them are still pending. A no-op on CPU.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(torch.cuda.current_stream(value.device))
+    elif isinstance(value, dict):
+        for item in value.values():
+            adopt(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            adopt(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            adopt(getattr(value, name))
+    return value
+
+
+class CommWorker:
+    """A single background thread that runs communication tasks in submission order.
+
+    Every rank submits the same tasks in the same order, so the worker's collectives on its own
+    process group match across ranks while the main thread's collectives use the default group.
+    On CUDA the tasks run on a dedicated stream; ``submit`` records an event on the caller's stream
+    first so a task sees everything the main thread had queued (e.g. the deferred sparse update).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.group = dist.new_group(backend=dist.get_backend())
+        self.comm = SideComm(self.group)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freescale-pec")
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def submit(self, task: Callable[..., Any], *args: Any) -> Future:
+        ready = None
+        if self.stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()
+        return self._pool.submit(self._run, task, ready, *args)
+
+    def _run(self, task: Callable[..., Any], ready: Any, *args: Any) -> Any:
+        if self.stream is None:
+            return task(*args)
+        torch.cuda.set_device(self.device)
+        self.stream.wait_event(ready)
+        with torch.cuda.stream(self.stream):
+            result = task(*args)
+        self.stream.synchronize()
+        return result
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
