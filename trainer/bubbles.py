@@ -20,7 +20,7 @@ steps) and leave out the first ``skip_steps`` warm-up steps.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from freescale.trainer.instrument import StepRecord
@@ -44,6 +44,8 @@ class RankStep:
     loss: float
     cost: float
     stages: dict[str, float]
+    comm_by_name: dict[str, float] = field(default_factory=dict)  # exposed comm seconds per collective name
+    extra: dict[str, float] = field(default_factory=dict)  # the engine's counters (StepRecord.extra)
 
     def parts_total(self) -> float:
         return self.compute + self.data + self.comm + self.idle + self.untimed
@@ -68,11 +70,15 @@ def max_launches(records: list[StepRecord]) -> list[float]:
 def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
     """Split one rank's step into compute / data / comm / idle / untimed."""
     waits = idle = 0.0
+    comm_by_name: dict[str, float] = defaultdict(float)
     for i, comm in enumerate(record.comms):
         blocked = max(0.0, comm.wait_end - comm.wait_start)
         waits += blocked
+        waited_for_others = 0.0
         if i < len(max_launch):
-            idle += min(blocked, max(0.0, min(comm.wait_end, max_launch[i]) - comm.wait_start))
+            waited_for_others = min(blocked, max(0.0, min(comm.wait_end, max_launch[i]) - comm.wait_start))
+        idle += waited_for_others
+        comm_by_name[comm.name] += blocked - waited_for_others
     stages: dict[str, float] = defaultdict(float)
     data = 0.0
     for span in record.stages:
@@ -94,6 +100,8 @@ def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
         loss=record.loss,
         cost=record.cost,
         stages=dict(stages),
+        comm_by_name=dict(comm_by_name),
+        extra=dict(record.extra),
     )
 
 
@@ -109,6 +117,46 @@ def analyze(records_by_rank: list[list[StepRecord]]) -> list[list[RankStep]]:
         max_launch = max_launches(records)
         steps.append([split_rank_step(r, max_launch) for r in records])
     return steps
+
+
+DENSE_COMM = "gradient_comm.dense"
+
+
+def is_prefetch_wait(name: str) -> bool:
+    """Waits on work the PEC engine started one step ahead (NOL rows, routing, deferred gradients)."""
+    return "nol" in name or "prefetch" in name
+
+
+def embedding_comm_metrics(ranks: list[RankStep]) -> dict[str, Any]:
+    """Exposed embedding communication of one step (mean over ranks), split OL / NOL, and PEC's counters.
+
+    Everything but the dense all-reduce counts as embedding communication: the id and row
+    all-to-alls, the embedding gradients, and (PEC) the waits on prefetched work, which form the NOL
+    part. ``nol_hidden_pct`` compares the NOL waits with the time the PEC worker spent in collectives;
+    ``batch_overlap_rate`` per table is Σ distinct OL rows / Σ distinct next-batch rows over owners.
+    """
+    world = len(ranks)
+    nol = sum(v for r in ranks for n, v in r.comm_by_name.items() if n != DENSE_COMM and is_prefetch_wait(n)) / world
+    ol = sum(v for r in ranks for n, v in r.comm_by_name.items() if n != DENSE_COMM and not is_prefetch_wait(n)) / world
+    walls = [r.wall for r in ranks if r.wall > 0]
+    out: dict[str, Any] = {
+        "embedding_comm_ms": 1000.0 * (ol + nol),
+        "embedding_comm_ol_ms": 1000.0 * ol,
+        "embedding_comm_nol_ms": 1000.0 * nol,
+        "embedding_comm_pct": 100.0 * (ol + nol) / (sum(walls) / len(walls)) if walls else 0.0,
+    }
+    prefetch = sum(r.extra.get("prefetch_comm_s", 0.0) for r in ranks) / world
+    if prefetch > 0:
+        out["prefetch_comm_ms"] = 1000.0 * prefetch
+        out["nol_hidden_pct"] = 100.0 * max(0.0, 1.0 - nol / prefetch)
+    tables = sorted({key.split(".", 1)[1] for r in ranks for key in r.extra if key.startswith("next_unique.")})
+    rates = {}
+    for table in tables:
+        total = sum(r.extra.get(f"next_unique.{table}", 0.0) for r in ranks)
+        rates[table] = sum(r.extra.get(f"ol_unique.{table}", 0.0) for r in ranks) / total if total else 0.0
+    if rates:
+        out["batch_overlap_rate"] = rates
+    return out
 
 
 def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
@@ -136,6 +184,7 @@ def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
         "imbalance": max(costs) / mean_cost if mean_cost > 0 else 1.0,
         "rank_ms": [1000.0 * r.wall for r in ranks],
         "rank_idle_ms": [1000.0 * r.idle for r in ranks],
+        **embedding_comm_metrics(ranks),
     }
 
 
@@ -163,11 +212,45 @@ def summarize(steps: list[list[RankStep]], skip_steps: int = 0) -> dict[str, Any
         **overall,
         "per_rank": per_rank,
         "stage_ms": dict(stage_ms),
+        "embedding_comm": summarize_embedding_comm(kept),
         "per_step": {
             key: [step_metrics(s)[key] for s in kept]
             for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")
         },
     }
+
+
+def summarize_embedding_comm(steps: list[list[RankStep]]) -> dict[str, Any]:
+    """Means over steps of ``embedding_comm_metrics`` (overlap rates: over steps that have a next batch)."""
+    per_step = [embedding_comm_metrics(ranks) for ranks in steps]
+    if not per_step:
+        return {}
+    keys = ("embedding_comm_ms", "embedding_comm_ol_ms", "embedding_comm_nol_ms", "embedding_comm_pct")
+    out: dict[str, Any] = {key: sum(m[key] for m in per_step) / len(per_step) for key in keys}
+    for key in ("prefetch_comm_ms", "nol_hidden_pct"):
+        values = [m[key] for m in per_step if key in m]
+        if values:
+            out[key] = sum(values) / len(values)
+    rated = [m["batch_overlap_rate"] for m in per_step if "batch_overlap_rate" in m]
+    if rated:
+        out["batch_overlap_rate"] = {t: sum(r[t] for r in rated) / len(rated) for t in rated[0]}
+    return out
+
+
+def embedding_comm_line(emb: dict[str, Any]) -> str:
+    """One line on exposed embedding communication for the summary table (empty if not measured)."""
+    if not emb:
+        return ""
+    line = (
+        f"exposed embedding comm ms/step: {emb['embedding_comm_ms']:.2f} "
+        f"(OL/critical path {emb['embedding_comm_ol_ms']:.2f}, NOL waits {emb['embedding_comm_nol_ms']:.2f})"
+    )
+    if "batch_overlap_rate" in emb:
+        rates = ", ".join(f"{t} {r:.3f}" for t, r in emb["batch_overlap_rate"].items())
+        line += f"; batch_overlap_rate {rates}"
+    if "nol_hidden_pct" in emb:
+        line += f"; NOL comm hidden {emb['nol_hidden_pct']:.1f}%"
+    return line
 
 
 def _totals(rank_steps: list[RankStep]) -> dict[str, float]:
@@ -204,4 +287,5 @@ def summary_table(summary: dict[str, Any], title: str = "") -> str:
     lines.append(row("all", summary))
     stages = ", ".join(f"{name} {ms:.2f}" for name, ms in summary["stage_ms"].items())
     lines.append(f"stage ms/step: {stages}")
+    lines.append(embedding_comm_line(summary.get("embedding_comm", {})))
     return "\n".join(line for line in lines if line)

@@ -48,6 +48,8 @@ class OverlapCase:
     d_model: int = 16
     sparse: str = "rowwise_adagrad"
     seed: int = 0
+    stop_early: bool = False  # the loader holds one more batch than is trained (a time limit stopped the run)
+    settle_every: int = 0  # > 0: settle() every that many steps, as evaluation and checkpoints do
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -72,7 +74,7 @@ def global_id_sets(case: OverlapCase) -> list[np.ndarray]:
     rng = np.random.default_rng([case.seed, 17])
     size = case.world_size * case.ids_per_rank
     sets = [rng.choice(case.num_items, size, replace=False)]
-    for _ in range(case.steps - 1):
+    for _ in range(case.steps - 1 + int(case.stop_early)):
         previous = sets[-1]
         kept = rng.choice(previous, round(case.overlap * size), replace=False)
         fresh_pool = np.setdiff1d(np.arange(case.num_items), previous)
@@ -128,6 +130,8 @@ def train_case(case: OverlapCase, overlap: str, rank: int) -> dict[str, Any]:
             record = engine.timer.end_step()
             losses.append(record.loss)
             extras.append(record.extra)
+            if case.settle_every and (step + 1) % case.settle_every == 0:
+                engine.settle()
         return {"losses": losses, "state": training_state(engine), "extras": extras}
     finally:
         engine.close()

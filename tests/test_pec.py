@@ -1,0 +1,137 @@
+"""Prioritized embedding communication trains exactly like the synchronous engine (DESIGN §5).
+
+Every comparison runs ``overlap = "none"`` and ``"pec"`` from the same seed on the same gloo ranks
+and requires per-step losses and every piece of training state (table shards, row-wise optimizer
+state, dense weights and Adam moments) to be *bitwise* equal: PEC changes when rows are written,
+never the arithmetic. Batches come from ``overlap_batches`` with an exact ``batch_overlap_rate``.
+The end-to-end run through ``freescale train`` (checkpoint + resume under PEC) is in
+test_trainer_dist.py; the CLI comparison with ``--set engine.overlap=none`` is at the bottom here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from train_cli import losses, prepare_tiny, run_toml, train
+
+from freescale.trainer.pec_check import OverlapCase, RankPool, global_id_sets, mismatches
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = RankPool(2)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def pool4():
+    pool = RankPool(4)
+    yield pool
+    pool.close()
+
+
+def assert_exact(results: list[dict]) -> None:
+    problems = mismatches(results)
+    assert not problems, "\n".join(problems[:10])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    overlap=st.floats(0.0, 1.0),
+    samples=st.integers(1, 4),
+    extra_ids=st.integers(0, 12),
+    duplicates=st.integers(0, 8),
+    d_model=st.sampled_from([8, 16]),
+    sparse=st.sampled_from(["rowwise_adagrad", "adam"]),
+    steps=st.integers(2, 6),
+    seed=st.integers(0, 1000),
+)
+@example(overlap=0.0, samples=2, extra_ids=4, duplicates=3, d_model=8, sparse="rowwise_adagrad", steps=4, seed=1)
+@example(overlap=1.0, samples=2, extra_ids=4, duplicates=3, d_model=8, sparse="adam", steps=4, seed=2)
+@example(overlap=0.5, samples=1, extra_ids=0, duplicates=0, d_model=8, sparse="rowwise_adagrad", steps=1, seed=3)
+def test_pec_equals_synchronous_for_any_overlap_and_shape(
+    pool2, overlap, samples, extra_ids, duplicates, d_model, sparse, steps, seed
+) -> None:
+    case = OverlapCase(
+        overlap=overlap,
+        samples_per_rank=samples,
+        ids_per_rank=2 * samples + extra_ids,
+        duplicates=duplicates,
+        d_model=d_model,
+        sparse=sparse,
+        steps=steps,
+        seed=seed,
+    )
+    assert_exact(pool2.run(case))
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_pec_equals_synchronous_over_fifty_steps(world_size: int, pool2, pool4) -> None:
+    pool = pool2 if world_size == 2 else pool4
+    case = OverlapCase(world_size=world_size, steps=50, overlap=0.3, samples_per_rank=4, ids_per_rank=24, seed=7)
+    results = pool.run(case)
+    assert_exact(results)
+    assert len(results[0]["pec"]["losses"]) == 50
+
+
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("no ids overlap: empty OL", {"overlap": 0.0}),
+        ("all ids overlap: empty NOL", {"overlap": 1.0}),
+        ("one sample per rank", {"samples_per_rank": 1, "ids_per_rank": 2, "duplicates": 0}),
+        ("many duplicates", {"duplicates": 40}),
+        ("time limit stops with a batch prefetched", {"stop_early": True}),
+        ("evaluation/checkpoint settles every step", {"settle_every": 1}),
+        ("settle every other step", {"settle_every": 2, "overlap": 0.8}),
+        ("a single step (first = last batch)", {"steps": 1}),
+    ],
+)
+def test_edge_cases_stay_exact(pool2, name: str, changes: dict) -> None:
+    case = OverlapCase(**{"steps": 8, "overlap": 0.5, **changes})
+    assert_exact(pool2.run(case))
+
+
+def test_instrumentation_measures_the_planted_overlap_rate(pool2) -> None:
+    case = OverlapCase(steps=6, overlap=0.25, ids_per_rank=20, seed=5)
+    results = pool2.run(case, overlaps=("pec",))
+    sets = global_id_sets(case)
+    for step in range(case.steps - 1):
+        planted = len(set(sets[step]) & set(sets[step + 1])) / len(sets[step + 1])
+        for table in ("item", "action"):
+            ol = sum(r["pec"]["extras"][step][f"ol_unique.{table}"] for r in results)
+            total = sum(r["pec"]["extras"][step][f"next_unique.{table}"] for r in results)
+            assert ol / total == pytest.approx(planted, abs=1e-12), (step, table)
+        assert all(r["pec"]["extras"][step]["prefetch_comm_s"] >= 0 for r in results)
+    assert "next_unique.item" not in results[0]["pec"]["extras"][-1]  # no batch after the last one
+
+
+def test_cli_runs_with_and_without_pec_learn_bitwise_the_same(tmp_path: Path) -> None:
+    """``freescale train`` end to end: 2 ranks, 50 steps, default (pec) vs ``engine.overlap=none``."""
+    prepared = prepare_tiny(tmp_path, seed=4)
+    reports = {}
+    for overlap in ("pec", "none"):
+        out = tmp_path / overlap
+        config = run_toml(
+            tmp_path / f"{overlap}.toml",
+            prepared,
+            out,
+            data={"max_steps": 50},
+            eval={"max_users": 0},
+            engine={"overlap": overlap},
+        )
+        train(config, tmp_path)
+        reports[overlap] = (losses(out), json.loads((out / "bubbles.json").read_text()))
+    assert list(reports["pec"][0].values()) == list(reports["none"][0].values())  # bitwise
+    assert len(reports["pec"][0]) == 50
+    pec_summary = reports["pec"][1]["summary"]["embedding_comm"]
+    assert 0.0 < pec_summary["batch_overlap_rate"]["item"] < 1.0
+    assert "nol_hidden_pct" in pec_summary and "nol_hidden_pct" not in reports["none"][1]["summary"]["embedding_comm"]
+    assert "prioritized" in reports["pec"][1]["pipeline"]
