@@ -58,6 +58,7 @@ class RankStep:
             "wall": self.wall,
             **{part: getattr(self, part) for part in PARTS},
             "stages": self.stages,
+            "comm_by_name": self.comm_by_name,
         }
 
 

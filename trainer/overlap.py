@@ -89,36 +89,62 @@ class OverlapMasks:
     """Which rows steps n and n+1 share, seen from both ends of the all-to-alls.
 
     Owner side (aligned with the owner's received ids): ``hot_recv`` marks step-n rows that step n+1
-    reads again (their gradients must be applied before step n+1's OL lookup); ``ol_recv`` marks
-    step-(n+1) rows that step n updates (OL: looked up after that update). Requester side (aligned
-    with this rank's send buffer of that step): ``hot_send`` and ``ol_send``, the same marks.
+    reads again; ``ol_recv`` marks step-(n+1) rows that step n updates (OL). Requester side
+    (aligned with this rank's send buffer of that step): ``hot_readers`` is, per step-n row, the
+    bitmask of ranks that read it in step n+1 (0: a cold row whose gradient can wait); ``ol_send``
+    marks this rank's OL rows of step n+1. ``hot_counts[c]`` is how many hot gradients rank ``c``
+    will send this rank on the critical path (as owner or as a reader of the row).
     """
 
     hot_recv: torch.Tensor
     ol_recv: torch.Tensor
-    hot_send: torch.Tensor
+    hot_readers: torch.Tensor
     ol_send: torch.Tensor
+    hot_counts: list[int]
     ol_unique: list[int]  # per table: distinct OL rows this rank owns
     next_unique: list[int]  # per table: distinct step-(n+1) rows this rank owns
 
 
+def source_ranks(splits: list[int], device: torch.device) -> torch.Tensor:
+    """The peer of every entry of a buffer segmented by peer (``splits``)."""
+    return torch.repeat_interleave(torch.arange(len(splits), device=device), torch.tensor(splits, device=device))
+
+
+def readers_of(keys_now: torch.Tensor, keys_next: torch.Tensor, next_src: torch.Tensor) -> torch.Tensor:
+    """Per step-n key, the bitmask of ranks requesting it in step n+1 (each rank asks for a row once)."""
+    unique, inverse = torch.unique(keys_next, return_inverse=True)
+    if unique.numel() == 0:
+        return torch.zeros_like(keys_now)
+    bits = torch.zeros_like(unique).scatter_add_(0, inverse, torch.ones_like(next_src) << next_src)
+    position = torch.searchsorted(unique, keys_now).clamp(max=unique.numel() - 1)
+    return torch.where(unique[position] == keys_now, bits[position], torch.zeros_like(keys_now))
+
+
 def exchange_masks(tables: RowWiseShardedTables, now: DistContext, nxt: DistContext, comm: Any) -> OverlapMasks:
-    """Decide OL/NOL at the owners and send every requester its marks (one all-to-all of bytes)."""
+    """Decide OL/NOL at the owners and send every requester its marks and counts (one all-to-all)."""
+    world, rank, device = tables.world_size, tables.rank, now.recv_ids.device
     keys_now, keys_next = tables.row_keys(now), tables.row_keys(nxt)
-    hot_recv = torch.isin(keys_now, keys_next)
+    readers = readers_of(keys_now, keys_next, source_ranks(nxt.recv_splits, device))
     ol_recv = torch.isin(keys_next, keys_now)
-    hot_parts = torch.split(hot_recv.to(torch.uint8), now.recv_splits)
-    ol_parts = torch.split(ol_recv.to(torch.uint8), nxt.recv_splits)
-    send = torch.cat([part for pair in zip(hot_parts, ol_parts) for part in pair])
-    input_splits = [a + b for a, b in zip(now.recv_splits, nxt.recv_splits)]
-    output_splits = [a + b for a, b in zip(now.send_splits, nxt.send_splits)]
+    # a hot gradient of contributor c goes to the row's owner (this rank) and to its next readers
+    destinations = torch.where(readers != 0, readers | (1 << rank), readers)
+    bits = (destinations[:, None] >> torch.arange(world, device=device)) & 1
+    counts = torch.zeros(world, world, dtype=torch.int64, device=device)
+    counts.index_add_(0, source_ranks(now.recv_splits, device), bits)  # [contributor, destination]
+    readers_parts = torch.split(readers, now.recv_splits)
+    ol_parts = torch.split(ol_recv.to(torch.int64), nxt.recv_splits)
+    send = torch.cat([t for q in range(world) for t in (readers_parts[q], ol_parts[q], counts[:, q])])
+    input_splits = [a + b + world for a, b in zip(now.recv_splits, nxt.recv_splits)]
+    output_splits = [a + b + world for a, b in zip(now.send_splits, nxt.send_splits)]
     received = send.new_empty(sum(output_splits))
     comm.all_to_all("input_dist.overlap_masks", received, send, output_splits, input_splits)
-    pieces = torch.split(received, [n for pair in zip(now.send_splits, nxt.send_splits) for n in pair])
-    hot_send = torch.cat([torch.zeros(0, dtype=torch.uint8, device=send.device), *pieces[0::2]]).bool()
-    ol_send = torch.cat([torch.zeros(0, dtype=torch.uint8, device=send.device), *pieces[1::2]]).bool()
+    pieces = torch.split(received, [n for pair in zip(now.send_splits, nxt.send_splits) for n in (*pair, world)])
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    hot_readers = torch.cat([empty, *pieces[0::3]])
+    ol_send = torch.cat([empty, *pieces[1::3]]).bool()
+    hot_counts = torch.stack(pieces[2::3]).sum(0).tolist()
     ol_unique, next_unique = _unique_counts(tables, nxt, ol_recv)
-    return OverlapMasks(hot_recv, ol_recv, hot_send, ol_send, ol_unique, next_unique)
+    return OverlapMasks(readers != 0, ol_recv, hot_readers, ol_send, hot_counts, ol_unique, next_unique)
 
 
 def _unique_counts(tables: RowWiseShardedTables, nxt: DistContext, ol_recv: torch.Tensor) -> tuple[list, list]:

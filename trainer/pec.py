@@ -1,24 +1,30 @@
 """Prioritized embedding communication (DESIGN §5): the FreeScale engine with ``engine.overlap = "pec"``.
 
-While batch n computes, a background ``CommWorker`` runs batch n+1's input distribution, lets each
-row's owner split batch n+1's rows into OL (batch n reads them too, so batch n's update changes them)
-and NOL (batch n leaves them alone), and looks up and sends the NOL rows. After batch n's sparse
-update only the OL rows are looked up and sent, on the critical path. Gradients mirror it: rows that
-batch n+1 reads ("hot") are sent and applied at once; the others are sent by the worker and applied
-at the start of the next step, before the worker's next NOL lookup could read them.
+While batch n computes, a background ``CommWorker`` routes batch n+1, lets each row's owner split
+batch n+1's rows into OL (batch n reads them too, so batch n's update changes them) and NOL (batch n
+leaves them alone), and sends every requested row ahead of time — NOL rows final, OL rows as they
+are before batch n's update, together with their optimizer state. What is left on the critical path
+is one all-to-all after batch n's backward: each gradient of a row batch n+1 reads ("hot") goes to
+the row's owner *and* to the ranks that will read it. The owner applies it to its shard; each reader
+applies the same optimizer arithmetic (``SparseOptimizer.updated``) to its prefetched copy. That is
+DESIGN §5's "OL rows first" with one network hop instead of two (gradients to the owner, then rows
+back), which matters where latency, not bandwidth, dominates small OL messages. The remaining
+("cold") gradients go to the worker, which sends and applies them before its next task — batch
+n+2's prefetch — looks up any row.
 
 Why the result is the synchronous training, bit for bit: every row a lookup reads has received
-exactly the updates the synchronous schedule would have applied by then (NOL rows: none pending,
-since batch n does not touch them and batch n-1's deferred rows were applied before the lookup;
-OL rows: read after batch n's update), all gradient contributions of one row travel in the same
-part and are summed in the same order, and the optimizers update rows independently. Only the time
-at which each row is written changes. ``settle()`` (called before evaluation and checkpoints)
-applies deferred gradients early, which changes nothing either: they are rows batch n+1 does not read.
+exactly the updates the synchronous schedule would have applied by then (the worker reads batch
+n+1's rows after batch n-1's cold update, its previous task, and before batch n's hot update, which
+waits for the routing the worker publishes after that read); every contribution to a row's gradient
+travels in the same part and is summed in the same (source rank) order wherever it is summed; and
+the update is one function of (row, state, summed gradient) applied row by row, so owner and readers
+compute the same bits. Cold rows are never hot rows, so the worker and the main thread never write
+the same row. ``settle()`` (before evaluation and checkpoints) waits for the cold update.
 
 Instrumentation (``StepRecord.extra``): distinct OL and batch-(n+1) rows per table as the owners saw
-them (summed over ranks: the global ``batch_overlap_rate``), and the seconds the worker spent in
-collectives; waits of the main thread on the worker appear as comm records ``*.nol_wait`` and
-``input_dist.prefetch_wait``.
+them (summed over ranks: the global ``batch_overlap_rate``) and the seconds the worker spent in
+collectives; waits of the main thread on the worker are comm records named ``*.prefetch_wait`` /
+``*.nol_wait`` (the NOL part of exposed embedding communication), ``gradient_comm.ol`` the OL part.
 """
 
 from __future__ import annotations
@@ -36,40 +42,43 @@ from freescale.trainer.data import Batch
 from freescale.trainer.engine import FreeScaleEngine, batch_features
 from freescale.trainer.overlap import CommWorker, OverlapMasks, adopt, exchange_masks, masked_all_to_all
 from freescale.trainer.sharded import DistContext
+from freescale.trainer.sparse_optim import sum_by_row
+
+MAX_RANKS = 63  # readers of a row travel as an int64 bitmask
 
 
 @dataclass
 class Ahead:
-    """Batch n+1 in flight: the worker resolves ``routed`` (context + masks) and then ``nol_rows``."""
+    """Batch n+1 in flight: the worker resolves ``routed`` (context + masks), then ``prefetched``."""
 
     batch: Batch
-    routed: Future
-    nol_rows: Future
+    routed: Future  # (DistContext, OverlapMasks)
+    prefetched: Future  # (rows in send order, OL rows pre-update; packed optimizer state of OL rows)
     submitted: float
-    ol_rows: torch.Tensor | None = None
+    rows: torch.Tensor | None = None  # final rows in send order (OL rows updated), set after batch n's update
 
 
 @dataclass
 class Deferred:
-    """Step n's gradients of rows batch n+1 does not read, travelling on the worker."""
+    """Step n's cold gradients (rows batch n+1 does not read): sent and applied by the worker."""
 
-    ctx: DistContext
-    mask: torch.Tensor  # owner side: received ids whose gradients are in ``grads``
-    grads: Future
+    done: Future
     submitted: float
 
 
 class PECEngine(FreeScaleEngine):
-    """Row-wise sharded tables with NOL rows prefetched one step ahead and OL rows sent first."""
+    """Row-wise sharded tables; rows prefetched one step ahead, OL rows refreshed from one gradient hop."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
+        if world_size > MAX_RANKS:
+            raise ValueError(f"engine.overlap 'pec' supports up to {MAX_RANKS} ranks; use 'none' for {world_size}")
         super().__init__(cfg, rank, world_size, device)
         self.worker = CommWorker(device)
         self._ahead: Ahead | None = None
         self._deferred: Deferred | None = None
 
     def describe(self) -> str:
-        return "row-wise sharded tables, prioritized embedding communication (NOL prefetch, OL first)"
+        return "row-wise sharded tables, prioritized embedding communication (rows prefetched, OL via one hop)"
 
     # the step ----------------------------------------------------------------------------------
     def step(self, batches: Iterator[Batch]) -> None:
@@ -78,20 +87,18 @@ class PECEngine(FreeScaleEngine):
             current = self._ahead.batch if self._ahead is not None else next(batches).to(self.device)
             following = next(batches, None)
             following = following.to(self.device) if following is not None else None
-        with stage("sparse_update", "compute"):
-            self._apply_deferred()
         ctx, unique_rows = self._rows_of_current(current)
         ahead = self._submit(following, ctx) if following is not None else None
         loss, unique_grads = self.forward_backward(current, ctx, unique_rows)
-        with stage("gradient_comm", "comm"):
-            masks = self._wait_routed(ahead)[1] if ahead is not None else None
-            owner_grads, hot = self._send_grads(ctx, unique_grads, masks)
-            self._all_reduce_dense_grads()
-        with stage("sparse_update", "compute"):
-            self.tables.sparse_update(ctx, owner_grads, hot)
-        if ahead is not None:
-            with stage("embedding_comm", "comm"):
-                self._send_overlapping(ahead)
+        if ahead is None:  # last batch of the data: nothing reads rows later, apply everything now
+            with stage("gradient_comm", "comm"):
+                owner_grads = self.tables.grad_dist(ctx, unique_grads)
+                self._all_reduce_dense_grads()
+            with stage("sparse_update", "compute"):
+                self.tables.sparse_update(ctx, owner_grads)
+            masks = None
+        else:
+            masks = self._hot_and_cold_updates(ctx, unique_grads, ahead)
         with stage("dense_update", "compute"):
             self.dense_update()
         self._ahead = ahead
@@ -108,82 +115,115 @@ class PECEngine(FreeScaleEngine):
                 owned = self.tables.lookup(ctx)
             with stage("embedding_comm", "comm"):
                 return ctx, self.tables.output_dist(ctx, owned)
+        ctx = self._ahead.routed.result()[0]
+        return ctx, [self._ahead.rows[position] for position in ctx.send_position]
+
+    def _hot_and_cold_updates(
+        self, ctx: DistContext, unique_grads: list[torch.Tensor | None], ahead: Ahead
+    ) -> OverlapMasks:
+        """Hot gradients in one hop (owners update shards, readers their copies); cold ones deferred."""
+        stage = self.timer.stage
+        with stage("gradient_comm", "comm"):
+            masks = self._wait(ahead.routed, "input_dist.prefetch_wait", ahead.submitted)[1]
+            send = self.tables.grad_send_buffer(ctx, unique_grads)
+            keys, grads = self._send_hot_grads(ctx, send, masks)
+            self._all_reduce_dense_grads()
+        with stage("sparse_update", "compute"):
+            owned, _ = self.tables.owned_by_me(keys)
+            self.tables.sparse_update_keys(keys[owned], grads[owned])
         with stage("embedding_comm", "comm"):
-            ahead = self._ahead
-            ctx, masks = self._wait_routed(ahead)
-            nol = self._wait(ahead.nol_rows, "embedding_comm.nol_wait", ahead.submitted)
-            received = nol.new_empty(sum(ctx.send_splits), self.tables.dim)
-            received[~masks.ol_send] = nol
-            received[masks.ol_send] = ahead.ol_rows
-            return ctx, [received[position] for position in ctx.send_position]
+            rows, state = self._wait(ahead.prefetched, "embedding_comm.prefetch_wait", ahead.submitted)
+        with stage("sparse_update", "compute"):
+            ahead.rows = self._refresh_overlapping(ahead, rows, state, keys, grads)
+        self._defer_cold_grads(ctx, send, masks)
+        return masks
 
     # the worker's side -------------------------------------------------------------------------
     def _submit(self, batch: Batch, now: DistContext) -> Ahead:
         routed: Future = Future()
-        nol_rows = self.worker.submit(self._prefetch, batch, now, routed)
-        return Ahead(batch, routed, nol_rows, time.perf_counter())
+        prefetched = self.worker.submit(self._prefetch, batch, now, routed)
+        return Ahead(batch, routed, prefetched, time.perf_counter())
 
-    def _prefetch(self, batch: Batch, now: DistContext, routed: Future) -> torch.Tensor:
-        """(worker) Route batch n+1, agree on OL/NOL with the owners, look up and send the NOL rows."""
+    def _prefetch(self, batch: Batch, now: DistContext, routed: Future) -> tuple[torch.Tensor, torch.Tensor]:
+        """(worker) Route batch n+1, agree on OL/NOL with the owners, read and send its rows.
+
+        Rows and OL state are read *before* ``routed`` resolves: the main thread's hot update of
+        batch n waits for it, so OL rows are read as they were before that update.
+        """
         comm = self.worker.comm
         try:
             ctx = self.tables.input_dist(batch_features(batch), comm=comm)
             masks = exchange_masks(self.tables, now, ctx, comm)
+            rows = self.tables.lookup(ctx)
+            state = self.tables.state_rows(ctx, masks.ol_recv)
         except BaseException as error:
             routed.set_exception(error)
             raise
         routed.set_result((ctx, masks))
-        nol = ~masks.ol_recv
-        rows = self.tables.lookup(ctx, nol)
-        return masked_all_to_all(
-            comm, "embedding_comm.nol", rows, nol, ctx.recv_splits, ~masks.ol_send, ctx.send_splits
+        received = rows.new_empty(sum(ctx.send_splits), self.tables.dim)
+        comm.all_to_all("embedding_comm.prefetch", received, rows, ctx.send_splits, ctx.recv_splits)
+        ol_state = masked_all_to_all(
+            comm, "embedding_comm.prefetch_state", state, masks.ol_recv, ctx.recv_splits, masks.ol_send, ctx.send_splits
         )
+        return received, ol_state
 
-    # gradients -----------------------------------------------------------------------------------
-    def _send_grads(
-        self, ctx: DistContext, unique_grads: list[torch.Tensor | None], masks: OverlapMasks | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Hot gradients now (returned with their owner-side mask); the rest deferred on the worker."""
-        if masks is None:  # last step of the data: nothing reads rows later, apply everything now
-            return self.tables.grad_dist(ctx, unique_grads), None
-        send = self.tables.grad_send_buffer(ctx, unique_grads)
-        hot_send, hot_recv = masks.hot_send, masks.hot_recv
-        hot = masked_all_to_all(
-            self.comm, "gradient_comm.ol", send[hot_send], hot_send, ctx.send_splits, hot_recv, ctx.recv_splits
-        )
-        cold_send, cold_recv = ~hot_send, ~hot_recv
-        grads = self.worker.submit(
-            masked_all_to_all,
-            self.worker.comm,
-            "gradient_comm.nol",
-            send[cold_send],
-            cold_send,
-            ctx.send_splits,
-            cold_recv,
-            ctx.recv_splits,
-        )
-        self._deferred = Deferred(ctx, cold_recv, grads, time.perf_counter())
-        return hot, hot_recv
+    # hot gradients: one hop to owners and next readers --------------------------------------------
+    def _send_hot_grads(
+        self, ctx: DistContext, send: torch.Tensor, masks: OverlapMasks
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All-to-all of (row key, gradient) for every hot row to its owner and next readers.
 
-    def _apply_deferred(self) -> None:
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            grads = self._wait(deferred.grads, "gradient_comm.nol_wait", deferred.submitted)
-            self.tables.sparse_update(deferred.ctx, grads, deferred.mask)
+        Returns the received keys and gradients, source-major (each source sends a row once).
+        """
+        keys, owners, _ = self.tables.send_layout(ctx)
+        hot = masks.hot_readers != 0
+        destinations = torch.where(hot, masks.hot_readers | (1 << owners), masks.hot_readers)
+        payload = torch.cat([send, keys.view(torch.float32).view(-1, 2)], dim=1)  # key bits ride along
+        parts = [payload[((destinations >> r) & 1).bool()] for r in range(self.world_size)]
+        received = payload.new_empty(sum(masks.hot_counts), payload.shape[1])
+        self.comm.all_to_all("gradient_comm.ol", received, torch.cat(parts), masks.hot_counts, [len(p) for p in parts])
+        dim = self.tables.dim
+        return received[:, dim:].contiguous().view(torch.int64).view(-1), received[:, :dim]
 
-    # OL rows -----------------------------------------------------------------------------------
-    def _send_overlapping(self, ahead: Ahead) -> None:
-        """After this step's update: look up batch n+1's OL rows and send them (critical path)."""
-        ctx, masks = self._wait_routed(ahead)
-        rows = self.tables.lookup(ctx, masks.ol_recv)
-        ahead.ol_rows = masked_all_to_all(
-            self.comm, "embedding_comm.ol", rows, masks.ol_recv, ctx.recv_splits, masks.ol_send, ctx.send_splits
+    def _refresh_overlapping(
+        self, ahead: Ahead, rows: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, grads: torch.Tensor
+    ) -> torch.Tensor:
+        """Batch n+1's rows with its OL rows brought up to date by the owner's own update arithmetic."""
+        ctx, masks = ahead.routed.result()
+        next_keys, _, next_tables = self.tables.send_layout(ctx)
+        ol_keys, ol_tables = next_keys[masks.ol_send], next_tables[masks.ol_send]
+        if ol_keys.numel() == 0:
+            return rows
+        mine = torch.isin(keys, ol_keys)
+        unique, summed = sum_by_row(keys[mine], grads[mine])
+        position = torch.searchsorted(unique, ol_keys)
+        ol_grads, ol_rows = summed[position], rows[masks.ol_send]
+        refreshed = torch.empty_like(ol_rows)
+        for t, optimizer in enumerate(self.tables.optimizers):
+            in_table = ol_tables == t
+            if bool(in_table.any()):
+                refreshed[in_table] = optimizer.updated(
+                    ol_rows[in_table], optimizer.unpack(state[in_table]), ol_grads[in_table]
+                )[0]
+        rows[masks.ol_send] = refreshed
+        return rows
+
+    # cold gradients: deferred on the worker --------------------------------------------------------
+    def _defer_cold_grads(self, ctx: DistContext, send: torch.Tensor, masks: OverlapMasks) -> None:
+        cold_send, cold_recv = masks.hot_readers == 0, ~masks.hot_recv
+        done = self.worker.submit(self._apply_cold_grads, ctx, send[cold_send], cold_send, cold_recv)
+        self._deferred = Deferred(done, time.perf_counter())
+
+    def _apply_cold_grads(
+        self, ctx: DistContext, rows: torch.Tensor, cold_send: torch.Tensor, cold_recv: torch.Tensor
+    ) -> None:
+        """(worker) All-to-all of the deferred gradients, then their sparse update at the owners."""
+        grads = masked_all_to_all(
+            self.worker.comm, "gradient_comm.nol", rows, cold_send, ctx.send_splits, cold_recv, ctx.recv_splits
         )
+        self.tables.sparse_update(ctx, grads, cold_recv)
 
     # waiting on the worker -----------------------------------------------------------------------
-    def _wait_routed(self, ahead: Ahead) -> tuple[DistContext, OverlapMasks]:
-        return self._wait(ahead.routed, "input_dist.prefetch_wait", ahead.submitted)
-
     def _wait(self, future: Future, name: str, submitted: float) -> Any:
         """Block on the worker; recorded like a collective launched when the work was submitted."""
         start = self.timer.now()
@@ -205,8 +245,10 @@ class PECEngine(FreeScaleEngine):
 
     # outside the step ----------------------------------------------------------------------------
     def settle(self) -> None:
-        """Apply deferred gradients now (before evaluation or a checkpoint reads the tables)."""
-        self._apply_deferred()
+        """Wait until the cold gradients are applied (before evaluation or a checkpoint reads the tables)."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._wait(deferred.done, "gradient_comm.nol_wait", deferred.submitted)
 
     def close(self) -> None:
         self.settle()

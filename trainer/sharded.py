@@ -199,6 +199,26 @@ class RowWiseShardedTables:
         """One int64 per received id naming (table, row) across all tables: the owner's row identity."""
         return ctx.recv_ids + self.key_offsets[ctx.recv_table]
 
+    def send_layout(self, ctx: DistContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per entry of this rank's send buffer: its row key, owner rank and table."""
+        size = sum(ctx.send_splits)
+        keys = torch.empty(size, dtype=torch.int64, device=self.device)
+        tables = torch.empty(size, dtype=torch.int64, device=self.device)
+        for t, (ids, position) in enumerate(zip(ctx.unique, ctx.send_position)):
+            keys[position] = ids + self.key_offsets[t]
+            tables[position] = t
+        splits = torch.tensor(ctx.send_splits, device=self.device)
+        owners = torch.repeat_interleave(torch.arange(self.world_size, device=self.device), splits)
+        return keys, owners, tables
+
+    def owned_by_me(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask of the keys whose row lives on this rank, their table)."""
+        table = torch.searchsorted(self.key_offsets, keys, right=True) - 1
+        local = keys - self.key_offsets[table]
+        lo = torch.tensor([b[0] for b in self.bounds], device=self.device)[table]
+        hi = torch.tensor([b[1] for b in self.bounds], device=self.device)[table]
+        return (local >= lo) & (local < hi), table
+
     # 2. lookup ------------------------------------------------------------------------------------
     def lookup(self, ctx: DistContext, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Rows of the received ids (those where ``mask``, if given) from the local shards, in receive order."""
@@ -254,6 +274,25 @@ class RowWiseShardedTables:
             in_table = tables == t
             rows, summed = sum_by_row(ids[in_table] - self.bounds[t][0], grads[in_table])
             optimizer.step(weight, rows, summed)
+
+    def sparse_update_keys(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """``sparse_update`` for gradients addressed by row key (all rows owned by this rank)."""
+        _, table = self.owned_by_me(keys)
+        for t, (weight, optimizer) in enumerate(zip(self.weights, self.optimizers)):
+            in_table = table == t
+            local = keys[in_table] - self.key_offsets[t] - self.bounds[t][0]
+            rows, summed = sum_by_row(local, grads[in_table])
+            optimizer.step(weight, rows, summed)
+
+    def state_rows(self, ctx: DistContext, mask: torch.Tensor) -> torch.Tensor:
+        """Optimizer state of the received ids where ``mask`` is set, packed one row per id."""
+        ids, tables = ctx.recv_ids[mask], ctx.recv_table[mask]
+        width = self.optimizers[0].state_width(self.dim)
+        packed = torch.empty(ids.numel(), width, dtype=torch.float32, device=self.device)
+        for t, optimizer in enumerate(self.optimizers):
+            in_table = tables == t
+            packed[in_table] = optimizer.pack(optimizer.state_rows(ids[in_table] - self.bounds[t][0]))
+        return packed
 
     # checkpointing ---------------------------------------------------------------------------
     def local_state(self) -> dict[str, torch.Tensor]:

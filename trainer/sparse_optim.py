@@ -11,6 +11,8 @@ one accumulator per row, ``state += mean(g²)``, ``w -= lr · g / (sqrt(state) +
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from freescale.trainer.config import OptimizerConfig
@@ -23,17 +25,48 @@ class RowWiseAdagrad:
         self.lr, self.eps = lr, eps
         self.state = {"momentum": torch.zeros(rows, dtype=torch.float32, device=device)}
 
+    def updated(
+        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grads: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """New (rows, state rows) from gathered copies: the one place the update arithmetic lives.
+
+        ``step`` applies it to a shard; PEC applies it to prefetched copies of rows another rank
+        owns, and both must produce the same bits.
+        """
+        momentum = state["momentum"] + grads.pow(2).mean(dim=1)
+        return weight - self.lr * grads / (momentum.sqrt() + self.eps)[:, None], {"momentum": momentum}
+
     @torch.no_grad()
     def step(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
         """``rows``: unique local rows; ``grads``: their summed gradients [U, dim]."""
         if rows.numel() == 0:
             return
-        momentum = self.state["momentum"]
-        momentum[rows] += grads.pow(2).mean(dim=1)
-        weight[rows] -= self.lr * grads / (momentum[rows].sqrt() + self.eps)[:, None]
+        new_rows, new_state = self.updated(weight[rows], self.state_rows(rows), grads)
+        weight[rows] = new_rows
+        for key, value in new_state.items():
+            self.state[key][rows] = value
+
+    def state_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {key: tensor[rows] for key, tensor in self.state.items()}
+
+    def state_width(self, dim: int) -> int:
+        """Floats per row of ``pack`` (state travels with prefetched rows in PEC)."""
+        return sum(math.prod(tensor.shape[1:]) for tensor in self.state.values())
+
+    def pack(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """State rows as one float32 matrix, keys in ``self.state`` order (a bit-exact copy)."""
+        return torch.cat([value.reshape(value.shape[0], math.prod(value.shape[1:])) for value in state.values()], dim=1)
+
+    def unpack(self, packed: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, column = {}, 0
+        for key, tensor in self.state.items():
+            width = math.prod(tensor.shape[1:])
+            out[key] = packed[:, column : column + width].reshape(packed.shape[0], *tensor.shape[1:])
+            column += width
+        return out
 
 
-class LazyAdam:
+class LazyAdam(RowWiseAdagrad):
     """Adam moments per element, bias correction per row from the row's own update count."""
 
     def __init__(
@@ -46,22 +79,19 @@ class LazyAdam:
             "steps": torch.zeros(rows, dtype=torch.float32, device=device),
         }
 
-    @torch.no_grad()
-    def step(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        if rows.numel() == 0:
-            return
+    def updated(
+        self, weight: torch.Tensor, state: dict[str, torch.Tensor], grads: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         beta1, beta2 = self.betas
-        state = self.state
-        state["steps"][rows] += 1
-        steps = state["steps"][rows][:, None]
-        exp_avg = state["exp_avg"][rows] * beta1 + grads * (1 - beta1)
-        exp_avg_sq = state["exp_avg_sq"][rows] * beta2 + grads.pow(2) * (1 - beta2)
-        state["exp_avg"][rows], state["exp_avg_sq"][rows] = exp_avg, exp_avg_sq
-        corrected = (exp_avg / (1 - beta1**steps)) / ((exp_avg_sq / (1 - beta2**steps)).sqrt() + self.eps)
-        weight[rows] -= self.lr * corrected
+        steps = state["steps"] + 1
+        exp_avg = state["exp_avg"] * beta1 + grads * (1 - beta1)
+        exp_avg_sq = state["exp_avg_sq"] * beta2 + grads.pow(2) * (1 - beta2)
+        column = steps[:, None]
+        corrected = (exp_avg / (1 - beta1**column)) / ((exp_avg_sq / (1 - beta2**column)).sqrt() + self.eps)
+        return weight - self.lr * corrected, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "steps": steps}
 
 
-SparseOptimizer = RowWiseAdagrad | LazyAdam
+SparseOptimizer = RowWiseAdagrad  # LazyAdam shares its interface
 
 
 def make_sparse_optimizer(cfg: OptimizerConfig, rows: int, dim: int, device: torch.device) -> SparseOptimizer:
