@@ -11,9 +11,13 @@ samples/s, per step and time-weighted over the run (first 2 steps left out).
 
 Target: our balanced shards cut the measured ``straggler_pct`` by ≥ 80% relative to random batching
 on the same data. On a shared 2-core machine other processes add noise that looks like idle time on
-a rank; the JSON keeps the per-step values and the median so a reader can judge it.
+a rank, so the benchmark also measures that floor: ``freescale/identical`` trains the planned data
+with every rank reading rank 0's micro-batch (identical work, so all idle time is jitter). Runs are
+repeated ``--repeats`` times in interleaved order (random, planned, identical, …) so a change in the
+machine's load hits every variant alike; a variant's figures are time-weighted over its repeats.
+The JSON keeps the per-step values and the median so a reader can judge it.
 
-    python benchmarks/bench_bubbles.py              # ~3 minutes on 2 cores
+    python benchmarks/bench_bubbles.py              # ~6 minutes on 2 cores
     python benchmarks/bench_bubbles.py --quick      # smoke run (tiny data, no result files unless --out)
 """
 
@@ -35,7 +39,14 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_bubbles.json"
 FREESCALE = str(Path(sys.executable).parent / "freescale")
-RUNS = (("freescale", "random"), ("freescale", "planned"), ("torchrec", "random"), ("torchrec", "planned"))
+RUNS = (
+    ("freescale", "random"),
+    ("freescale", "planned"),
+    ("freescale", "identical"),
+    ("torchrec", "random"),
+    ("torchrec", "planned"),
+)
+SUMMED = ("steps", "wall_s")  # added over repeats; the other summary fields are time-weighted
 TARGET_REDUCTION_PCT = 80.0
 
 
@@ -96,9 +107,11 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
     model = ModelConfig(**s.model_table())
     cost = calibrate(
         model,
-        ModelExtraConfig(num_items=s.items, inbatch_negatives=s.inbatch_negatives),
+        ModelExtraConfig(num_items=s.items, num_actions=8, inbatch_negatives=s.inbatch_negatives),
         s.cap,
         str(work / "cost.json"),
+        micro_batch_size=s.micro_batch_size,
+        rounds=4,
     )
     datasets = {}
     for strategy in ("random", "planned"):
@@ -162,65 +175,129 @@ def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> s
     return str(path)
 
 
-def train(config: str, engine: str, cwd: Path) -> float:
+def train(config: str, engine: str, cwd: Path, identical: bool = False) -> float:
+    """One ``freescale train --nproc 2`` run; ``identical``: this script as the rank entry (see ``identical_rank``)."""
     start = time.perf_counter()
-    result = subprocess.run(
-        [FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-    )
+    command = [FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine]
+    env = None
+    if identical:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(Path(__file__).resolve()),
+            "--identical-rank",
+            "--config",
+            config,
+        ]
+        env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     if result.returncode:
         raise RuntimeError(f"{engine} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     return time.perf_counter() - start
 
 
-def run_all(s: Settings, work: Path, runs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+def identical_rank(argv: list[str]) -> int:
+    """Rank entry of the noise-floor run: every rank trains rank 0's micro-batch of each step.
+
+    Same work on every rank (same ids and lengths; only the per-rank negatives differ, in value, not
+    in number), so whatever ``straggler_pct`` this run measures is jitter — OS scheduling, other
+    processes, allocator — not imbalance: the floor no data placement can go below.
+    """
+    from freescale.pipeline.reader import PreparedDataset
+    from freescale.trainer.launch import rank_main
+
+    own = PreparedDataset.micro_batch_index
+
+    def rank0_index(self: PreparedDataset, step: int, rank: int, world_size: int) -> int:
+        return own(self, step, 0, world_size)
+
+    PreparedDataset.micro_batch_index = rank0_index  # type: ignore[method-assign]
+    return rank_main(argv)
+
+
+def one_run(s: Settings, work: Path, data: dict[str, Any], engine: str, variant: str, repeat: int, steps: int):
+    """Train one (engine, variant) once and return its summary row."""
+    strategy = "planned" if variant == "identical" else variant
+    name = f"{engine}/{variant}"
+    out = work / "runs" / f"{engine}-{variant}-{repeat}"
+    config = write_config(work / f"{engine}-{variant}.toml", s, data["datasets"][strategy]["path"], out, steps)
+    seconds = train(config, engine, work, identical=variant == "identical")
+    report = json.loads((out / "bubbles.json").read_text())
+    summary = report["summary"]
+    per_step = summary["per_step"]
+    return {
+        "run": name,
+        "engine": engine,
+        "data": variant,
+        "pipeline": report["pipeline"],
+        "wall_s": seconds,
+        **{
+            key: summary[key]
+            for key in (
+                "steps",
+                "step_ms",
+                "samples_per_s",
+                "compute_pct",
+                "data_pct",
+                "straggler_pct",
+                "exposed_comm_pct",
+                "bubble_pct",
+                "untimed_pct",
+            )
+        },
+        "median_step_straggler_pct": float(np.median(per_step["straggler_pct"])),
+        "per_step": {key: per_step[key] for key in ("straggler_pct", "exposed_comm_pct", "samples_per_s", "imbalance")},
+        "stage_ms": summary["stage_ms"],
+        "predicted_straggler_pct_w2": 0.0
+        if variant == "identical"
+        else data["datasets"][strategy]["predicted_straggler_pct_w2"],
+        "timeline": str(out / "timeline.png"),
+    }
+
+
+def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Repeats of one variant → one row: percentages and ms time-weighted, rates over total time."""
+    if len(rows) == 1:
+        return {**rows[0], "repeats": 1, "straggler_pct_by_repeat": [rows[0]["straggler_pct"]]}
+    weights = np.array([r["steps"] * r["step_ms"] for r in rows])
+    out = dict(rows[0])
+    for key in ("compute_pct", "data_pct", "straggler_pct", "exposed_comm_pct", "bubble_pct", "untimed_pct"):
+        out[key] = float(np.dot(weights, [r[key] for r in rows]) / weights.sum())
+    for key in SUMMED:
+        out[key] = sum(r[key] for r in rows)
+    out["step_ms"] = float(weights.sum() / out["steps"])
+    samples = sum(r["samples_per_s"] * r["steps"] * r["step_ms"] for r in rows)
+    out["samples_per_s"] = float(samples / weights.sum())
+    out["per_step"] = {k: [v for r in rows for v in r["per_step"][k]] for k in rows[0]["per_step"]}
+    out["stage_ms"] = {k: float(np.mean([r["stage_ms"].get(k, 0.0) for r in rows])) for k in rows[0]["stage_ms"]}
+    out["median_step_straggler_pct"] = float(np.median(out["per_step"]["straggler_pct"]))
+    out["repeats"] = len(rows)
+    out["straggler_pct_by_repeat"] = [r["straggler_pct"] for r in rows]
+    return out
+
+
+def run_all(s: Settings, work: Path, runs: tuple[tuple[str, str], ...], repeats: int) -> dict[str, Any]:
     data = make_data(s, work)
     from freescale.pipeline.reader import PreparedDataset
 
     epoch = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
     steps = s.steps or epoch
-    results = []
-    for engine, strategy in runs:
-        name = f"{engine}/{strategy}"
-        out = work / "runs" / name.replace("/", "-")
-        config = write_config(work / f"{engine}-{strategy}.toml", s, data["datasets"][strategy]["path"], out, steps)
-        seconds = train(config, engine, work)
-        report = json.loads((out / "bubbles.json").read_text())
-        summary = report["summary"]
-        per_step = summary["per_step"]
-        results.append(
-            {
-                "run": name,
-                "engine": engine,
-                "data": strategy,
-                "pipeline": report["pipeline"],
-                "wall_s": seconds,
-                **{
-                    key: summary[key]
-                    for key in (
-                        "steps",
-                        "step_ms",
-                        "samples_per_s",
-                        "compute_pct",
-                        "data_pct",
-                        "straggler_pct",
-                        "exposed_comm_pct",
-                        "bubble_pct",
-                        "untimed_pct",
-                    )
-                },
-                "median_step_straggler_pct": float(np.median(per_step["straggler_pct"])),
-                "per_step": {
-                    key: per_step[key] for key in ("straggler_pct", "exposed_comm_pct", "samples_per_s", "imbalance")
-                },
-                "stage_ms": summary["stage_ms"],
-                "predicted_straggler_pct_w2": data["datasets"][strategy]["predicted_straggler_pct_w2"],
-                "timeline": str(out / "timeline.png"),
-            }
-        )
-    return {"settings": asdict(s), "steps_per_run": steps, "epoch_steps": epoch, **data, "runs": results}
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {run: [] for run in runs}
+    for repeat in range(repeats):  # interleaved: load drift on a shared host hits every variant alike
+        for engine, variant in runs:
+            rows[(engine, variant)].append(one_run(s, work, data, engine, variant, repeat, steps))
+    results = [pool(rows[run]) for run in runs]
+    return {
+        "settings": asdict(s),
+        "steps_per_run": steps,
+        "epoch_steps": epoch,
+        "repeats": repeats,
+        **data,
+        "runs": results,
+    }
 
 
 def comparisons(report: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +312,12 @@ def comparisons(report: dict[str, Any]) -> dict[str, Any]:
     if ours and theirs:
         out["samples_per_s_ours_over_torchrec"] = ours["samples_per_s"] / theirs["samples_per_s"]
         out["exposed_comm_pct_ours_minus_torchrec"] = ours["exposed_comm_pct"] - theirs["exposed_comm_pct"]
+    floor = by.get("freescale/identical")
+    if floor:
+        out["noise_floor_straggler_pct"] = floor["straggler_pct"]
+        random = by.get("freescale/random")
+        if random and random["straggler_pct"] > 0:
+            out["best_possible_reduction_pct"] = 100.0 * (1 - floor["straggler_pct"] / random["straggler_pct"])
     reduction = out.get("freescale_straggler_reduction_pct")
     out["target"] = f"straggler_pct reduction >= {TARGET_REDUCTION_PCT:.0f}% (ours, planned vs random)"
     out["target_met"] = reduction is not None and reduction >= TARGET_REDUCTION_PCT
@@ -255,6 +338,11 @@ def table(report: dict[str, Any]) -> str:
             f"{r['median_step_straggler_pct']:9.1f} {r['bubble_pct']:8.1f} "
             f"{predicted if predicted is not None else float('nan'):10.1f}"
         )
+    lines.append("")
+    lines.extend(
+        f"{r['run']}: straggler_pct by repeat {', '.join(f'{x:.1f}' for x in r['straggler_pct_by_repeat'])}"
+        for r in report["runs"]
+    )
     lines.append("")
     lines.extend(
         f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}"
@@ -292,7 +380,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     right.set_ylabel("straggler_pct")
     right.set_title("measured straggler_pct per step")
     right.legend(fontsize=8)
-    fig.suptitle(f"bench_bubbles: 2 CPU ranks × 1 thread, {report['steps_per_run']} steps per run")
+    fig.suptitle(
+        f"bench_bubbles: 2 CPU ranks × 1 thread, {report['steps_per_run']} steps per run × {report['repeats']} repeats"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -306,19 +396,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default="freescale,torchrec", help="comma list (default both)")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/bench_bubbles.json; none with --quick)")
     parser.add_argument("--work", help="working directory (default: a temp dir)")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every run (default 2)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the identical-batches noise-floor run")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     s = Settings(users=200, items=2_000, cap=300, median=40.0) if args.quick else Settings()
     if args.users:
         s.users = args.users
     if args.steps:
         s.steps = args.steps
     engines = args.engines.split(",")
-    runs = tuple(r for r in RUNS if r[0] in engines)
+    runs = tuple(r for r in RUNS if r[0] in engines and not (args.no_floor and r[1] == "identical"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="bench_bubbles-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        report = run_all(s, work, runs)
+        report = run_all(s, work, runs, 1 if args.quick else args.repeats)
         report["comparisons"] = comparisons(report)
         report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
         print(table(report))
@@ -334,4 +428,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--identical-rank"]:
+        sys.exit(identical_rank(sys.argv[2:]))
     sys.exit(main())

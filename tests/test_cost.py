@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from freescale.pipeline.cost import CostModel, ModelConfig
+from freescale.trainer.calibrate import calibrate, fit
+from freescale.trainer.calibrate import main as calibrate_main
+from freescale.trainer.config import ModelExtraConfig
 
 
 def test_analytic_coefficients_follow_design_formulas() -> None:
@@ -50,3 +53,40 @@ def test_model_config_errors_name_the_option() -> None:
         ModelConfig(d_model=100, num_heads=3)
     with pytest.raises(ValueError, match="unknown option"):
         ModelConfig.from_dict({"d_model": 64, "dim": 3})
+
+
+def test_calibration_fit_recovers_micro_batch_coefficients() -> None:
+    """NNLS on micro-batch totals finds a, b, c and the per-micro-batch constant from exact data."""
+    rng = np.random.default_rng(0)
+    lengths = [rng.integers(3, 500, (4, 8, 16)[i % 3]).astype(float) for i in range(20)]
+    truth = np.array([2e-7, 3e-5, 4e-4, 2e-3])
+    features = np.array([[(s * s).sum(), s.sum(), len(s), 1.0] for s in lengths])
+    np.testing.assert_allclose(fit(features, features @ truth), truth, rtol=1e-6)
+    with pytest.raises(ValueError, match="non-negative"):
+        flat = features.copy()
+        flat[:, :2] = 0.0  # no length dependence at all: neither a nor b can be positive
+        fit(flat, flat @ truth)
+
+
+def test_calibrate_times_trainer_micro_batches_and_writes_a_cost_file(tmp_path) -> None:
+    model = ModelConfig(d_model=8, num_layers=1, num_heads=2, num_negatives=4, max_uih_len=40)
+    extra = ModelExtraConfig(num_items=100, num_actions=4, inbatch_negatives=2)
+    path = tmp_path / "cost.json"
+    cost = calibrate(model, extra, 40, str(path), micro_batch_size=4, mixed=6, points=3, rounds=1)
+    assert cost.units == "seconds" and cost.a >= 0 and cost.b >= 0 and (cost.a > 0 or cost.b > 0)
+    assert len(cost.details["seconds"]) == len(cost.details["lengths"]) == 9
+    assert {len(ls) for ls in cost.details["lengths"]} == {2, 4, 8}  # c and d identifiable
+    loaded = CostModel.from_file(str(path))
+    assert (loaded.a, loaded.b, loaded.c) == (cost.a, cost.b, cost.c) and loaded.details["micro_batch_size"] == 4
+
+
+def test_calibrate_command_validates_and_writes(tmp_path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(
+        "[model]\nd_model = 8\nnum_layers = 1\nnum_heads = 2\nnum_negatives = 4\nmax_uih_len = 32\n"
+        "[model_extra]\nnum_items = 100\nnum_actions = 4\ninbatch_negatives = 2\n"
+    )
+    out = tmp_path / "cost.json"
+    assert calibrate_main(["--config", str(config), "--out", str(out), "--mixed", "3", "--rounds", "1"]) == 0
+    assert CostModel.from_file(str(out)).origin == "calibrated"
+    assert calibrate_main(["--config", str(config), "--out", str(out), "--rounds", "0"]) == 2

@@ -3,6 +3,7 @@ evaluation metrics, table initialisation and the run config's errors."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -18,7 +19,12 @@ from freescale.trainer.data import CollateConfig, collate
 from freescale.trainer.engine import batch_features, batch_loss
 from freescale.trainer.evaluate import metrics_from_ranks, popularity_metrics
 from freescale.trainer.instrument import CommRecord, StageSpan, StepRecord
-from freescale.trainer.jagged import build_layout, group_by_length, padded_sum_of_squares
+from freescale.trainer.jagged import (
+    GROUP_OVERHEAD_ELEMENTS,
+    build_layout,
+    group_by_length,
+    padded_sum_of_squares,
+)
 from freescale.trainer.model import SequentialTransducer
 from freescale.trainer.sharded import init_rows, shard_bounds, split_features
 from freescale.trainer.sparse_optim import LazyAdam, RowWiseAdagrad, sum_by_row
@@ -71,10 +77,48 @@ def test_length_groups_bound_attention_work() -> None:
     lengths = torch.tensor([400, 3, 390, 120, 100, 7, 8, 350, 2, 96])
     layout = build_layout(lengths, ratio=1.25)
     done, ideal = padded_sum_of_squares(layout)
-    assert ideal <= done <= 1.25**2 * ideal
+    assert ideal <= done <= 1.25**2 * ideal + (len(lengths) - 1) * GROUP_OVERHEAD_ELEMENTS
+    assert padded_sum_of_squares(build_layout(lengths, ratio=1.25, overhead=0))[0] <= 1.25**2 * ideal
     batch_max = len(lengths) * int(lengths.max()) ** 2
     assert done < 0.5 * batch_max  # what padding to the batch max would cost
     assert sorted(i for g in group_by_length(lengths.tolist(), 1.25) for i in g) == list(range(len(lengths)))
+
+
+def _cut_cost(lengths: list[int], groups: list[list[int]], overhead: float) -> float:
+    return sum(len(g) * max(lengths[i] for i in g) ** 2 + overhead for g in groups)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_groups_minimise_padding_plus_group_overhead(seed: int) -> None:
+    """The cut is the cheapest admissible one (brute force over every cut of the sorted samples)."""
+    rng = np.random.default_rng(seed)
+    lengths = [int(x) for x in np.exp(rng.uniform(0, np.log(300), 7)).round()]
+    overhead, ratio = 2000.0, 1.25
+    groups = group_by_length(lengths, ratio, overhead=overhead)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    best = np.inf
+    for mask in range(2 ** (len(order) - 1)):  # bit j set: cut after sorted position j
+        cuts = [0] + [j + 1 for j in range(len(order) - 1) if mask >> j & 1] + [len(order)]
+        cand = [order[a:b] for a, b in itertools.pairwise(cuts)]
+        ok = all(
+            len(g) * max(lengths[i] for i in g) ** 2
+            <= ratio**2 * sum(lengths[i] ** 2 for i in g) + (len(g) - 1) * overhead + 1e-9
+            for g in cand
+        )
+        if ok:
+            best = min(best, _cut_cost(lengths, cand, overhead))
+    assert _cut_cost(lengths, groups, overhead) == pytest.approx(best)
+
+
+def test_short_samples_share_one_group_long_ones_stay_exact() -> None:
+    """Per-group overhead outweighs padding short samples; long distinct lengths keep their own group."""
+    assert len(group_by_length([2, 3, 4, 6, 8, 11, 15, 20], 1.25)) == 1
+    long = [700, 600, 500]
+    assert group_by_length(long, 1.25) == [[0], [1], [2]]
+    assert group_by_length([768] * 5, 1.25) == [[0, 1, 2, 3, 4]]
+    assert group_by_length([0, 5, 0], 1.25) == [[1]] and group_by_length([], 1.25) == []
+    assert len(group_by_length([100] * 8, 1.25, max_elements=3 * 100**2)) == 3  # memory cap still holds
 
 
 def test_collate_holds_out_last_event_and_draws_reproducible_negatives() -> None:

@@ -1,101 +1,250 @@
 """Fit ``cost(L) = a·L² + b·L + c`` in seconds on this hardware, for ``prepare --cost-model``.
 
-The planner balances *predicted* cost. Analytic FLOPs (DESIGN §3) are right about the shape but not
-about a real kernel's constants — on a CPU the attention's elementwise work and per-sample overheads
-weigh more than FLOPs suggest — so a measured straggler share left after planning is partly
-prediction error. Timing the dense forward + backward of single samples at a spread of lengths and
-fitting non-negative coefficients removes most of it (the manifest records the fitted origin).
+The planner balances *predicted* cost, summed over a micro-batch's samples, and a rank's measured
+time follows what the trainer *executes*, which is not a sum of isolated samples: a micro-batch runs
+as a few padded length groups (``jagged.group_by_length``) with a fixed cost per group, shares its
+sampled negatives, trains on ``length - 2`` inputs of a ``length``-event sample (held-out last event
+and the next-item target) and gathers/scatters embedding rows. The first calibration timed batches
+of one length each — one group, the fastest case — and the planned run of ``bench_bubbles`` showed
+it: micro-batches the plan called equal (imbalance 1.0001) differed by 13.5% when timed alone.
+
+So the calibration times *whole micro-batches* built by the trainer's own ``collate`` (mixed lengths
+log-uniform over ``[3, max_len]`` plus equal-length ones to pin the quadratic term) through the
+dense forward, the sampled-softmax loss and backward into the embedding rows, and fits
+``t_mb = a·ΣL² + b·ΣL + c·n + d`` by non-negative least squares on micro-batch totals, in the
+planner's units (``L`` = the sample's event count). ``d`` (per micro-batch) is the same for every
+micro-batch of a step and cannot be split over samples; it is reported, not planned. Times are the
+calling thread's CPU time (``time.thread_time``), the minimum over rounds that time every
+micro-batch once: on a shared host other processes' load then neither inflates nor skews the fit.
+
+    python -m freescale.trainer.calibrate --config run.toml --out cost.json   # then
+    freescale prepare ... --cost-model cost.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
+import tomllib
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from freescale.pipeline.cost import CostModel, ModelConfig
 from freescale.trainer.config import ModelExtraConfig
-from freescale.trainer.jagged import build_layout
+from freescale.trainer.data import Batch, CollateConfig, collate
+from freescale.trainer.jagged import padded_sum_of_squares
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
 
 
-def sample_seconds(
-    model_cfg: ModelConfig, extra: ModelExtraConfig, length: int, reps: int = 3, batch: int = 8
-) -> float:
-    """Seconds per sample of forward + backward + loss, ``batch`` samples of ``length`` run together.
+def synthetic_samples(lengths: list[int], num_items: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Prepared-sample dicts (what the reader yields) with ``lengths`` events each."""
+    samples = []
+    for user, n in enumerate(lengths):
+        samples.append(
+            {
+                "user_id": user,
+                "item_ids": rng.integers(0, num_items, n, dtype=np.int64),
+                "actions": rng.integers(0, 8, n, dtype=np.int64),
+                "timestamps": np.cumsum(rng.integers(1, 86_400, n, dtype=np.int64)),
+                "cost": 0.0,
+                "length": n,
+            }
+        )
+    return samples
 
-    Timing samples in a batch, as the trainer runs them (one length group), keeps per-call overheads
-    from posing as a per-sample constant that would hide the linear (projection, loss) term.
-    """
-    torch.manual_seed(0)
-    model = SequentialTransducer(model_cfg, extra)
-    d = model_cfg.d_model
-    rows = batch * length
-    items, actions = torch.randn(rows, d), torch.randn(rows, d)
-    negatives = torch.randn(model_cfg.num_negatives + extra.inbatch_negatives, d)
-    times = torch.arange(rows) * 60
-    layout = build_layout(torch.full((batch,), length), extra.length_group_ratio)
-    ids = torch.arange(rows)
-    seconds = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        out = model(items, actions, layout, times)
+
+class MicroBatchTimer:
+    """Times the trainer's dense work on one collated micro-batch: forward, loss, backward into rows."""
+
+    def __init__(self, model_cfg: ModelConfig, extra: ModelExtraConfig, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.model = SequentialTransducer(model_cfg, extra)
+        self.temperature = extra.temperature
+        d = model_cfg.d_model
+        self.items = torch.randn(extra.num_items, d) * 0.1
+        self.actions = torch.randn(extra.num_actions, d) * 0.1
+
+    def run(self, batch: Batch) -> None:
+        """What ``engine.batch_loss`` + backward do, with whole tables standing in for the sharded rows."""
+        items = self.items.clone().requires_grad_()
+        actions = self.actions.clone().requires_grad_()
+        item_rows, action_rows = items[batch.item_ids], actions[batch.action_ids]
+        inputs, targets = batch.input_index, batch.target_index
+        out = self.model(item_rows[inputs], action_rows[inputs], batch.layout, batch.timestamps[inputs])
         loss = sampled_softmax_loss(
-            out, items, negatives, ids, -torch.ones(negatives.shape[0], dtype=torch.int64), extra.temperature
+            out,
+            item_rows[targets],
+            items[batch.negative_ids],
+            batch.item_ids[targets],
+            batch.negative_ids,
+            self.temperature,
         )
         loss.backward()
-        seconds.append((time.perf_counter() - start) / batch)
-    return float(np.min(seconds[1:]))
+        self.model.zero_grad(set_to_none=True)
+
+    def seconds(self, batches: list[Batch], rounds: int = 3) -> np.ndarray:
+        """Per batch, the minimum thread CPU time over ``rounds`` (each round times every batch once)."""
+        for batch in batches[: min(2, len(batches))]:  # warm-up: allocator, first-call dispatch
+            self.run(batch)
+        best = np.full(len(batches), np.inf)
+        for _ in range(rounds):
+            for i, batch in enumerate(batches):
+                start = time.thread_time()
+                self.run(batch)
+                best[i] = min(best[i], time.thread_time() - start)
+        return best
 
 
-def fit(lengths: np.ndarray, seconds: np.ndarray) -> tuple[float, float, float]:
-    """Non-negative least squares for (a, b, c), errors weighted by 1/sqrt(seconds).
+def design_lengths(max_len: int, micro_batch_size: int, mixed: int, points: int, seed: int) -> list[list[int]]:
+    """Event counts of the calibration micro-batches: ``mixed`` drawn log-uniform, ``points`` equal-length.
 
-    Step costs are sums, so long samples must be right in absolute terms; the square-root weight
-    keeps short samples from being ignored entirely.
+    Mixed micro-batches hold k/2, k or 2k samples in turn: with one count only, the per-sample
+    constant ``c`` and the per-micro-batch constant ``d`` could not be told apart (free-count plans
+    need ``c``).
     """
-    design = np.stack([lengths.astype(float) ** 2, lengths.astype(float), np.ones(len(lengths))], axis=1)
-    weights = 1.0 / np.sqrt(seconds)
-    best: tuple[float, float, float] | None = None
-    best_error = np.inf
-    for active in ([0, 1, 2], [0, 1], [0, 2], [1, 2], [0], [1]):  # tiny NNLS by enumerating supports
-        coef, *_ = np.linalg.lstsq(design[:, active] * weights[:, None], seconds * weights, rcond=None)
+    rng = np.random.default_rng(seed)
+    low = 3  # two events are held out/targets: three is the shortest sample that trains a position
+    counts = (micro_batch_size, max(1, micro_batch_size // 2), 2 * micro_batch_size)
+    out = [
+        [int(x) for x in np.exp(rng.uniform(np.log(low), np.log(max_len), counts[i % 3])).round()] for i in range(mixed)
+    ]
+    for n in np.unique(np.geomspace(low + 5, max_len, points).astype(int)):
+        out.append([int(n)] * micro_batch_size)
+    return out
+
+
+def fit(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of ``seconds ≈ features @ coef``, errors relative to ``seconds``.
+
+    Relative errors: a step's straggling is a ratio, so a 2 ms error matters as much on a 20 ms
+    micro-batch as 20 ms does on a 200 ms one. Tiny NNLS by enumerating supports (≤ 4 columns).
+    """
+    weights = 1.0 / seconds
+    columns = features.shape[1]
+    best, best_error = None, np.inf
+    for mask in range(1, 2**columns):
+        active = [j for j in range(columns) if mask >> j & 1]
+        coef, *_ = np.linalg.lstsq(features[:, active] * weights[:, None], seconds * weights, rcond=None)
         if np.any(coef < 0):
             continue
-        full = np.zeros(3)
+        full = np.zeros(columns)
         full[active] = coef
-        error = float(np.sum(((design @ full - seconds) * weights) ** 2))
+        error = float(np.sum(((features @ full - seconds) * weights) ** 2))
         if error < best_error:
-            best, best_error = (float(full[0]), float(full[1]), float(full[2])), error
-    if best is None:
-        raise ValueError("cannot fit a non-negative cost model to the measured times")
+            best, best_error = full, error
+    if best is None or (best[0] == 0 and best[1] == 0):
+        raise ValueError("cannot fit a non-negative cost model (a or b > 0) to the measured times")
     return best
 
 
 def calibrate(
-    model_cfg: ModelConfig, extra: ModelExtraConfig, max_len: int, path: str | None = None, points: int = 8
+    model_cfg: ModelConfig,
+    extra: ModelExtraConfig,
+    max_len: int,
+    path: str | None = None,
+    micro_batch_size: int = 8,
+    mixed: int = 24,
+    points: int = 6,
+    rounds: int = 3,
+    seed: int = 0,
 ) -> CostModel:
-    """Measure, fit and (optionally) write a cost-model JSON that ``prepare --cost-model`` reads."""
-    lengths = np.unique(np.geomspace(8, max_len, points).astype(int))
-    seconds = np.array(
-        [sample_seconds(model_cfg, extra, int(n), batch=max(1, min(8, 4096 // int(n)))) for n in lengths]
+    """Time trainer-shaped micro-batches, fit, and (optionally) write the JSON ``prepare --cost-model`` reads."""
+    lengths = design_lengths(max_len, micro_batch_size, mixed, points, seed)
+    rng = np.random.default_rng(seed + 1)
+    collate_cfg = CollateConfig(
+        num_items=extra.num_items,
+        num_actions=extra.num_actions,
+        max_len=model_cfg.max_uih_len,
+        num_negatives=model_cfg.num_negatives,
+        inbatch_negatives=extra.inbatch_negatives,
+        length_group_ratio=extra.length_group_ratio,
     )
-    a, b, c = fit(lengths, seconds)
-    model = CostModel(
-        a=a,
-        b=b,
-        c=c,
-        units="seconds",
-        origin="calibrated",
-        details={"lengths": lengths.tolist(), "seconds": seconds.tolist(), "threads": torch.get_num_threads()},
-    )
+    batches = [collate(synthetic_samples(ls, extra.num_items, rng), collate_cfg, i, 0) for i, ls in enumerate(lengths)]
+    seconds = MicroBatchTimer(model_cfg, extra, seed).seconds(batches, rounds)
+    sizes = [np.minimum(np.asarray(ls, dtype=np.float64), max_len) for ls in lengths]
+    features = np.array([[float((s * s).sum()), float(s.sum()), float(len(s)), 1.0] for s in sizes])
+    a, b, c, d = fit(features, seconds)
+    predicted = features @ np.array([a, b, c, d])
+    relative = np.abs(predicted - seconds) / seconds
+    groups = [len(batch.layout.groups) for batch in batches]
+    padding = [padded_sum_of_squares(batch.layout) for batch in batches]
+    details = {
+        "method": "micro-batches through collate + forward + loss + backward, thread CPU time, min over rounds",
+        "micro_batch_size": micro_batch_size,
+        "rounds": rounds,
+        "per_micro_batch_s": d,
+        "fit_relative_error_mean": float(relative.mean()),
+        "fit_relative_error_max": float(relative.max()),
+        "lengths": lengths,
+        "seconds": seconds.tolist(),
+        "groups": groups,
+        "padded_over_jagged": float(sum(p for p, _ in padding) / max(1, sum(i for _, i in padding))),
+        "threads": torch.get_num_threads(),
+    }
+    model = CostModel(a=a, b=b, c=c, units="seconds", origin="calibrated", details=details)
     if path is not None:
         Path(path).write_text(
             json.dumps(
-                {"a": a, "b": b, "c": c, "units": "seconds", "origin": "calibrated", "details": model.details}, indent=1
+                {"a": a, "b": b, "c": c, "units": "seconds", "origin": "calibrated", "details": details}, indent=1
             )
         )
     return model
+
+
+def read_config(path: str) -> tuple[ModelConfig, ModelExtraConfig, int]:
+    """``[model]``, ``[model_extra]`` and ``engine.threads`` of a run config; no dataset needed to calibrate."""
+    data = tomllib.loads(Path(path).read_text())
+    model_cfg = ModelConfig.from_dict(data.get("model", {}), where=f"model in {path}")
+    values = data.get("model_extra", {})
+    unknown = sorted(set(values) - {f.name for f in fields(ModelExtraConfig)})
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} in [model_extra] of {path}")
+    threads = int(data.get("engine", {}).get("threads", 1))
+    if threads < 1:
+        raise ValueError(f"engine.threads must be >= 1, got {threads}")
+    return model_cfg, ModelExtraConfig(**values), threads
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m freescale.trainer.calibrate --config run.toml --out cost.json``."""
+    parser = argparse.ArgumentParser(description="Fit a per-sample cost model (seconds) for prepare --cost-model.")
+    parser.add_argument(
+        "--config", required=True, help="run config or model TOML: [model], optional [model_extra], [engine] threads"
+    )
+    parser.add_argument("--out", required=True, help="cost-model JSON to write")
+    parser.add_argument("--micro-batch-size", type=int, default=8, help="samples per micro-batch (prepare's k)")
+    parser.add_argument("--mixed", type=int, default=24, help="mixed-length micro-batches to time")
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (the minimum is kept)")
+    args = parser.parse_args(argv)
+    try:
+        model_cfg, extra, threads = read_config(args.config)
+        if args.micro_batch_size < 1 or args.mixed < 1 or args.rounds < 1:
+            raise ValueError("--micro-batch-size, --mixed and --rounds must be >= 1")
+    except ValueError as error:
+        print(f"calibrate: error: {error}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(threads)
+    cost = calibrate(
+        model_cfg,
+        extra,
+        model_cfg.max_uih_len,
+        args.out,
+        micro_batch_size=args.micro_batch_size,
+        mixed=args.mixed,
+        rounds=args.rounds,
+    )
+    print(
+        f"a={cost.a:.4g} b={cost.b:.4g} c={cost.c:.4g} s (per micro-batch {cost.details['per_micro_batch_s']:.4g} s), "
+        f"fit error mean {100 * cost.details['fit_relative_error_mean']:.1f}% → {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
