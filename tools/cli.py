@@ -110,8 +110,25 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run a benchmark script from benchmarks/")
-    p.add_argument("name", help="balance | prepare")
+    p.add_argument("name", help="balance | prepare | stats | bubbles | pec | quality | dispatch | sm_contention")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="time micro-batches of a model here; write the cost model prepare --cost-model reads"
+    )
+    p.add_argument("--config", required=True, help="run config or model TOML ([model], [model_extra], [engine])")
+    p.add_argument("--out", required=True, help="cost-model JSON to write")
+    p.add_argument("--micro-batch-size", type=int, default=8, help="samples per micro-batch (prepare's k)")
+    p.add_argument("--mixed", type=int, default=24, help="mixed-length micro-batches to time")
+    p.add_argument("--rounds", type=int, default=3, help="timing rounds (the minimum is kept)")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from freescale.trainer.calibrate import run
+
+    return run(args)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -209,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freescale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"freescale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo, _add_stats, _add_train):
+    commands = (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo, _add_stats, _add_train)
+    for add in (*commands, _add_calibrate):
         add(sub)
     return parser
 
@@ -402,6 +420,7 @@ COMMANDS = {
     "inspect": cmd_inspect,
     "bench": cmd_bench,
     "demo": cmd_demo,
+    "calibrate": cmd_calibrate,
     "stats": cmd_stats,
     "train": cmd_train,
 }

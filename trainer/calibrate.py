@@ -212,16 +212,14 @@ def read_config(path: str) -> tuple[ModelConfig, ModelExtraConfig, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m freescale.trainer.calibrate --config run.toml --out cost.json``."""
-    parser = argparse.ArgumentParser(description="Fit a per-sample cost model (seconds) for prepare --cost-model.")
-    parser.add_argument(
-        "--config", required=True, help="run config or model TOML: [model], optional [model_extra], [engine] threads"
-    )
-    parser.add_argument("--out", required=True, help="cost-model JSON to write")
-    parser.add_argument("--micro-batch-size", type=int, default=8, help="samples per micro-batch (prepare's k)")
-    parser.add_argument("--mixed", type=int, default=24, help="mixed-length micro-batches to time")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (the minimum is kept)")
-    args = parser.parse_args(argv)
+    """``python -m freescale.trainer.calibrate ...`` is ``freescale calibrate ...`` (options live in the CLI)."""
+    from freescale.tools.cli import main as cli_main
+
+    return cli_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
+
+
+def run(args: argparse.Namespace) -> int:
+    """``freescale calibrate``: fit on this machine, write ``args.out``; 2 on a bad config."""
     try:
         model_cfg, extra, threads = read_config(args.config)
         if args.micro_batch_size < 1 or args.mixed < 1 or args.rounds < 1:
