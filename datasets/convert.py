@@ -43,6 +43,7 @@ _INT64_LIMIT = 9.2e18  # floats beyond this do not round-trip to int64
 UNIT_DIVISOR = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 _INT_RE = r"^[+-]?[0-9]+$"
 _FLOAT_RE = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+_NUMBER_START = pa.array(list("+-.0123456789"))  # the characters either regex accepts first
 ISO_FORMATS = (
     "%Y-%m-%dT%H:%M:%S%.f%z",
     "%Y-%m-%d %H:%M:%S%.f%z",
@@ -106,21 +107,50 @@ def _scatter(n: int, where: np.ndarray, values: pa.Array, dtype, fill) -> np.nda
 
 
 def _string_ints(text: pa.Array, syntax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Integers from strings matching ``[+-]?digits``; 19+ digits are checked one by one (rare)."""
+    """Integers from strings matching ``[+-]?digits``: cast in bulk up to 19 characters (18 always fit
+    in int64; 19 are cast together unless one overflows), longer ones one by one (rare)."""
     n = len(text)
-    short = syntax & (_mask(pc.less_equal(pc.utf8_length(text), 19)))
-    digits = pc.replace_substring_regex(text.filter(pa.array(short)), r"^\+", "")
-    values = _scatter(n, short, pc.cast(digits, pa.int64()), np.int64, 0)
-    ok = short.copy()
-    for i in np.flatnonzero(syntax & ~short):  # 20+ characters: only ids near 2**63 with a sign
+    length = np.asarray(pc.utf8_length(text).fill_null(0).to_numpy(zero_copy_only=False))
+    values, ok = np.zeros(n, np.int64), np.zeros(n, bool)
+    rest = syntax & (length > 19)
+    for bulk in (syntax & (length <= 18), syntax & (length == 19)):
+        if not bulk.any():
+            continue
+        digits = text.filter(pa.array(bulk))
+        if pc.any(pc.starts_with(digits, "+")).as_py():  # pyarrow's cast takes "-5" but not "+5"
+            digits = pc.replace_substring_regex(digits, r"^\+", "")
+        try:
+            values[bulk] = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+            ok |= bulk
+        except pa.ArrowInvalid:  # a 19-digit value beyond int64: check them one by one
+            rest |= bulk
+    for i in np.flatnonzero(rest):
         value = int(text[i].as_py())
         if -(2**63) <= value < 2**63:
             values[i], ok[i] = value, True
     return values, ok
 
 
+def _number_syntax(text: pa.Array, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which strings are integers (``_INT_RE``) and which are numbers (``_FLOAT_RE``).
+
+    The regexes dominate a CSV read, so they run only where they can matter: plain digit strings are
+    both at once (``ascii_is_decimal``, no regex), and a string whose first character cannot start a
+    number (ids such as ``u001190``) is neither.
+    """
+    digits = _mask(pc.ascii_is_decimal(text))
+    int_syntax, float_syntax = digits.copy(), digits.copy()
+    first = pc.utf8_slice_codeunits(text, 0, 1)
+    maybe = ~digits & ~empty & _mask(pc.is_in(first, value_set=_NUMBER_START))
+    if maybe.any():
+        candidates = text.filter(pa.array(maybe))
+        int_syntax[maybe] = _mask(pc.match_substring_regex(candidates, _INT_RE))
+        float_syntax[maybe] = _mask(pc.match_substring_regex(candidates, _FLOAT_RE))
+    return int_syntax, float_syntax
+
+
 def _parse_strings(arr: pa.Array, scale: int) -> Parsed:
-    """Strings as numbers with regex checks and exact casts on the matching subset only.
+    """Strings as numbers with syntax checks and exact casts on the matching subset only.
 
     pyarrow's string casts fail the whole array on one bad value, so values are first classified by
     syntax (integer, float) and only well-formed ones are cast; everything else is "not a number".
@@ -128,9 +158,8 @@ def _parse_strings(arr: pa.Array, scale: int) -> Parsed:
     n = len(arr)
     text = pc.utf8_trim_whitespace(arr)
     empty = _null_mask(text) | _mask(pc.equal(pc.utf8_length(text), 0))
-    int_syntax = _mask(pc.match_substring_regex(text, _INT_RE)) & ~empty
+    int_syntax, float_syntax = _number_syntax(text, empty)
     raw_ints, int_ok = _string_ints(text, int_syntax)
-    float_syntax = _mask(pc.match_substring_regex(text, _FLOAT_RE)) & ~empty
     floats = _scatter(n, float_syntax, pc.cast(text.filter(pa.array(float_syntax)), pa.float64()), np.float64, np.nan)
     finite = np.isfinite(floats)
     ints, integral = _float_to_int(floats, finite, scale)
@@ -278,6 +307,16 @@ def _action_keys(arr: pa.Array) -> pa.Array:
         return pa.nulls(len(arr), pa.string())
 
 
+def _action_index(arr: pa.Array | pa.ChunkedArray, keys: pa.Array) -> pa.Array:
+    """Position of each raw action in ``keys`` (null: not found); a dictionary column is looked up
+    once per distinct value, then spread over the rows by its indices."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    if pa.types.is_dictionary(arr.type):
+        return pc.take(pc.index_in(_action_keys(normalize(arr.dictionary)), value_set=keys), arr.indices)
+    return pc.index_in(_action_keys(normalize(arr)), value_set=keys)
+
+
 def convert_action(
     arr: pa.Array | None,
     n: int,
@@ -294,17 +333,15 @@ def convert_action(
     """
     if arr is None or mode == "default":
         return np.full(n, default, dtype=np.int64), np.zeros(n, dtype=np.uint8)
-    arr = normalize(arr)
     codes = np.zeros(n, dtype=np.uint8)
     if mode == "map":
-        keys = pa.array(list(action_map), pa.string())
-        index = pc.index_in(_action_keys(arr), value_set=keys)
+        index = _action_index(arr, pa.array(list(action_map), pa.string()))
         found = ~_null_mask(index)
         lookup = np.array(list(action_map.values()) or [0], dtype=np.int64)
         values = lookup[index.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)]
         codes[~found] = UNKNOWN_ACTION
         return np.where(found, values, 0), codes
-    parsed = parse_numbers(arr, scale)
+    parsed = parse_numbers(normalize(arr), scale)
     codes[~parsed.empty & ~parsed.is_int] = BAD_TYPE
     out_of_range = parsed.is_int & ((parsed.ints < 0) | (parsed.ints > INT32_MAX))
     codes[out_of_range | parsed.empty] = UNKNOWN_ACTION

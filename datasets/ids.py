@@ -39,13 +39,31 @@ def _as_string_array(values: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array
     return values
 
 
-def _hash_unique(strings: list[str]) -> np.ndarray:
-    """Hash a list of distinct strings; one digest per value, assembled without per-value ints."""
-    if not strings:
-        return np.zeros(0, dtype=np.int64)
+def _digests(strings: list[str]) -> np.ndarray:
+    """One digest per string, assembled without per-value ints."""
     digests = b"".join(blake2b(s.encode("utf-8"), digest_size=8).digest() for s in strings)
     raw = np.frombuffer(digests, dtype="<u8") & np.uint64(ID_MASK)
     return raw.astype(np.int64)
+
+
+# Ids already computed in this process. A worker reads many chunks of the same logs, and every chunk
+# names mostly the same users again: looking them up costs a dict probe instead of a digest.
+_KNOWN: dict[str, int] = {}
+KNOWN_LIMIT = 1 << 18  # about 30 MB of entries; cleared (not evicted one by one) when full
+
+
+def _hash_unique(strings: list[str]) -> np.ndarray:
+    """Hash a list of distinct strings, reusing ids computed earlier in this process."""
+    if not strings:
+        return np.zeros(0, dtype=np.int64)
+    if len(strings) > KNOWN_LIMIT:
+        return _digests(strings)
+    if len(_KNOWN) + len(strings) > KNOWN_LIMIT:
+        _KNOWN.clear()
+    missing = [s for s in strings if s not in _KNOWN]
+    if missing:
+        _KNOWN.update(zip(missing, _digests(missing).tolist()))
+    return np.fromiter(map(_KNOWN.__getitem__, strings), dtype=np.int64, count=len(strings))
 
 
 def stable_id(values: pa.Array | pa.ChunkedArray | list[str]) -> np.ndarray:

@@ -49,13 +49,21 @@ def _unique_raw(mapping: tuple) -> list[str]:
 
 
 def _iter_parquet(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
-    handle = pq.ParquetFile(open_input(task.path, label))
+    columns = _unique_raw(task.mapping)
+    # String columns come back dictionary-encoded, as Parquet stores them: decoding millions of
+    # repeated action names costs more than the rest of the read (converters handle dictionaries).
+    handle = pq.ParquetFile(open_input(task.path, label), read_dictionary=columns, pre_buffer=True)
     row = task.first_row or 0
     groups = list(range(task.start, task.stop))
-    columns = _unique_raw(task.mapping)
+    pending: list[pa.RecordBatch] = []
     for batch in handle.iter_batches(batch_size=chunk_rows, row_groups=groups, columns=columns):
-        yield _table_piece(pa.Table.from_batches([batch]), task.mapping, row)
-        row += batch.num_rows
+        pending.append(batch)  # dictionary reads stop at row-group ends: regroup to ~chunk_rows
+        if sum(b.num_rows for b in pending) >= chunk_rows:
+            table = pa.Table.from_batches(pending)
+            yield _table_piece(table, task.mapping, row)
+            row, pending = row + table.num_rows, []
+    if pending:
+        yield _table_piece(pa.Table.from_batches(pending), task.mapping, row)
 
 
 def _iter_arrow(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:

@@ -6,11 +6,14 @@ Phases, each restartable from its completion markers in the work directory:
 2. k-core   — optional iterative filter over users and items (global item counts per pass);
 3. samples  — per partition: merge sources by time, cut samples (``sequences``);
 4. plan     — cost every sample (``cost``) and plan step groups (``balance``);
-5. write    — bucket-sort samples into plan order and write MDS shards (``writer``);
+5. write    — encode samples (workers), bucket-sort them into plan order, write MDS shards in a writer
+               process that was started with the job, so importing mosaicml-streaming overlaps the
+               scan (``writer``, ``mds_encode``, ``writer_process``);
 6. manifest — accounting, balance report, config; written last, so its presence means "complete".
 
 Memory stays bounded by ``--memory-limit``: partitions and buckets are sized so that the workers
-hold at most half of it at once.
+hold at most half of what is left after the writer process's reservation (``WRITER_PROCESS_BYTES``,
+only when the limit can afford it; otherwise the writer is imported in this process at the end).
 """
 
 from __future__ import annotations
@@ -56,9 +59,13 @@ from freescale.pipeline.writer import (
     scatter_partition,
     write_part,
 )
+from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
 TARGET_ROWS_PER_TASK = 1_000_000
 WRITER_IMPORT_BYTES = 900 * 2**20  # resident cost of importing mosaicml-streaming (measured, torch 2.14)
+
+
+WORK_LAYOUT = 2  # bump when spill, bucket or marker formats change
 
 
 class PrepareError(RuntimeError):
@@ -83,6 +90,7 @@ class PrepareJob:
     def __init__(self, config: PrepareConfig) -> None:
         self._started = time.perf_counter()
         self._executor: ProcessPoolExecutor | None = None
+        self._writer: WriterProcess | None = None
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (
@@ -93,7 +101,8 @@ class PrepareJob:
         self.tasks = scan.plan_read_tasks(self.sources, TARGET_ROWS_PER_TASK)
         self.source_files = self._source_files()
         self.fingerprint = self._fingerprint()
-        self.work = Path(config.work_dir or self._default_work_dir()) / self.fingerprint[:16]
+        # the layout version keeps a work dir of an older release (other spill/bucket formats) from being resumed
+        self.work = Path(config.work_dir or self._default_work_dir()) / f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
 
     # ----------------------------------------------------------------- identity
     def _source_files(self) -> list[dict[str, Any]]:
@@ -142,8 +151,11 @@ class PrepareJob:
             return self._run()
         finally:
             self.close()
+            self._close_writer()
 
     def _run(self) -> dict[str, Any]:
+        if self.preload_writer:
+            self._writer = WriterProcess()
         built = self.build_samples()
         scan_summary, users_record, sample_records = built.scan, built.users, built.partitions
         plan_info = self._plan()
@@ -222,13 +234,23 @@ class PrepareJob:
         if self.config.workers == 1:
             return None
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(self.config.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._executor = ProcessPoolExecutor(
+                self.config.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=scan.keep_freed_memory,
+            )
         return self._executor
 
     def close(self) -> None:
+        """Stop the workers (their idle memory is released before the writer's peak)."""
         if self._executor is not None:
             self._executor.shutdown(cancel_futures=True)
             self._executor = None
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def _map(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         """Run ``fn(*job)`` for each job (in worker processes when workers > 1), with a progress bar;
@@ -254,9 +276,16 @@ class PrepareJob:
 
     # ----------------------------------------------------------------- phases
     @property
+    def preload_writer(self) -> bool:
+        """Start the writer process with the job (``WriterProcess``) when reserving its memory leaves
+        at least half of ``--memory-limit`` to the workers."""
+        return self.config.memory_limit - WRITER_PROCESS_BYTES >= self.config.memory_limit // 2
+
+    @property
     def n_partitions(self) -> int:
         estimated = scan.estimate_events(self.sources, self.source_files)
-        return scan.choose_partition_count(estimated, self.config.memory_limit, self.config.workers)
+        reserved = WRITER_PROCESS_BYTES if self._writer is not None else 0
+        return scan.choose_partition_count(estimated, self.config.memory_limit - reserved, self.config.workers)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
         scan_dir = str(self.work / "scan")
@@ -400,19 +429,31 @@ class PrepareJob:
             mine = np.flatnonzero(plan["partition"] == p)
             mine = mine[np.argsort(plan["row"][mine])]
             jobs.append(
-                (samples_dir, buckets_dir, p, position[mine], plan["cost"][mine], micro_batch[mine], bucket_size)
+                (
+                    samples_dir,
+                    buckets_dir,
+                    p,
+                    position[mine],
+                    plan["cost"][mine],
+                    micro_batch[mine],
+                    bucket_size,
+                    with_features,
+                )
             )
         self._map(scatter_partition, jobs, "bucket", "partition")
         self._log(f"write: {n} samples in {n_buckets} buckets → {self.config.output}")
         if not storage.is_remote(self.config.output):
             Path(self.config.output).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
-        self.close()  # idle workers keep their peak memory: release it before this process imports streaming
+        self.close()  # idle workers keep their peak memory: release it before the writer's peak
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
+        args = (self.config.output, buckets_dir, bucket_size)
+        tail = (n, with_features, self.config.shard_size_limit)
         for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
-            write_part(
-                self.config.output, buckets_dir, bucket_size, part, n, with_features, self.config.shard_size_limit
-            )
+            if self._writer is not None:  # one part at a time: a part's memory is bounded by its buckets
+                self._writer.submit(write_part, *args, part, *tail).result()
+            else:
+                write_part(*args, part, *tail)
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
         storage.write_bytes(
             storage.join(self.config.output, "index.json"), merge_part_indexes(self.config.output, n_parts)

@@ -23,7 +23,7 @@ import pyarrow.ipc as ipc
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.scan import read_partition, read_user_partition
 
-SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]
+SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order
 MISSING_FEATURE = -1
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -39,13 +39,47 @@ SAMPLE_SCHEMA = pa.schema(
 )
 
 
+def time_order(user_ids: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
+    """A stable permutation ordering events by ``(user_id, ts)``; ``None`` if ``ts`` leaves [0, 2^32).
+
+    Users are replaced by their rank among the partition's distinct users (a few thousand values,
+    found with a hash join), which packs with the 32-bit timestamp into one uint64 key: one stable sort
+    of that key costs a fraction of a multi-column sort. Ties (same user and second) keep the
+    input order, which the scan phase makes ``(source, file_index, row)`` order.
+    """
+    if len(ts) and (int(ts.min()) < 0 or int(ts.max()) >= 2**32):
+        return None
+    distinct = np.sort(pl.Series(user_ids).unique().to_numpy())
+    ranks = pl.DataFrame({"user_id": distinct, "rank": np.arange(len(distinct), dtype=np.uint64)})
+    events = pl.DataFrame({"user_id": user_ids})
+    rank = events.join(ranks, on="user_id", how="left", maintain_order="left")["rank"].to_numpy()
+    key = pl.DataFrame({"key": (rank << np.uint64(32)) | ts.astype(np.uint64)})
+    return key.select(pl.arg_sort_by("key", maintain_order=True)).to_series().to_numpy()
+
+
 def sorted_events(scan_dir: str, partition: int, removed_items: np.ndarray | None) -> tuple[pl.DataFrame, int]:
-    """A partition's events minus k-core-removed items, in per-user time order, and the count before."""
-    frame = pl.from_arrow(read_partition(scan_dir, partition))
-    events_in = frame.height
+    """A partition's events minus k-core-removed items, in per-user time order, and the count before.
+
+    Spill files hold events in ``(source, file_index, row)`` order (``scan.read_partition``), so a
+    stable sort by ``(user_id, ts)`` is the canonical ``(user_id, ts, source, file_index, row)`` order.
+    """
+    table = read_partition(scan_dir, partition)
+    events_in = table.num_rows
+    frame = pl.DataFrame({name: _column(table, name) for name in table.column_names})
     if removed_items is not None and len(removed_items):
         frame = frame.filter(~pl.col("item_id").is_in(pl.Series(removed_items).implode()))
-    return frame.sort(SORT_KEYS), events_in
+    order = time_order(frame["user_id"].to_numpy(), frame["ts"].to_numpy())
+    if order is None:
+        return frame.sort(["user_id", "ts"], maintain_order=True), events_in
+    return pl.DataFrame({name: frame[name].to_numpy()[order] for name in frame.columns}), events_in
+
+
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    """One contiguous numpy column out of many spill batches (a single copy)."""
+    chunks = table.column(name).chunks
+    if not chunks:
+        return np.zeros(0, table.schema.field(name).type.to_pandas_dtype())
+    return np.concatenate([chunk.to_numpy() for chunk in chunks])
 
 
 def user_runs(user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,10 +113,13 @@ def _window_bounds(starts: np.ndarray, counts: np.ndarray, cfg: SampleConfig) ->
     return {"run": run, "window": window, "begin": begin, "end": end}
 
 
-def _window_index(begin: np.ndarray, end: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-    """List offsets of the samples and the event index gathering every window's events, in order."""
+def _window_index(begin: np.ndarray, end: np.ndarray, gather: bool) -> tuple[pa.Array, np.ndarray | None]:
+    """List offsets of the samples and (when ``gather``) the event index collecting every window's
+    events, in order; without ``gather`` the windows tile the events exactly and need no index."""
     lengths = end - begin
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    if not gather:
+        return pa.array(offsets), None
     index = np.repeat(begin - offsets[:-1], lengths) + np.arange(offsets[-1])
     return pa.array(offsets), index
 
@@ -113,6 +150,7 @@ def build_samples(
     """Cut samples from sorted events; returns the sample table and its event accounting."""
     users_all = frame["user_id"].to_numpy()
     starts, counts = user_runs(users_all)
+    users_in = len(starts)
     kcore_dropped = 0
     if cfg.kcore:
         weak = counts < cfg.kcore
@@ -125,7 +163,8 @@ def build_samples(
     oldest_begin = np.full(len(counts), np.iinfo(np.int64).max)
     np.minimum.at(oldest_begin, bounds["run"], bounds["begin"])
     used = int((starts + counts - oldest_begin).sum()) if len(counts) else 0
-    offsets, index = _window_index(bounds["begin"], bounds["end"])
+    identity = not cfg.window_stride and used == len(users_all)  # every event once, in order
+    offsets, index = _window_index(bounds["begin"], bounds["end"], gather=not identity)
     columns: dict[str, pa.Array] = {}
     for name, source_column, dtype in (
         ("item_ids", "item_id", pa.int64()),
@@ -133,7 +172,8 @@ def build_samples(
         ("actions", "action", pa.int32()),
         ("sources", "source", pa.int8()),
     ):
-        values = frame[source_column].to_numpy()[index]
+        values = frame[source_column].to_numpy()
+        values = values if index is None else values[index]
         columns[name] = pa.ListArray.from_arrays(offsets, pa.array(values, type=dtype))
     sample_users = users_all[starts[bounds["run"]]] if len(counts) else np.zeros(0, np.int64)
     features, missing_profiles = _user_feature_lists(sample_users, scan_dir, partition, feature_names)
@@ -155,7 +195,7 @@ def build_samples(
             "min_len": min_len_dropped,
             "truncated_max_uih_len": len(users_all) - kcore_dropped - min_len_dropped - used,
         },
-        "users_in": len(np.unique(users_all)) if len(users_all) else 0,
+        "users_in": users_in,
         "users_kept": len(counts),
         "samples": table.num_rows,
         "samples_without_profile": missing_profiles if feature_names else 0,
@@ -194,5 +234,5 @@ def load_partition_record(samples_dir: str, partition: int) -> dict[str, Any] | 
 
 
 def read_samples(samples_dir: str, partition: int, columns: list[str] | None = None) -> pa.Table:
-    table = ipc.open_file(Path(samples_dir) / f"p{partition:05d}.arrow").read_all()
+    table = ipc.open_file(pa.memory_map(str(Path(samples_dir) / f"p{partition:05d}.arrow"))).read_all()
     return table.select(columns) if columns else table

@@ -1,17 +1,19 @@
 """Phase 4 of ``prepare``: write samples as MDS shards in plan order, within the memory limit.
 
 Samples are built per user partition, but the plan interleaves all partitions. An external bucket
-sort bridges the two: every partition's samples go to the position bucket the plan gives them
-(``position // bucket_size``), then buckets are read in order, sorted by position and written with
-``MDSWriter``. Memory holds one partition or one bucket at a time. Rows end up in plan order, so a
-micro-batch is a contiguous row range and a rank streaming from object storage downloads only the
-shards its micro-batches live in.
+sort bridges the two: every partition's samples are encoded to MDS bytes (``mds_encode``, in the
+workers) and go to the position bucket the plan gives them (``position // bucket_size``), then
+buckets are read in order (memory-mapped), sorted by position and handed to ``MDSWriter``. Memory
+holds one partition or one bucket at a time. Rows end up in plan order, so a micro-batch is a
+contiguous row range and a rank streaming from object storage downloads only the shards its
+micro-batches live in.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +22,11 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from freescale import storage
+from freescale.pipeline.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.sequences import read_samples
 
 storage_join = storage.join
-
-LIST_COLUMNS = {"item_ids": "int64", "timestamps": "int64", "actions": "int32", "sources": "int8"}
-SCALAR_COLUMNS = {"user_id": "int64", "window": "int32", "length": "int32", "cost": "float64", "micro_batch": "int64"}
-
-
-def mds_columns(with_user_features: bool) -> dict[str, str]:
-    """MDS column encodings: jagged per-event arrays plus per-sample scalars."""
-    columns = {name: f"ndarray:{dtype}" for name, dtype in LIST_COLUMNS.items()}
-    if with_user_features:
-        columns["user_features"] = "ndarray:int32"
-    columns.update(SCALAR_COLUMNS)
-    return columns
+__all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "fast_mds_writer", "mds_columns", "scatter_partition", "write_part"]
 
 
 def bucket_files(buckets_dir: str, bucket: int) -> list[Path]:
@@ -49,15 +41,19 @@ def scatter_partition(
     costs: np.ndarray,
     micro_batches: np.ndarray,
     bucket_size: int,
+    with_user_features: bool,
 ) -> None:
-    """Split one partition's samples into position buckets (marker: ``scatter.p*.done``)."""
+    """Encode one partition's samples as MDS bytes and split them into position buckets (marker:
+    ``scatter.p*.done``). Encoding here runs in the workers, in parallel, instead of in the writer."""
     table = read_samples(samples_dir, partition)
-    table = table.append_column("position", pa.array(positions, pa.int64()))
     table = table.append_column("cost", pa.array(costs, pa.float64()))
     table = table.append_column("micro_batch", pa.array(micro_batches, pa.int64()))
+    encoded = pa.table(
+        {"position": pa.array(positions, pa.int64()), "sample": encode_samples(table, with_user_features)}
+    )
     buckets = positions // bucket_size
     for bucket in np.unique(buckets):
-        rows = table.filter(pa.array(buckets == bucket))
+        rows = encoded.filter(pa.array(buckets == bucket))
         path = Path(buckets_dir) / f"b{int(bucket):05d}.p{partition:05d}.arrow"
         with ipc.new_file(f"{path}.tmp", rows.schema) as writer:
             writer.write_table(rows)
@@ -69,32 +65,28 @@ def scatter_done(buckets_dir: str, partition: int) -> bool:
     return Path(buckets_dir, f"scatter.p{partition:05d}.done").exists()
 
 
-def _column_arrays(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    column = table.column(name).combine_chunks()
-    offsets = column.offsets.to_numpy()
-    values = column.values.to_numpy(zero_copy_only=False)
-    return offsets - offsets[0], values[offsets[0] : offsets[-1]]
+def iter_bucket_samples(buckets_dir: str, bucket: int, start: int = 0, end: int = 2**62) -> Iterator[memoryview]:
+    """Encoded samples of one bucket with plan positions in [start, end), in plan order.
 
-
-def iter_bucket_samples(buckets_dir: str, bucket: int, with_user_features: bool, start: int = 0, end: int = 2**62):
-    """Samples of one bucket with plan positions in [start, end), in plan order, as dicts ready for
-    ``MDSWriter.write``."""
-    tables = [ipc.open_file(path).read_all() for path in bucket_files(buckets_dir, bucket)]
-    if not tables:
+    Bucket files are memory-mapped and each sample is a view into them: nothing is copied before
+    ``MDSWriter`` joins a shard's samples, so the writer touches each byte once.
+    """
+    views, positions, bounds = [], [], []
+    for path in bucket_files(buckets_dir, bucket):
+        for batch in ipc.open_file(pa.memory_map(str(path))).read_all().to_batches():
+            column = batch.column("sample")
+            _, offsets_buffer, data_buffer = column.buffers()
+            offsets = np.frombuffer(offsets_buffer, np.int64)[column.offset : column.offset + len(column) + 1]
+            views.append(memoryview(data_buffer))
+            positions.append(batch.column("position").to_numpy())
+            bounds.append(np.stack([np.full(len(column), len(views) - 1), offsets[:-1], offsets[1:]], axis=1))
+    if not views:
         return
-    table = pa.concat_tables(tables)
-    position = table.column("position").to_numpy()
-    table = table.filter(pa.array((position >= start) & (position < end))).sort_by("position")
-    lists = {name: _column_arrays(table, name) for name in LIST_COLUMNS}
-    if with_user_features:
-        lists["user_features"] = _column_arrays(table, "user_features")
-    scalars = {name: table.column(name).to_numpy() for name in SCALAR_COLUMNS}
-    for i in range(table.num_rows):
-        sample: dict[str, Any] = {
-            name: values[offsets[i] : offsets[i + 1]] for name, (offsets, values) in lists.items()
-        }
-        sample.update({name: values[i] for name, values in scalars.items()})
-        yield sample
+    position = np.concatenate(positions)
+    mine = np.flatnonzero((position >= start) & (position < end))
+    spans = np.concatenate(bounds)[mine[np.argsort(position[mine])]].tolist()
+    for view, lo, hi in spans:
+        yield views[view][lo:hi]
 
 
 # MDS "ndarray" shape header: the smallest unsigned dtype holding the length (streaming's NDArray codes).
@@ -121,7 +113,9 @@ def fast_mds_writer(with_user_features: bool, **kwargs: Any):
     from streaming import MDSWriter  # heavy import (torchvision, transformers): only when writing
 
     class FreeScaleMDSWriter(MDSWriter):
-        def encode_sample(self, sample: dict[str, Any]) -> bytes:
+        def encode_sample(self, sample: dict[str, Any] | bytes | memoryview) -> bytes | memoryview:
+            if isinstance(sample, bytes | memoryview):  # already encoded by ``encode_samples`` in a worker
+                return sample
             sizes, data = [], []
             for name, encoding in zip(self.column_names, self.column_encodings):
                 value = sample[name]
@@ -134,6 +128,15 @@ def fast_mds_writer(with_user_features: bool, **kwargs: Any):
                     datum = _SCALAR_DTYPES[encoding](value).tobytes()
                 data.append(datum)
             return np.array(sizes, np.uint32).tobytes() + b"".join(data)
+
+        def encode_joint_shard(self) -> bytes:
+            """``MDSWriter.encode_joint_shard``'s bytes with one copy of the samples instead of two
+            (it joins the samples, then prepends the header to the joined copy)."""
+            sizes = [len(sample) for sample in self.new_samples]
+            offsets = np.array([0, *sizes]).cumsum().astype(np.uint32)
+            num_samples = np.uint32(len(self.new_samples)).tobytes()
+            offsets += len(num_samples) + len(offsets.tobytes()) + len(self.config_data)
+            return b"".join([num_samples, offsets.tobytes(), self.config_data, *self.new_samples])
 
     return FreeScaleMDSWriter(columns=mds_columns(with_user_features), **kwargs)
 
@@ -169,7 +172,7 @@ def write_part(
         with_user_features, out=storage_join(output, part_name(part)), size_limit=shard_size_limit, exist_ok=True
     ) as writer:
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
-            for sample in iter_bucket_samples(buckets_dir, bucket, with_user_features, start, end):
+            for sample in iter_bucket_samples(buckets_dir, bucket, start, end):
                 writer.write(sample)
                 written += 1
     Path(buckets_dir, f"write.{part_name(part)}.done").touch()

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.sequences import SORT_KEYS, build_samples
+from freescale.pipeline.sequences import SORT_KEYS, build_samples, time_order
 
 
 def events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
@@ -98,3 +98,26 @@ def test_many_users_vectorised_matches_python() -> None:
     assert got.keys() == expected.keys()
     assert got == expected  # ties in ts break by source, then by input row, in both
     assert record["events_used"] + sum(record["filtered"].values()) == len(rows)
+
+
+@pytest.mark.parametrize("ts_high", [2**31, 2**40])
+def test_packed_time_order_is_the_canonical_sort(ts_high: int) -> None:
+    """Events in (source, file_index, row) order, stably sorted by (user, ts), are in SORT_KEYS order;
+    timestamps beyond 32 bits take the general sort."""
+    rng = np.random.default_rng(ts_high)
+    n = 5_000
+    frame = pl.DataFrame(
+        {
+            "user_id": rng.choice([3, 2**62 + 5, 17, 2**40], n).astype(np.int64),
+            "item_id": np.arange(n, dtype=np.int64),
+            "ts": rng.integers(0, 40, n) + rng.choice([0, ts_high - 50], n),
+            "action": rng.integers(0, 3, n).astype(np.int32),
+            "source": rng.integers(0, 3, n).astype(np.int8),
+            "file_index": rng.integers(0, 2, n).astype(np.int32),
+            "row": rng.permutation(n).astype(np.int64),
+        }
+    ).sort(["source", "file_index", "row"])
+    order = time_order(frame["user_id"].to_numpy(), frame["ts"].to_numpy())
+    assert (order is None) == (ts_high >= 2**32 - 50)
+    if order is not None:
+        assert frame[order].equals(frame.sort(SORT_KEYS))
