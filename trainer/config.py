@@ -125,6 +125,7 @@ class EngineConfig:
     seed: int = 0  # model and table initialisation
     instrument: bool = True  # per-stage timers (CUDA: synchronises at stage boundaries)
     torchrec_pipeline: str = "auto"  # auto: TrainPipelineSparseDist (runs on CPU too), see torchrec_engine
+    pin_cpus: bool = False  # CPU runs: each local rank on its own slice of the host's cores
     overlap: str = "pec"  # freescale engine: pec = prioritized embedding communication (exact); none = synchronous
 
     def __post_init__(self) -> None:

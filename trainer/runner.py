@@ -272,10 +272,25 @@ def device_for(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def pin_to_cpus(local_rank: int, local_world_size: int) -> list[int]:
+    """Give each rank of this host its own slice of the allowed CPUs (threads started later inherit it).
+
+    Why: ranks that migrate between cores, or share one, finish identical work at different times;
+    on a small CPU host that jitter is most of the straggling left after balancing.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cpus) // max(1, local_world_size))
+    mine = cpus[local_rank * share : (local_rank + 1) * share] or cpus
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def main(cfg: RunConfig) -> dict[str, Any] | None:
     """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
     torch.set_num_threads(cfg.engine.threads)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.engine.pin_cpus:
+        pin_to_cpus(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = device_for(cfg, local_rank)
     if not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
