@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from freescale.trainer.config import write_run_toml
+
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_bubbles.json"
 FREESCALE = str(Path(sys.executable).parent / "freescale")
 RUNS = (
@@ -169,12 +171,7 @@ def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> s
             "timeline_steps": 4,
         },
     }
-    lines = []
-    for table, values in tables.items():
-        lines.append(f"[{table}]")
-        lines.extend(f"{key} = {json.dumps(value)}" for key, value in values.items())
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return write_run_toml(path, tables)
 
 
 def train(config: str, engine: str, cwd: Path, identical: bool = False) -> float:

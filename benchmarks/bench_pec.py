@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freescale.trainer.config import write_run_toml
+
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_pec.json"
 FREESCALE = str(Path(sys.executable).parent / "freescale")
 ENGINES = (("none", "freescale", "none"), ("pec", "freescale", "pec"), ("torchrec", "torchrec", "none"))
@@ -135,12 +137,7 @@ def write_config(path: Path, s: Settings, data: str, rows: int, overlap: str, ou
         "eval": {"max_users": 0},
         "logging": {"out_dir": str(out), "log_every": 12, "progress": False, "skip_steps": s.skip_steps},
     }
-    lines = []
-    for table, values in tables.items():
-        lines.append(f"[{table}]")
-        lines.extend(f"{key} = {json.dumps(value)}" for key, value in values.items())
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return write_run_toml(path, tables)
 
 
 def train(config: str, engine: str, out: Path, cwd: Path) -> dict[str, Any]:

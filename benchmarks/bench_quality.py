@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from freescale.trainer.config import write_run_toml
+
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_quality.json"
 FREESCALE = str(Path(sys.executable).parent / "freescale")
 
@@ -123,12 +125,7 @@ def write_config(path: Path, s: Settings, data: str, out: Path, architecture: st
         "eval": {"max_users": s.users, "k": s.k, "num_candidates": 0},
         "logging": {"out_dir": str(out), "log_every": 50, "progress": False},
     }
-    lines = []
-    for table, values in tables.items():
-        lines.append(f"[{table}]")
-        lines.extend(f"{key} = {json.dumps(value)}" for key, value in values.items())
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return write_run_toml(path, tables)
 
 
 def train(config: str, cwd: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.prepare import prepare
+from freescale.trainer.config import write_run_toml
 
 FREESCALE = str(Path(sys.executable).parent / "freescale")
 STEPS = 30
@@ -34,12 +35,7 @@ def run_toml(path: Path, data_path: str, out: Path, **extra: dict) -> str:
     }
     for table, values in extra.items():
         tables[table] = {**tables.get(table, {}), **values}
-    lines = []
-    for table, values in tables.items():
-        lines.append(f"[{table}]")
-        lines.extend(f"{key} = {json.dumps(value)}" for key, value in values.items())
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return write_run_toml(path, tables)
 
 
 def train(config: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -281,12 +281,23 @@ class RunConfig:
 
     def to_toml(self) -> str:
         """The resolved config as TOML (written next to the run's logs)."""
-        lines: list[str] = []
-        for name, section in self.to_dict().items():
-            lines.append(f"[{name}]")
-            lines.extend(f"{key} = {_toml_value(value)}" for key, value in section.items())
-            lines.append("")
-        return "\n".join(lines)
+        return tables_to_toml(self.to_dict())
+
+
+def tables_to_toml(tables: dict[str, dict[str, Any]]) -> str:
+    """``{table: {option: value}}`` as TOML text (run configs written by benchmarks and tests too)."""
+    lines: list[str] = []
+    for name, section in tables.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in section.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_run_toml(path: Path | str, tables: dict[str, dict[str, Any]]) -> str:
+    """Write a (partial) run config; returns the path as a string, ready for ``--config``."""
+    Path(path).write_text(tables_to_toml(tables))
+    return str(path)
 
 
 def _toml_value(value: Any) -> str:
