@@ -72,6 +72,7 @@ class Settings:
     inbatch_negatives: int = 32
     steps: int = 0  # 0: one epoch
     seed: int = 0
+    overlap: str = "pec"  # our engine's engine.overlap (pec is the default; none isolates balancing)
 
     def __post_init__(self) -> None:
         for name in ("users", "items", "cap", "micro_batch_size", "group_size", "d_model", "num_layers"):
@@ -160,7 +161,7 @@ def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> s
         "model": s.model_table(),
         "model_extra": {"num_items": s.items, "num_actions": 8, "inbatch_negatives": s.inbatch_negatives},
         "data": {"path": data, "max_steps": steps, "prefetch": 0},
-        "engine": {"threads": 1, "seed": s.seed, "pin_cpus": True},
+        "engine": {"threads": 1, "seed": s.seed, "pin_cpus": True, "overlap": s.overlap},
         "eval": {"max_users": 0},
         "logging": {
             "out_dir": str(out),
@@ -397,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="working directory (default: a temp dir)")
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every run (default 2)")
     parser.add_argument("--no-floor", action="store_true", help="skip the identical-batches noise-floor run")
+    parser.add_argument("--overlap", choices=["pec", "none"], default="pec", help="our engine's engine.overlap")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
@@ -405,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         s.users = args.users
     if args.steps:
         s.steps = args.steps
+    s.overlap = args.overlap
     engines = args.engines.split(",")
     runs = tuple(r for r in RUNS if r[0] in engines and not (args.no_floor and r[1] == "identical"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
