@@ -21,7 +21,6 @@ packing by cost) are reported alongside and only need the plan ≤ 1%.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from measure import write_result
 
 from freescale.pipeline.balance import BalanceConfig, plan_step_groups
 
@@ -286,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
     }
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
+        write_result(out, report)
         png = out.with_suffix(".png")
         plot(rows, png)
         print(f"wrote {out} and {png}")

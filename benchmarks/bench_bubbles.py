@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from measure import FREESCALE, write_result
 
 from freescale.trainer.config import write_run_toml
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_bubbles.json"
-FREESCALE = str(Path(sys.executable).parent / "freescale")
 RUNS = (
     ("freescale", "random"),
     ("freescale", "planned"),
@@ -178,7 +178,7 @@ def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> s
 def train(config: str, engine: str, cwd: Path, identical: bool = False) -> float:
     """One ``freescale train --nproc 2`` run; ``identical``: this script as the rank entry (see ``identical_rank``)."""
     start = time.perf_counter()
-    command = [FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine]
+    command = [*FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine]
     env = None
     if identical:
         command = [
@@ -420,10 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(report))
         out = Path(args.out) if args.out else (None if args.quick else RESULTS)
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
             for r in report["runs"]:
                 r.pop("timeline", None)
-            out.write_text(json.dumps(report, indent=1))
+            write_result(out, report)
             plot(report, out.with_suffix(".png"))
             print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0

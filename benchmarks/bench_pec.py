@@ -25,17 +25,18 @@ import argparse
 import json
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from measure import FREESCALE, write_result
+
+from freescale.trainer.bubbles import mean_embedding_comm
 from freescale.trainer.config import write_run_toml
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_pec.json"
-FREESCALE = str(Path(sys.executable).parent / "freescale")
 ENGINES = (("none", "freescale", "none"), ("pec", "freescale", "pec"), ("torchrec", "torchrec", "none"))
 TARGET_OVERLAP = 0.10
 TARGET_CUT_PCT = 90.0
@@ -144,7 +145,7 @@ def train(config: str, engine: str, out: Path, cwd: Path) -> dict[str, Any]:
     """One ``freescale train --nproc 2`` run; its bubbles.json report plus wall seconds."""
     start = time.perf_counter()
     result = subprocess.run(
-        [FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine],
+        [*FREESCALE, "train", "--config", config, "--nproc", "2", "--engine", engine],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -157,23 +158,14 @@ def train(config: str, engine: str, out: Path, cwd: Path) -> dict[str, Any]:
 
 
 def steady_state(steps: list[dict[str, Any]], skip: int) -> dict[str, Any]:
-    """Means of the per-step embedding-comm fields without the warm-up steps and the final (drain) step.
+    """Embedding-comm means without the warm-up steps and the final (drain) step.
 
     The same rule for every engine: the first steps compile and warm caches (and PEC's first step
     fetches synchronously), and at the last step of the data nothing is prefetched, so PEC sends every
     gradient synchronously like ``none`` — a one-off per run, not the steady state Fig. 9 shows.
     """
-    kept = list(steps[skip:-1])
-    out: dict[str, Any] = {"steady_steps": len(kept)}
-    for key in ("embedding_comm_ms", "embedding_comm_ol_ms", "embedding_comm_nol_ms", "embedding_comm_pct"):
-        out[key] = sum(line[key] for line in kept) / len(kept)
-    hidden = [line["nol_hidden_pct"] for line in kept if "nol_hidden_pct" in line]
-    if hidden:
-        out["nol_hidden_pct"] = sum(hidden) / len(hidden)
-    rates = [line["batch_overlap_rate"] for line in kept if "batch_overlap_rate" in line]
-    if rates:
-        out["batch_overlap_rate"] = {t: sum(r[t] for r in rates) / len(rates) for t in rates[0]}
-    return out
+    kept = steps[skip:-1]
+    return {"steady_steps": len(kept), **mean_embedding_comm(kept)}
 
 
 def run_point(s: Settings, zipf: float, rows: int, data: str, work: Path) -> dict[str, Any]:
@@ -288,8 +280,7 @@ def main() -> None:
     result = {"settings": asdict(s), "points": points, "verdict": verdict(points), "machine": machine()}
     print(json.dumps(result["verdict"], indent=1))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
+        write_result(out, result)
         plot(points, out.with_suffix(".png"))
         print(f"wrote {out} and {out.with_suffix('.png')}")
 

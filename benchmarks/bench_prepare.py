@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import FREESCALE, ensure_preset, run_measured
+from measure import FREESCALE, ensure_preset, run_measured, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -131,8 +131,7 @@ def main() -> None:
         f"{ours['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>10.2f}"
     )
     print(f"memory limit {limit / 2**20:,.0f} MB; targets: {result['targets']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(Path(args.out), result)
     print(f"wrote {args.out}")
 
 

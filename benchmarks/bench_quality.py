@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from measure import FREESCALE, write_result
 
 from freescale.trainer.config import write_run_toml
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_quality.json"
-FREESCALE = str(Path(sys.executable).parent / "freescale")
 
 
 @dataclass
@@ -131,7 +131,7 @@ def write_config(path: Path, s: Settings, data: str, out: Path, architecture: st
 def train(config: str, cwd: Path) -> dict[str, Any]:
     start = time.perf_counter()
     result = subprocess.run(
-        [FREESCALE, "train", "--config", config, "--nproc", "2"], cwd=cwd, capture_output=True, text=True
+        [*FREESCALE, "train", "--config", config, "--nproc", "2"], cwd=cwd, capture_output=True, text=True
     )
     if result.returncode:
         raise RuntimeError(f"training failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
@@ -190,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1, default=str))
+        write_result(out, report)
         print(f"wrote {out}")
     return 0
 

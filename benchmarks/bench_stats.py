@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import psutil
-from measure import FREESCALE, ensure_preset, run_measured
+from measure import FREESCALE, ensure_preset, run_measured, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -164,8 +164,7 @@ def main() -> None:
     )
     print(f"prepare phases 1-3 ≈ {result['prepare_phases_s_estimate']:.1f} s of the cold run")
     print(f"targets: {result['targets']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(Path(args.out), result)
     print(f"wrote {args.out}")
 
 

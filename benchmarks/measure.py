@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,12 @@ def run_measured(cmd: list[str], label: str) -> dict:
     if proc.returncode:
         raise SystemExit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
     return {"wall_s": wall, "peak_rss_bytes": peak, "stdout": out}
+
+
+def write_result(path: Path, result: dict) -> None:
+    """Write a benchmark's JSON result (parents created), as every script in benchmarks/ does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
 def ensure_preset(preset: str, data_dir: str) -> Path:

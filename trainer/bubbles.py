@@ -222,8 +222,16 @@ def summarize(steps: list[list[RankStep]], skip_steps: int = 0) -> dict[str, Any
 
 
 def summarize_embedding_comm(steps: list[list[RankStep]]) -> dict[str, Any]:
-    """Means over steps of ``embedding_comm_metrics`` (overlap rates: over steps that have a next batch)."""
-    per_step = [embedding_comm_metrics(ranks) for ranks in steps]
+    """Means over steps of ``embedding_comm_metrics``."""
+    return mean_embedding_comm([embedding_comm_metrics(ranks) for ranks in steps])
+
+
+def mean_embedding_comm(per_step: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means of per-step ``embedding_comm_metrics`` (or ``metrics.jsonl`` lines, which carry them).
+
+    PEC's counters and overlap rates are averaged over the steps that have them (the last step of
+    the data has no next batch).
+    """
     if not per_step:
         return {}
     keys = ("embedding_comm_ms", "embedding_comm_ol_ms", "embedding_comm_nol_ms", "embedding_comm_pct")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from freescale.trainer.sharded import DistContext, RowWiseShardedTables
+from freescale.trainer.sharded import DistContext, RowWiseShardedTables, source_ranks
 
 
 def segment_counts(mask: torch.Tensor, splits: list[int]) -> list[int]:
@@ -103,11 +103,6 @@ class OverlapMasks:
     hot_counts: list[int]
     ol_unique: list[int]  # per table: distinct OL rows this rank owns
     next_unique: list[int]  # per table: distinct step-(n+1) rows this rank owns
-
-
-def source_ranks(splits: list[int], device: torch.device) -> torch.Tensor:
-    """The peer of every entry of a buffer segmented by peer (``splits``)."""
-    return torch.repeat_interleave(torch.arange(len(splits), device=device), torch.tensor(splits, device=device))
 
 
 def readers_of(keys_now: torch.Tensor, keys_next: torch.Tensor, next_src: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,11 @@ def shard_bounds(rows: int, world_size: int, rank: int) -> tuple[int, int]:
     return min(rows, rank * per_rank), min(rows, (rank + 1) * per_rank)
 
 
+def source_ranks(splits: list[int], device: torch.device) -> torch.Tensor:
+    """The peer of every entry of a buffer segmented by peer (``splits``: entries per rank)."""
+    return torch.repeat_interleave(torch.arange(len(splits), device=device), torch.tensor(splits, device=device))
+
+
 @dataclass
 class DistContext:
     """What a step's later stages need to route rows and gradients back and forth."""
@@ -207,9 +212,7 @@ class RowWiseShardedTables:
         for t, (ids, position) in enumerate(zip(ctx.unique, ctx.send_position)):
             keys[position] = ids + self.key_offsets[t]
             tables[position] = t
-        splits = torch.tensor(ctx.send_splits, device=self.device)
-        owners = torch.repeat_interleave(torch.arange(self.world_size, device=self.device), splits)
-        return keys, owners, tables
+        return keys, source_ranks(ctx.send_splits, self.device), tables
 
     def owned_by_me(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mask of the keys whose row lives on this rank, their table)."""
