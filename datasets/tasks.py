@@ -54,6 +54,16 @@ class ReadTask:
     names: tuple[str, ...] = ()
     header_lines: int = 0
 
+    @property
+    def est_cost(self) -> float:
+        """Relative read time, to start the longest tasks first (a long text file last left one
+        core idle for a second): rows × the per-row cost of the format measured on the ``large``
+        preset (Parquet 0.19 µs, JSONL 1.45 µs, CSV 1.0 µs per row)."""
+        return self.est_rows * ROW_COST_BY_KIND.get(self.kind, 1.0)
+
+
+ROW_COST_BY_KIND = {"parquet": 1.0, "arrow": 0.5, "arrow_stream": 0.5, "csv": 5.0, "json": 7.5}
+
 
 def open_input(path: str, label: str) -> pa.NativeFile:
     """A random-access handle on a local file or S3 object; failures name the source and file."""

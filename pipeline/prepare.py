@@ -49,6 +49,7 @@ from freescale.pipeline.manifest import (
     build_manifest,
     read_manifest_if_any,
 )
+from freescale.pipeline.processes import init_worker
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, read_samples, run_partition
 from freescale.pipeline.writer import (
     PART_SIZE,
@@ -237,7 +238,7 @@ class PrepareJob:
             self._executor = ProcessPoolExecutor(
                 self.config.workers,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=scan.keep_freed_memory,
+                initializer=init_worker,
             )
         return self._executor
 
@@ -301,6 +302,7 @@ class PrepareJob:
             for i, task in enumerate(self.tasks)
             if scan.load_task_record(scan_dir, i) is None
         ]
+        todo.sort(key=lambda job: job[1].est_cost, reverse=True)  # longest first; records are per task id
         self._log(f"scan: {len(self.tasks)} read tasks ({len(todo)} to do), {n_partitions} user partitions")
         self._map(scan.run_scan_task, todo, "scan", "task")
         summary = scan.ScanSummary()

@@ -24,6 +24,7 @@ import numpy as np
 
 from freescale import storage
 from freescale.pipeline.manifest import ManifestError, read_manifest
+from freescale.pipeline.streaming_modules import streaming_dataset_class
 
 
 def default_cache_dir(dataset: str) -> str:
@@ -57,7 +58,7 @@ class PreparedDataset:
         rank must open it at the same point, not lazily in a prefetch thread. ``size`` is the
         dataset's total row count (``len()`` would be this rank's share of streaming's own split)."""
         if self._rows is None:
-            from streaming import StreamingDataset
+            StreamingDataset = streaming_dataset_class()
 
             remote = self.uri if storage.is_remote(self.uri) else None
             local = self.cache_dir if remote else self.uri

@@ -10,8 +10,6 @@ a killed job skips finished tasks when it resumes.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 from collections import Counter
@@ -24,7 +22,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from freescale.datasets.sources import EVENT_SCHEMA, SourcesConfig, plan_read_tasks, read_task, read_user_table
-from freescale.pipeline.writer_process import exit_with_parent
 
 # What a spill file keeps of an event: the tie-break columns (file_index, row) are implied by the
 # order of the rows (see ``read_partition``), so they are not written.
@@ -34,23 +31,6 @@ BYTES_PER_EVENT_IN_MEMORY = 160
 # Conservative on-disk bytes per event by format, to size partitions before reading anything.
 ESTIMATED_BYTES_PER_EVENT = {"parquet": 6, "arrow": 20}
 DEFAULT_BYTES_PER_EVENT = 20
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-
-
-def keep_freed_memory() -> None:
-    """Worker initializer: let glibc reuse freed blocks instead of returning them to the kernel.
-
-    Every chunk allocates columns of a few MB; by default glibc serves those with fresh ``mmap``s and
-    gives them back when freed, so each chunk paid page faults on zeroed pages again (a third of the
-    scan's CPU time went to the kernel). Blocks up to 32 MB now come from the heap and the heap is not
-    trimmed: a worker keeps its high-water mark, which the partition sizing already assumes.
-    Also ends the worker when the driver dies (``exit_with_parent``).
-    """
-    exit_with_parent()
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
-        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
 
 
 def partition_of(user_ids: np.ndarray, n_partitions: int) -> np.ndarray:
@@ -218,7 +198,6 @@ __all__ = [
     "ScanSummary",
     "choose_partition_count",
     "estimate_events",
-    "keep_freed_memory",
     "load_task_record",
     "partition_of",
     "plan_read_tasks",

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from freescale.pipeline import stats_ids
 from freescale.pipeline.cost import CostModel
+from freescale.pipeline.processes import init_worker
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
@@ -90,7 +91,9 @@ class Pool:
     def __init__(self, workers: int, progress: bool) -> None:
         self.progress = progress
         self.executor = (
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker)
+            if workers > 1
+            else None
         )
 
     def map(self, fn: Callable, jobs: list[tuple], desc: str) -> list[Any]:

@@ -24,6 +24,7 @@ import pyarrow.ipc as ipc
 from freescale import storage
 from freescale.pipeline.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.sequences import read_samples
+from freescale.pipeline.streaming_modules import mds_writer_class
 
 storage_join = storage.join
 __all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "fast_mds_writer", "mds_columns", "scatter_partition", "write_part"]
@@ -110,7 +111,7 @@ def fast_mds_writer(with_user_features: bool, **kwargs: Any):
     min/max); with five jagged arrays per sample that dominated ``prepare``. The output bytes are
     identical (``tests/test_writer.py`` checks against ``MDSWriter.encode_sample``).
     """
-    from streaming import MDSWriter  # heavy import (torchvision, transformers): only when writing
+    MDSWriter = mds_writer_class()  # imports torch (~2 s): only when writing
 
     class FreeScaleMDSWriter(MDSWriter):
         def encode_sample(self, sample: dict[str, Any] | bytes | memoryview) -> bytes | memoryview:

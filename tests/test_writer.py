@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
@@ -82,3 +85,24 @@ def test_joint_shard_matches_streaming(tmp_path) -> None:
     writer = fast_mds_writer(True, out=str(tmp_path / "fast"))
     writer.new_samples = [b"abc", memoryview(b"de"), b"", b"fghij" * 100]
     assert writer.encode_joint_shard() == MDSWriter.encode_joint_shard(writer)
+
+
+LEAN_IMPORT_PROBE = """
+import sys
+from freescale.pipeline.streaming_modules import mds_writer_class, streaming_dataset_class
+writer, dataset = mds_writer_class(), streaming_dataset_class()
+heavy = sorted(m for m in ("transformers", "torchvision") if m in sys.modules)
+lingering = "streaming" in sys.modules
+import streaming
+print(heavy, lingering, streaming.MDSWriter is writer, streaming.StreamingDataset is dataset)
+"""
+
+
+def test_streaming_classes_load_without_the_heavy_package_init(tmp_path) -> None:
+    """The writer and dataset classes come without transformers/torchvision, leave no stand-in
+    package behind, and are the very classes a later ``import streaming`` exposes."""
+    result = subprocess.run(
+        [sys.executable, "-c", LEAN_IMPORT_PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[-2] == "[] False True True"
