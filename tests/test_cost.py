@@ -69,10 +69,10 @@ def test_calibration_fit_recovers_micro_batch_coefficients() -> None:
 
 
 def test_calibrate_times_trainer_micro_batches_and_writes_a_cost_file(tmp_path) -> None:
-    model = ModelConfig(d_model=8, num_layers=1, num_heads=2, num_negatives=4, max_uih_len=40)
+    model = ModelConfig(d_model=8, num_layers=1, num_heads=2, num_negatives=4, max_uih_len=128)
     extra = ModelExtraConfig(num_items=100, num_actions=4, inbatch_negatives=2)
     path = tmp_path / "cost.json"
-    cost = calibrate(model, extra, 40, str(path), micro_batch_size=4, mixed=6, points=3, rounds=1)
+    cost = calibrate(model, extra, 128, str(path), micro_batch_size=4, mixed=6, points=3, rounds=3)
     assert cost.units == "seconds" and cost.a >= 0 and cost.b >= 0 and (cost.a > 0 or cost.b > 0)
     assert len(cost.details["seconds"]) == len(cost.details["lengths"]) == 9
     assert {len(ls) for ls in cost.details["lengths"]} == {2, 4, 8}  # c and d identifiable
@@ -83,10 +83,10 @@ def test_calibrate_times_trainer_micro_batches_and_writes_a_cost_file(tmp_path) 
 def test_calibrate_command_validates_and_writes(tmp_path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(
-        "[model]\nd_model = 8\nnum_layers = 1\nnum_heads = 2\nnum_negatives = 4\nmax_uih_len = 32\n"
+        "[model]\nd_model = 8\nnum_layers = 1\nnum_heads = 2\nnum_negatives = 4\nmax_uih_len = 128\n"
         "[model_extra]\nnum_items = 100\nnum_actions = 4\ninbatch_negatives = 2\n"
     )
     out = tmp_path / "cost.json"
-    assert calibrate_main(["--config", str(config), "--out", str(out), "--mixed", "3", "--rounds", "1"]) == 0
+    assert calibrate_main(["--config", str(config), "--out", str(out), "--mixed", "3", "--rounds", "3"]) == 0
     assert CostModel.from_file(str(out)).origin == "calibrated"
     assert calibrate_main(["--config", str(config), "--out", str(out), "--rounds", "0"]) == 2
