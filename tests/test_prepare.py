@@ -258,36 +258,14 @@ def test_cli_errors_are_one_clear_line(tmp_path) -> None:
         '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
     )
     (tmp_path / "log.csv").write_text("u,item,t\n1,2,3\n")
-    result = subprocess.run(
-        [
-            FREESCALE,
-            "prepare",
-            "--sources",
-            str(tmp_path / "sources.toml"),
-            "--output",
-            str(tmp_path / "out"),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+
+    def prepare_cli(*options: str) -> subprocess.CompletedProcess:
+        command = [FREESCALE, "prepare", "--sources", str(tmp_path / "sources.toml"), "--output", str(tmp_path / "out")]
+        return subprocess.run([*command, *options], capture_output=True, text=True, cwd=tmp_path)
+
+    result = prepare_cli("--quiet")
     assert result.returncode == 2
     assert "source 'log'" in result.stderr and "log.csv" in result.stderr and "column 'i'" in result.stderr
     assert "Traceback" not in result.stderr
-    result = subprocess.run(
-        [
-            FREESCALE,
-            "prepare",
-            "--sources",
-            str(tmp_path / "sources.toml"),
-            "--output",
-            str(tmp_path / "out"),
-            "--group-size",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    result = prepare_cli("--group-size", "0")
     assert result.returncode == 2 and "group_size" in result.stderr

@@ -157,14 +157,7 @@ def calibrate(
     """Time trainer-shaped micro-batches, fit, and (optionally) write the JSON ``prepare --cost-model`` reads."""
     lengths = design_lengths(max_len, micro_batch_size, mixed, points, seed)
     rng = np.random.default_rng(seed + 1)
-    collate_cfg = CollateConfig(
-        num_items=extra.num_items,
-        num_actions=extra.num_actions,
-        max_len=model_cfg.max_uih_len,
-        num_negatives=model_cfg.num_negatives,
-        inbatch_negatives=extra.inbatch_negatives,
-        length_group_ratio=extra.length_group_ratio,
-    )
+    collate_cfg = CollateConfig.for_model(model_cfg, extra)
     batches = [collate(synthetic_samples(ls, extra.num_items, rng), collate_cfg, i, 0) for i, ls in enumerate(lengths)]
     seconds = MicroBatchTimer(model_cfg, extra, seed).seconds(batches, rounds)
     sizes = [np.minimum(np.asarray(ls, dtype=np.float64), max_len) for ls in lengths]

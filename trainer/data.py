@@ -43,6 +43,21 @@ class CollateConfig:
         if self.max_len < 2:
             raise ValueError(f"model.max_uih_len must be >= 2 for next-item training, got {self.max_len}")
 
+    @classmethod
+    def for_model(cls, model: Any, extra: Any, holdout_last: bool = True, seed: int = 0) -> CollateConfig:
+        """From the run config's ``[model]`` (``ModelConfig``) and ``[model_extra]`` tables: the trainer
+        and ``calibrate`` collate the same way."""
+        return cls(
+            num_items=extra.num_items,
+            num_actions=extra.num_actions,
+            max_len=model.max_uih_len,
+            num_negatives=model.num_negatives,
+            inbatch_negatives=extra.inbatch_negatives,
+            length_group_ratio=extra.length_group_ratio,
+            holdout_last=holdout_last,
+            seed=seed,
+        )
+
 
 @dataclass
 class Batch:

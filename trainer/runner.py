@@ -41,16 +41,7 @@ from freescale.trainer.trace import plot_timeline, write_trace
 
 
 def collate_config(cfg: RunConfig) -> CollateConfig:
-    return CollateConfig(
-        num_items=cfg.model_extra.num_items,
-        num_actions=cfg.model_extra.num_actions,
-        max_len=cfg.model.max_uih_len,
-        num_negatives=cfg.model.num_negatives,
-        inbatch_negatives=cfg.model_extra.inbatch_negatives,
-        length_group_ratio=cfg.model_extra.length_group_ratio,
-        holdout_last=cfg.data.holdout_last,
-        seed=cfg.data.seed,
-    )
+    return CollateConfig.for_model(cfg.model, cfg.model_extra, holdout_last=cfg.data.holdout_last, seed=cfg.data.seed)
 
 
 def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> Any:
