@@ -2,14 +2,20 @@
 
 Phases, each restartable from its completion markers in the work directory:
 
-1. scan     — read all sources in parallel tasks, validate, spill events by user partition;
+1. scan     — read all sources in parallel tasks, validate, spill events by user partition and
+               count events per user;
 2. k-core   — optional iterative filter over users and items (global item counts per pass);
-3. samples  — per partition: merge sources by time, cut samples (``sequences``);
-4. plan     — cost every sample (``cost``) and plan step groups (``balance``);
-5. write    — encode samples (workers), bucket-sort them into plan order, write MDS shards in a writer
-               process that was started with the job, so importing mosaicml-streaming overlaps the
-               scan (``writer``, ``mds_encode``, ``writer_process``);
+3. plan     — every sample's length follows from its user's event count (``planned_samples``), so
+               samples are costed (``cost``) and placed in step groups (``balance``) before any is built;
+4. samples  — per partition: merge sources by time, cut samples (``sequences``), encode them as MDS
+               bytes and split them into plan-order buckets (``writer.BucketSink``), in the workers;
+5. write    — read buckets in order and write MDS shards in a writer process that was started with
+               the job, so importing mosaicml-streaming overlaps the scan (``writer_process``);
 6. manifest — accounting, balance report, config; written last, so its presence means "complete".
+
+Intermediate files are deleted as soon as they are consumed (spill files when their partition is
+built, buckets when their parts are written): besides disk, that hands their page cache to the next
+files written (see ``scan.remove_partition``).
 
 Memory stays bounded by ``--memory-limit``: partitions and buckets are sized so that the workers
 hold at most half of what is left after the writer process's reservation (``WRITER_PROCESS_BYTES``,
@@ -22,7 +28,6 @@ import contextlib
 import hashlib
 import io
 import json
-import multiprocessing
 import shutil
 import tempfile
 import time
@@ -49,24 +54,17 @@ from freescale.pipeline.manifest import (
     build_manifest,
     read_manifest_if_any,
 )
-from freescale.pipeline.processes import init_worker
-from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, read_samples, run_partition
-from freescale.pipeline.writer import (
-    PART_SIZE,
-    merge_part_indexes,
-    part_done,
-    save_json,
-    scatter_done,
-    scatter_partition,
-    write_part,
-)
+from freescale.pipeline.processes import PREPARE_WORKER_MODULES, start_pool
+from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, save_json, write_part
 from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
 TARGET_ROWS_PER_TASK = 1_000_000
 WRITER_IMPORT_BYTES = 900 * 2**20  # resident cost of importing mosaicml-streaming (measured, torch 2.14)
 
 
-WORK_LAYOUT = 2  # bump when spill, bucket or marker formats change
+WORK_LAYOUT = 3  # bump when spill, bucket or marker formats change
+KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 
 
 class PrepareError(RuntimeError):
@@ -88,9 +86,10 @@ class BuiltSamples:
 class PrepareJob:
     """One ``prepare`` run; ``run()`` returns the manifest."""
 
-    def __init__(self, config: PrepareConfig) -> None:
+    def __init__(self, config: PrepareConfig, pool: ProcessPoolExecutor | None = None) -> None:
+        """``pool``: workers started earlier (``processes.start_pool``), used instead of starting new ones."""
         self._started = time.perf_counter()
-        self._executor: ProcessPoolExecutor | None = None
+        self._executor = pool
         self._writer: WriterProcess | None = None
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
@@ -144,11 +143,11 @@ class PrepareJob:
 
     # ----------------------------------------------------------------- driver
     def run(self) -> dict[str, Any]:
-        existing = self._check_output()
-        if existing is not None:
-            self._log("output is up to date (same config and sources): nothing to do")
-            return existing
         try:
+            existing = self._check_output()
+            if existing is not None:
+                self._log("output is up to date (same config and sources): nothing to do")
+                return existing
             return self._run()
         finally:
             self.close()
@@ -157,10 +156,13 @@ class PrepareJob:
     def _run(self) -> dict[str, Any]:
         if self.preload_writer:
             self._writer = WriterProcess()
-        built = self.build_samples()
-        scan_summary, users_record, sample_records = built.scan, built.users, built.partitions
-        plan_info = self._plan()
-        self._write(plan_info, bool(users_record["features"]))
+        self._make_work_dirs()
+        scan_summary, users_record = self._scan()
+        removed_items = self._kcore()
+        plan_info = self._plan(removed_items)
+        with_features = bool(users_record["features"])
+        sample_records = self._build_buckets(removed_items, users_record["features"], plan_info, with_features)
+        self._write(plan_info, with_features)
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
         manifest = json.loads(
             json.dumps(build_manifest(self, scan_summary, users_record, sample_records, plan_info), default=str)
@@ -171,10 +173,14 @@ class PrepareJob:
             self.work.parent.rmdir()  # only when no other job's work is left there
         return manifest
 
-    def build_samples(self) -> BuiltSamples:
-        """Phases 1–3 (scan, k-core, samples), resumable; ``stats`` reuses them on raw sources."""
+    def _make_work_dirs(self) -> None:
         for sub in ("scan", "samples", "buckets"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
+
+    def build_samples(self) -> BuiltSamples:
+        """Scan, k-core and sample files (``read_samples``), resumable: what ``stats`` reads on raw
+        sources. ``prepare`` itself encodes the samples straight into plan-order buckets instead."""
+        self._make_work_dirs()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
         records = self._build_samples(removed_items, users_record["features"])
@@ -185,10 +191,6 @@ class PrepareJob:
             samples_dir=str(self.work / "samples"),
             n_partitions=self._n_partitions,
         )
-
-    def sample_metadata(self) -> dict[str, np.ndarray]:
-        """Partition, row and length of every built sample in canonical (user_id, window) order."""
-        return self._sample_metadata()
 
     def _log(self, message: str) -> None:
         if self.config.progress:
@@ -235,11 +237,7 @@ class PrepareJob:
         if self.config.workers == 1:
             return None
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                self.config.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker,
-            )
+            self._executor = start_pool(self.config.workers, PREPARE_WORKER_MODULES)
         return self._executor
 
     def close(self) -> None:
@@ -349,10 +347,12 @@ class PrepareJob:
         scan_dir = str(self.work / "scan")
         for iteration in range(self.config.samples.kcore_max_iterations):
             jobs = [(scan_dir, p, removed, k) for p in range(self._n_partitions)]
-            counts = pl.concat(self._map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition"))
-            totals = counts.group_by("item_id").agg(pl.col("count").sum())
+            results = self._map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition")
+            totals = pl.concat([items for items, _ in results]).group_by("item_id").agg(pl.col("count").sum())
             weak = totals.filter(pl.col("count") < k)["item_id"].to_numpy()
             if len(weak) == 0:
+                users = pl.concat([user_counts for _, user_counts in results]).sort("user_id")
+                np.save(self.work / "samples" / KCORE_USER_COUNTS, users.to_numpy().T.astype(np.int64))
                 break
             removed = np.union1d(removed, weak)
         else:
@@ -375,74 +375,80 @@ class PrepareJob:
         self._map(run_partition, todo, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
-    def _sample_metadata(self) -> dict[str, np.ndarray]:
-        """All samples in canonical (user_id, window) order: partition, row and length of each."""
-        samples_dir = str(self.work / "samples")
-        parts, rows, users, windows, lengths = [], [], [], [], []
-        for p in range(self._n_partitions):
-            table = read_samples(samples_dir, p, ["user_id", "window", "length"])
-            parts.append(np.full(table.num_rows, p, np.int32))
-            rows.append(np.arange(table.num_rows, dtype=np.int64))
-            users.append(table.column("user_id").to_numpy())
-            windows.append(table.column("window").to_numpy())
-            lengths.append(table.column("length").to_numpy())
-        users_all, windows_all = np.concatenate(users), np.concatenate(windows)
-        order = np.lexsort((windows_all, users_all))
-        return {
-            "partition": np.concatenate(parts)[order],
-            "row": np.concatenate(rows)[order],
-            "length": np.concatenate(lengths)[order].astype(np.int64),
-        }
+    def _user_counts(self, removed_items: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Every user's event count as ``build_samples`` will see it: from the scan's per-task counts,
+        or after k-core item removal from the last k-core pass."""
+        if removed_items is not None:
+            users, counts = np.load(self.work / "samples" / KCORE_USER_COUNTS)
+            return users, counts
+        return scan.user_event_counts(str(self.work / "scan"), len(self.tasks))
 
-    def _plan(self) -> dict[str, Any]:
+    def _plan(self, removed_items: str | None) -> dict[str, Any]:
+        """Cost and place every sample before any is built: lengths follow from per-user counts."""
         path = self.work / "plan.npz"
         report_path = self.work / "plan.json"
         if path.exists() and report_path.exists():
             data = np.load(path)
             return {**{k: data[k] for k in data.files}, "report": json.loads(report_path.read_text())}
-        meta = self._sample_metadata()
+        users, counts = self._user_counts(removed_items)
+        meta = planned_samples(users, counts, self.config.samples)  # canonical (user_id, window) order
         if len(meta["length"]) == 0:
             raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
         plan = plan_step_groups(costs, self.config.balance)
-        info = {**meta, "cost": costs, "order": plan.order, "offsets": plan.micro_batch_offsets}
+        info = {
+            "partition": scan.partition_of(meta["user_id"], self._n_partitions),
+            "length": meta["length"],
+            "cost": costs,
+            "order": plan.order,
+            "offsets": plan.micro_batch_offsets,
+        }
         np.savez(path, **info)
         save_json(report_path, plan.report)
         return {**info, "report": plan.report}
 
-    def _write(self, plan: dict[str, Any], with_features: bool) -> None:
+    def _bucket_size(self, plan: dict[str, Any]) -> int:
+        """Samples per bucket: a bucket (its encoded samples, read back and sorted) must fit what the
+        writer process leaves of the memory limit."""
+        n, total_events = len(plan["order"]), int(plan["length"].sum())
+        writer_budget = max(self.config.memory_limit - WRITER_IMPORT_BYTES, self.config.memory_limit // 8)
+        budget_events = max(writer_budget // (3 * scan.BYTES_PER_EVENT_IN_MEMORY), 1)
+        return max(1, int(n * budget_events // max(total_events, 1)))
+
+    def _build_buckets(
+        self, removed_items: str | None, features: list[str], plan: dict[str, Any], with_features: bool
+    ) -> list[dict[str, Any]]:
+        """Build each partition's samples and encode them into plan-order buckets (``BucketSink``)."""
         n = len(plan["order"])
         position = np.empty(n, np.int64)
         position[plan["order"]] = np.arange(n)
         micro_batch = np.repeat(np.arange(len(plan["offsets"]) - 1), np.diff(plan["offsets"]))[position]
-        total_events = int(plan["length"].sum())
-        # The writer process also holds mosaicml-streaming (torch, transformers: ~900 MB resident).
-        writer_budget = max(self.config.memory_limit - WRITER_IMPORT_BYTES, self.config.memory_limit // 8)
-        budget_events = max(writer_budget // (3 * scan.BYTES_PER_EVENT_IN_MEMORY), 1)
-        bucket_size = max(1, int(n * budget_events // max(total_events, 1)))
-        n_buckets = -(-n // bucket_size)
-        buckets_dir = str(self.work / "buckets")
+        bucket_size = self._bucket_size(plan)
         samples_dir = str(self.work / "samples")
         jobs = []
         for p in range(self._n_partitions):
-            if scatter_done(buckets_dir, p):
+            if load_partition_record(samples_dir, p) is not None:
                 continue
-            mine = np.flatnonzero(plan["partition"] == p)
-            mine = mine[np.argsort(plan["row"][mine])]
-            jobs.append(
-                (
-                    samples_dir,
-                    buckets_dir,
-                    p,
-                    position[mine],
-                    plan["cost"][mine],
-                    micro_batch[mine],
-                    bucket_size,
-                    with_features,
-                )
+            mine = np.flatnonzero(plan["partition"] == p)  # canonical order, as build_samples returns them
+            sink = BucketSink(
+                str(self.work / "buckets"),
+                position[mine],
+                plan["cost"][mine],
+                micro_batch[mine],
+                plan["length"][mine].astype(np.int32),
+                bucket_size,
+                with_features,
             )
-        self._map(scatter_partition, jobs, "bucket", "partition")
+            jobs.append((str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink))
+        self._map(run_partition, jobs, "samples", "partition")
+        return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
+
+    def _write(self, plan: dict[str, Any], with_features: bool) -> None:
+        n = len(plan["order"])
+        bucket_size = self._bucket_size(plan)
+        n_buckets = -(-n // bucket_size)
+        buckets_dir = str(self.work / "buckets")
         self._log(f"write: {n} samples in {n_buckets} buckets → {self.config.output}")
         if not storage.is_remote(self.config.output):
             Path(self.config.output).mkdir(parents=True, exist_ok=True)
@@ -483,9 +489,9 @@ def quarantine_lines(examples: dict[str, list[dict]]) -> str:
     )
 
 
-def prepare(config: PrepareConfig) -> dict[str, Any]:
-    """Run ``freescale prepare`` with ``config``; returns the manifest."""
-    return PrepareJob(config).run()
+def prepare(config: PrepareConfig, pool: ProcessPoolExecutor | None = None) -> dict[str, Any]:
+    """Run ``freescale prepare`` with ``config`` (on ``pool``'s workers if given); returns the manifest."""
+    return PrepareJob(config, pool).run()
 
 
 __all__ = ["PrepareError", "PrepareJob", "prepare"]

@@ -8,15 +8,42 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import threading
+from concurrent.futures import ProcessPoolExecutor
 
 POLARS_THREADS_PER_WORKER = "1"
+# pyarrow's mimalloc and polars' jemalloc return freed memory to the kernel within milliseconds to
+# seconds; the next chunk then faults it back in, zeroed. Workers keep it instead (see
+# ``keep_freed_memory`` for glibc's heap, which numpy uses). Both read these when first loaded.
+ALLOCATORS_KEEP_FREED_MEMORY = {
+    "MIMALLOC_PURGE_DELAY": "-1",
+    "_RJEM_MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
+}
 
 
-def init_worker() -> None:
+# What ``prepare``'s workers run: imported by the pool initializer, while the driver is still busy.
+PREPARE_WORKER_MODULES = ("freescale.pipeline.scan", "freescale.pipeline.sequences", "freescale.pipeline.writer")
+
+
+def start_pool(workers: int, modules: tuple[str, ...] = ()) -> ProcessPoolExecutor:
+    """A spawn pool whose ``workers`` processes start now and import ``modules`` right away.
+
+    ``ProcessPoolExecutor`` starts a process per submission; without the warm-up submissions the
+    workers would start (and spend ~0.7 s each on imports) only when the first real task arrives.
+    """
+    pool = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker, initargs=(modules,)
+    )
+    for _ in range(workers):
+        pool.submit(int)
+    return pool
+
+
+def init_worker(modules: tuple[str, ...] = ()) -> None:
     """Pool initializer of the scan/sample/bucket workers.
 
     One polars thread per worker: the job runs one worker per core already, and polars' default
@@ -24,8 +51,12 @@ def init_worker() -> None:
     took 4.5 s with it and 3.2 s without. A user's own ``POLARS_MAX_THREADS`` wins.
     """
     os.environ.setdefault("POLARS_MAX_THREADS", POLARS_THREADS_PER_WORKER)
+    for name, value in ALLOCATORS_KEEP_FREED_MEMORY.items():
+        os.environ.setdefault(name, value)
     exit_with_parent()
     keep_freed_memory()
+    for name in modules:
+        importlib.import_module(name)
 
 
 def exit_with_parent() -> None:

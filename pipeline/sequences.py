@@ -10,8 +10,10 @@ items. Every event that does not reach a sample is counted under a reason, so
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.scan import read_partition, read_user_partition
+from freescale.pipeline.scan import read_partition, read_user_partition, remove_partition
 
 SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order
 MISSING_FEATURE = -1
@@ -91,12 +93,38 @@ def user_runs(user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts.astype(np.int64), lengths.astype(np.int64)
 
 
-def kcore_item_counts(scan_dir: str, partition: int, removed_items: np.ndarray, k: int) -> pl.DataFrame:
-    """Item counts among users that keep ≥ k events once ``removed_items`` are gone (one k-core pass)."""
+def kcore_item_counts(
+    scan_dir: str, partition: int, removed_items: np.ndarray, k: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One k-core pass: item counts among users that keep ≥ k events once ``removed_items`` are gone,
+    and every user's event count then (columns ``user_id``, ``count``: what the plan needs after
+    the last pass)."""
     frame, _ = sorted_events(scan_dir, partition, removed_items)
-    kept_users = frame.group_by("user_id").len().filter(pl.col("len") >= k).select("user_id")
+    user_counts = frame.group_by("user_id").len().rename({"len": "count"})
+    kept_users = user_counts.filter(pl.col("count") >= k).select("user_id")
     kept = frame.join(kept_users, on="user_id", how="semi")
-    return kept.group_by("item_id").len().rename({"len": "count"})
+    return kept.group_by("item_id").len().rename({"len": "count"}), user_counts
+
+
+def _dropped_users(counts: np.ndarray, cfg: SampleConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Users below the k-core size and, among the rest, users shorter than ``min_len`` (two masks)."""
+    weak = counts < cfg.kcore if cfg.kcore else np.zeros(len(counts), bool)
+    return weak, ~weak & (counts < cfg.min_len)
+
+
+def planned_samples(users: np.ndarray, counts: np.ndarray, cfg: SampleConfig) -> dict[str, np.ndarray]:
+    """User, window and length of every sample ``build_samples`` will cut, from per-user event counts
+    alone (``users`` sorted): the plan is made from these before any sample is built. Same order as
+    ``build_samples``' output, (user_id, window), and the same filters and window rules."""
+    weak, short = _dropped_users(counts, cfg)
+    keep = ~(weak | short)
+    users, counts = users[keep], counts[keep]
+    bounds = _window_bounds(np.zeros_like(counts), counts, cfg)  # lengths do not depend on the starts
+    return {
+        "user_id": users[bounds["run"]],
+        "window": bounds["window"].astype(np.int32),
+        "length": (bounds["end"] - bounds["begin"]).astype(np.int64),
+    }
 
 
 def _window_bounds(starts: np.ndarray, counts: np.ndarray, cfg: SampleConfig) -> dict[str, np.ndarray]:
@@ -151,14 +179,9 @@ def build_samples(
     users_all = frame["user_id"].to_numpy()
     starts, counts = user_runs(users_all)
     users_in = len(starts)
-    kcore_dropped = 0
-    if cfg.kcore:
-        weak = counts < cfg.kcore
-        kcore_dropped = int(counts[weak].sum())
-        starts, counts = starts[~weak], counts[~weak]
-    short = counts < cfg.min_len
-    min_len_dropped = int(counts[short].sum())
-    starts, counts = starts[~short], counts[~short]
+    weak, short = _dropped_users(counts, cfg)
+    kcore_dropped, min_len_dropped = int(counts[weak].sum()), int(counts[short].sum())
+    starts, counts = starts[~(weak | short)], counts[~(weak | short)]
     bounds = _window_bounds(starts, counts, cfg)
     oldest_begin = np.full(len(counts), np.iinfo(np.int64).max)
     np.minimum.at(oldest_begin, bounds["run"], bounds["begin"])
@@ -203,6 +226,14 @@ def build_samples(
     return table, record
 
 
+def write_sample_file(samples_dir: str, table: pa.Table, partition: int) -> None:
+    """The default sink of ``run_partition``: ``samples_dir/pNNNNN.arrow`` (``read_samples``)."""
+    out = Path(samples_dir) / f"p{partition:05d}.arrow"
+    with ipc.new_file(f"{out}.tmp", SAMPLE_SCHEMA) as writer:
+        writer.write_table(table)
+    os.replace(f"{out}.tmp", out)
+
+
 def run_partition(
     scan_dir: str,
     samples_dir: str,
@@ -210,21 +241,22 @@ def run_partition(
     cfg: SampleConfig,
     removed_items_path: str | None,
     feature_names: list[str],
+    sink: Callable[[pa.Table, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Build one partition's samples; the record JSON written last is the completion marker."""
+    """Build one partition's samples and hand them to ``sink(table, partition)`` (default: the sample
+    file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead). The record
+    JSON in ``samples_dir``, written last, is the completion marker."""
     removed = np.load(removed_items_path) if removed_items_path else None
     frame, events_in = sorted_events(scan_dir, partition, removed)
     removed_events = events_in - frame.height
     table, record = build_samples(frame, cfg, scan_dir, partition, feature_names)
     record["events_in"] += removed_events
     record["filtered"]["kcore"] += removed_events
-    out = Path(samples_dir) / f"p{partition:05d}.arrow"
-    with ipc.new_file(f"{out}.tmp", SAMPLE_SCHEMA) as writer:
-        writer.write_table(table)
-    os.replace(f"{out}.tmp", out)
+    (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
     marker = Path(samples_dir) / f"p{partition:05d}.json"
     Path(f"{marker}.tmp").write_text(json.dumps(record))
     os.replace(f"{marker}.tmp", marker)
+    remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record
 
 

@@ -14,10 +14,8 @@ independent of the partitioning), so repeated runs and different fractions agree
 
 from __future__ import annotations
 
-import multiprocessing
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from tqdm import tqdm
 
 from freescale.pipeline import stats_ids
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.processes import init_worker
+from freescale.pipeline.processes import start_pool
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
@@ -90,11 +88,7 @@ class Pool:
 
     def __init__(self, workers: int, progress: bool) -> None:
         self.progress = progress
-        self.executor = (
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker)
-            if workers > 1
-            else None
-        )
+        self.executor = start_pool(workers) if workers > 1 else None
 
     def map(self, fn: Callable, jobs: list[tuple], desc: str) -> list[Any]:
         """``fn(*job)`` for each job, results in job order, with a progress bar."""

@@ -1,8 +1,8 @@
-"""Phase 4 of ``prepare``: write samples as MDS shards in plan order, within the memory limit.
+"""Phases 4–5 of ``prepare``: samples into plan-order buckets, then MDS shards, within the memory limit.
 
 Samples are built per user partition, but the plan interleaves all partitions. An external bucket
-sort bridges the two: every partition's samples are encoded to MDS bytes (``mds_encode``, in the
-workers) and go to the position bucket the plan gives them (``position // bucket_size``), then
+sort bridges the two: as a worker builds a partition's samples it encodes them to MDS bytes
+(``mds_encode``) and sends each to the position bucket the plan gives it (``BucketSink``); then
 buckets are read in order (memory-mapped), sorted by position and handed to ``MDSWriter``. Memory
 holds one partition or one bucket at a time. Rows end up in plan order, so a micro-batch is a
 contiguous row range and a rank streaming from object storage downloads only the shards its
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,47 +24,53 @@ import pyarrow.ipc as ipc
 
 from freescale import storage
 from freescale.pipeline.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
-from freescale.pipeline.sequences import read_samples
 from freescale.pipeline.streaming_modules import mds_writer_class
 
 storage_join = storage.join
-__all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "fast_mds_writer", "mds_columns", "scatter_partition", "write_part"]
+__all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "BucketSink", "fast_mds_writer", "mds_columns", "write_part"]
 
 
 def bucket_files(buckets_dir: str, bucket: int) -> list[Path]:
     return sorted(Path(buckets_dir).glob(f"b{bucket:05d}.p*.arrow"))
 
 
-def scatter_partition(
-    samples_dir: str,
-    buckets_dir: str,
-    partition: int,
-    positions: np.ndarray,
-    costs: np.ndarray,
-    micro_batches: np.ndarray,
-    bucket_size: int,
-    with_user_features: bool,
-) -> None:
-    """Encode one partition's samples as MDS bytes and split them into position buckets (marker:
-    ``scatter.p*.done``). Encoding here runs in the workers, in parallel, instead of in the writer."""
-    table = read_samples(samples_dir, partition)
-    table = table.append_column("cost", pa.array(costs, pa.float64()))
-    table = table.append_column("micro_batch", pa.array(micro_batches, pa.int64()))
-    encoded = pa.table(
-        {"position": pa.array(positions, pa.int64()), "sample": encode_samples(table, with_user_features)}
-    )
-    buckets = positions // bucket_size
-    for bucket in np.unique(buckets):
-        rows = encoded.filter(pa.array(buckets == bucket))
-        path = Path(buckets_dir) / f"b{int(bucket):05d}.p{partition:05d}.arrow"
-        with ipc.new_file(f"{path}.tmp", rows.schema) as writer:
-            writer.write_table(rows)
-        os.replace(f"{path}.tmp", path)
-    Path(buckets_dir, f"scatter.p{partition:05d}.done").touch()
+@dataclass(frozen=True)
+class BucketSink:
+    """``run_partition``'s sink in ``prepare``: encode a partition's samples as MDS bytes (in the
+    workers, in parallel) with their plan cost and micro-batch, and split them into position buckets
+    (``position // bucket_size``). The arrays hold the partition's planned samples in (user_id,
+    window) order, which is also the order ``build_samples`` returns them in."""
 
+    buckets_dir: str
+    positions: np.ndarray
+    costs: np.ndarray
+    micro_batches: np.ndarray
+    lengths: np.ndarray
+    bucket_size: int
+    with_user_features: bool
 
-def scatter_done(buckets_dir: str, partition: int) -> bool:
-    return Path(buckets_dir, f"scatter.p{partition:05d}.done").exists()
+    def __call__(self, table: pa.Table, partition: int) -> None:
+        lengths = table.column("length").to_numpy()
+        if len(lengths) != len(self.lengths) or not np.array_equal(lengths, self.lengths):
+            raise RuntimeError(
+                f"partition {partition}: built {len(lengths)} samples, but the plan (made from the scan's "
+                f"per-user counts) has {len(self.lengths)} or other lengths; the work directory is stale"
+            )
+        table = table.append_column("cost", pa.array(self.costs, pa.float64()))
+        table = table.append_column("micro_batch", pa.array(self.micro_batches, pa.int64()))
+        encoded = pa.table(
+            {
+                "position": pa.array(self.positions, pa.int64()),
+                "sample": encode_samples(table, self.with_user_features),
+            }
+        )
+        buckets = self.positions // self.bucket_size
+        for bucket in np.unique(buckets):
+            rows = encoded.filter(pa.array(buckets == bucket))
+            path = Path(self.buckets_dir) / f"b{int(bucket):05d}.p{partition:05d}.arrow"
+            with ipc.new_file(f"{path}.tmp", rows.schema) as writer:
+                writer.write_table(rows)
+            os.replace(f"{path}.tmp", path)
 
 
 def iter_bucket_samples(buckets_dir: str, bucket: int, start: int = 0, end: int = 2**62) -> Iterator[memoryview]:
@@ -177,6 +184,9 @@ def write_part(
                 writer.write(sample)
                 written += 1
     Path(buckets_dir, f"write.{part_name(part)}.done").touch()
+    for bucket in range(start // bucket_size, end // bucket_size):  # buckets no later part reads
+        for path in bucket_files(buckets_dir, bucket):
+            path.unlink()
     return written
 
 

@@ -269,3 +269,21 @@ def test_cli_errors_are_one_clear_line(tmp_path) -> None:
     assert "Traceback" not in result.stderr
     result = prepare_cli("--group-size", "0")
     assert result.returncode == 2 and "group_size" in result.stderr
+
+
+def test_spill_files_are_removed_once_their_partition_is_built(tiny_sources, tmp_path) -> None:
+    """Spill files go as soon as their partition's samples are built (their page cache is reused by
+    the next files written); the per-task user counts the plan reads stay."""
+    from freescale.pipeline import scan
+    from freescale.pipeline.prepare import PrepareJob
+
+    job = PrepareJob(make_config(tiny_sources, str(tmp_path / "out"), work_dir=str(tmp_path / "work")))
+    try:
+        built = job.build_samples()
+    finally:
+        job.close()
+    scan_dir = job.work / "scan"
+    assert built.n_partitions > 1
+    assert all(not scan.partition_files(str(scan_dir), p) for p in range(built.n_partitions))
+    assert len(list(Path(built.samples_dir).glob("p*.arrow"))) == built.n_partitions
+    assert len(list(scan_dir.glob("t*.users.npy"))) == len(job.tasks)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.sequences import SORT_KEYS, build_samples, time_order
+from freescale.pipeline.sequences import SORT_KEYS, build_samples, planned_samples, time_order
 
 
 def events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
@@ -121,3 +123,25 @@ def test_packed_time_order_is_the_canonical_sort(ts_high: int) -> None:
     assert (order is None) == (ts_high >= 2**32 - 50)
     if order is not None:
         assert frame[order].equals(frame.sort(SORT_KEYS))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 40), min_size=0, max_size=12),
+    max_uih_len=st.integers(2, 16),
+    min_len=st.integers(1, 6),
+    stride=st.sampled_from([0, 1, 3, 7]),
+    kcore=st.sampled_from([0, 2, 5]),
+)
+def test_planned_samples_match_the_built_ones(counts, max_uih_len, min_len, stride, kcore) -> None:
+    """``prepare`` plans from per-user counts before building: both must give the same samples."""
+    if min_len > max_uih_len:
+        min_len = max_uih_len
+    rows = [(user, user * 100 + i, i, 0) for user, count in enumerate(counts, start=3) for i in range(count)]
+    cfg = {"max_uih_len": max_uih_len, "min_len": min_len, "window_stride": stride, "kcore": kcore}
+    table, _ = build(events(rows), **cfg)
+    users = np.arange(3, 3 + len(counts), dtype=np.int64)
+    planned = planned_samples(users, np.array(counts, np.int64), SampleConfig(**cfg))
+    assert planned["user_id"].tolist() == table.column("user_id").to_pylist()
+    assert planned["window"].tolist() == table.column("window").to_pylist()
+    assert planned["length"].tolist() == table.column("length").to_pylist()

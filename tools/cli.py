@@ -313,10 +313,14 @@ def prepare_config_from_args(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from freescale.pipeline.processes import PREPARE_WORKER_MODULES, start_pool
+
+    # Workers start before this process imports the pipeline, so both imports run at once.
+    pool = start_pool(args.workers, PREPARE_WORKER_MODULES) if args.workers > 1 else None
     from freescale.pipeline.prepare import prepare
     from freescale.tools.report import print_prepare_summary
 
-    manifest = prepare(prepare_config_from_args(args))
+    manifest = prepare(prepare_config_from_args(args), pool)
     print_prepare_summary(manifest)
     print(f"dataset: {args.output} (manifest.json, {manifest['rows']['samples']:,} samples)")
     return 0
