@@ -16,13 +16,13 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 
 POLARS_THREADS_PER_WORKER = "1"
-# pyarrow's mimalloc and polars' jemalloc return freed memory to the kernel within milliseconds to
-# seconds; the next chunk then faults it back in, zeroed. Workers keep it instead (see
-# ``keep_freed_memory`` for glibc's heap, which numpy uses). Both read these when first loaded.
-ALLOCATORS_KEEP_FREED_MEMORY = {
-    "MIMALLOC_PURGE_DELAY": "-1",
-    "_RJEM_MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
-}
+# pyarrow's allocator (mimalloc) returns freed memory to the kernel after 10 ms; the next chunk of a
+# read task then faults it back in, zeroed, and on a VM whose host reclaims idle guest memory that
+# costs ~1 µs per page. Kept for 1 s instead, memory is reused across a task's chunks but still
+# returned between phases, so the partition sizing's memory model holds. bench_prepare on large,
+# two runs each: 17.4/16.2 s at 10 ms, 13.1/14.5 s at 1 s; peak RSS 1.57 -> 1.74 GB (2 GB limit).
+# mimalloc reads it when pyarrow loads.
+ALLOCATOR_SETTINGS = {"MIMALLOC_PURGE_DELAY": "1000"}
 
 
 # What ``prepare``'s workers run: imported by the pool initializer, while the driver is still busy.
@@ -51,7 +51,7 @@ def init_worker(modules: tuple[str, ...] = ()) -> None:
     took 4.5 s with it and 3.2 s without. A user's own ``POLARS_MAX_THREADS`` wins.
     """
     os.environ.setdefault("POLARS_MAX_THREADS", POLARS_THREADS_PER_WORKER)
-    for name, value in ALLOCATORS_KEEP_FREED_MEMORY.items():
+    for name, value in ALLOCATOR_SETTINGS.items():
         os.environ.setdefault(name, value)
     exit_with_parent()
     keep_freed_memory()
