@@ -66,8 +66,9 @@ def _lpt(
 
     Batched: with the free bins sorted by load l₀ ≤ l₁ ≤ …, the next items x₀ ≥ x₁ ≥ … go to bins
     0, 1, … exactly as the one-at-a-time greedy would as long as every bin already served stays at
-    or above the next one (min_{p<i}(l_p + x_p) ≥ l_i). Each iteration assigns that whole prefix, per
-    step, so a step of G·k items takes a few·k iterations instead of G·k.
+    or above the next one (min_{p<i}(l_p + x_p) ≥ l_i; > with a cardinality constraint). Each
+    iteration assigns that whole prefix, per step, so a step of G·k items takes a few·k iterations
+    instead of G·k.
     """
     n_steps, width = x.shape
     g = group_size
@@ -96,7 +97,10 @@ def _lpt(
         served = np.minimum.accumulate(l_sorted + items, axis=1)
         ok = np.empty(free.shape, dtype=bool)
         ok[:, 0] = True  # the least-loaded free bin always takes the next item
-        np.greater_equal(served[:, :-1], l_sorted[:, 1:], out=ok[:, 1:])
+        # With a cardinality constraint, strictly above: on a tie the one-at-a-time greedy picks the
+        # lower bin index, which may be a bin served in this batch, so the batch stops and the next
+        # sort decides. Unconstrained, a tie goes to the next unserved bin (no micro-batch empty).
+        (np.greater if constrained else np.greater_equal)(served[:, :-1], l_sorted[:, 1:], out=ok[:, 1:])
         ok &= l_sorted < np.inf
         ok &= pos < sizes[rows][:, None]
         # bins that reach q+1 within the batch must not exceed the remaining big slots
