@@ -160,9 +160,8 @@ class PrepareJob:
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
         plan_info = self._plan(removed_items)
-        with_features = bool(users_record["features"])
-        sample_records = self._build_buckets(removed_items, users_record["features"], plan_info, with_features)
-        self._write(plan_info, with_features)
+        sample_records = self._build_buckets(removed_items, users_record["features"], plan_info)
+        self._write(plan_info, bool(users_record["features"]))
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
         manifest = json.loads(
             json.dumps(build_manifest(self, scan_summary, users_record, sample_records, plan_info), default=str)
@@ -417,7 +416,7 @@ class PrepareJob:
         return max(1, int(n * budget_events // max(total_events, 1)))
 
     def _build_buckets(
-        self, removed_items: str | None, features: list[str], plan: dict[str, Any], with_features: bool
+        self, removed_items: str | None, features: list[str], plan: dict[str, Any]
     ) -> list[dict[str, Any]]:
         """Build each partition's samples and encode them into plan-order buckets (``BucketSink``)."""
         n = len(plan["order"])
@@ -438,7 +437,7 @@ class PrepareJob:
                 micro_batch[mine],
                 plan["length"][mine].astype(np.int32),
                 bucket_size,
-                with_features,
+                bool(features),
             )
             jobs.append((str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink))
         self._map(run_partition, jobs, "samples", "partition")

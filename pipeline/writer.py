@@ -97,45 +97,17 @@ def iter_bucket_samples(buckets_dir: str, bucket: int, start: int = 0, end: int 
         yield views[view][lo:hi]
 
 
-# MDS "ndarray" shape header: the smallest unsigned dtype holding the length (streaming's NDArray codes).
-_SHAPE_DTYPES = ((1 << 8, np.uint8, 0), (1 << 16, np.uint16, 1), (1 << 32, np.uint32, 2), (1 << 64, np.uint64, 3))
-
-
-def encode_ndarray_1d(values: np.ndarray) -> bytes:
-    """Bytes of ``mds_encode("ndarray:<dtype>", values)`` for a non-empty 1-D array, without its
-    per-call checks: a one-byte ndim/shape-dtype header, the length, then the raw values."""
-    length = values.shape[0]
-    for bound, dtype, code in _SHAPE_DTYPES:
-        if length < bound:
-            return bytes([(1 << 2) | code]) + np.array([length], dtype).tobytes() + values.tobytes()
-    raise ValueError(f"array of {length} elements is too long for MDS")
-
-
 def fast_mds_writer(with_user_features: bool, **kwargs: Any):
-    """An ``MDSWriter`` whose ``encode_sample`` is specialised to the FreeScale sample schema.
-
-    Streaming's generic encoder spends ~40 µs of Python per array (coder lookup, dtype checks, shape
-    min/max); with five jagged arrays per sample that dominated ``prepare``. The output bytes are
-    identical (``tests/test_writer.py`` checks against ``MDSWriter.encode_sample``).
-    """
+    """An ``MDSWriter`` for samples the workers already encoded (``mds_encode.encode_samples``,
+    byte-identical to ``MDSWriter.encode_sample``: ``tests/test_writer.py``), with one copy of the
+    samples per shard instead of two."""
     MDSWriter = mds_writer_class()  # imports torch (~2 s): only when writing
 
     class FreeScaleMDSWriter(MDSWriter):
         def encode_sample(self, sample: dict[str, Any] | bytes | memoryview) -> bytes | memoryview:
-            if isinstance(sample, bytes | memoryview):  # already encoded by ``encode_samples`` in a worker
+            if isinstance(sample, bytes | memoryview):  # already encoded in a worker
                 return sample
-            sizes, data = [], []
-            for name, encoding in zip(self.column_names, self.column_encodings):
-                value = sample[name]
-                if encoding.startswith("ndarray:"):
-                    if value.dtype != _LIST_DTYPES[name] or value.ndim != 1 or value.size == 0:
-                        return super().encode_sample(sample)  # let streaming raise its own error
-                    datum = encode_ndarray_1d(value)
-                    sizes.append(len(datum))
-                else:
-                    datum = _SCALAR_DTYPES[encoding](value).tobytes()
-                data.append(datum)
-            return np.array(sizes, np.uint32).tobytes() + b"".join(data)
+            return super().encode_sample(sample)
 
         def encode_joint_shard(self) -> bytes:
             """``MDSWriter.encode_joint_shard``'s bytes with one copy of the samples instead of two
@@ -147,10 +119,6 @@ def fast_mds_writer(with_user_features: bool, **kwargs: Any):
             return b"".join([num_samples, offsets.tobytes(), self.config_data, *self.new_samples])
 
     return FreeScaleMDSWriter(columns=mds_columns(with_user_features), **kwargs)
-
-
-_LIST_DTYPES = {**{name: np.dtype(dtype) for name, dtype in LIST_COLUMNS.items()}, "user_features": np.dtype("int32")}
-_SCALAR_DTYPES = {"int64": np.int64, "int32": np.int32, "float64": np.float64}
 
 
 PART_SIZE = 32_768  # samples per part (resume granularity); fixed so output bytes never depend on the job

@@ -32,26 +32,13 @@ def sample_strategy(with_features: bool):
     return build()
 
 
-@settings(max_examples=40, deadline=None)
-@given(sample=sample_strategy(with_features=True))
-def test_fast_encoder_matches_streaming_with_features(tmp_path_factory, sample) -> None:
-    from streaming import MDSWriter
-
-    out = tmp_path_factory.mktemp("mds")
-    writer = fast_mds_writer(True, out=str(out / "fast"))
-    reference = MDSWriter(columns=writer.columns, out=str(out / "ref"))
-    assert writer.encode_sample(sample) == MDSWriter.encode_sample(reference, sample)
-
-
-@settings(max_examples=20, deadline=None)
-@given(sample=sample_strategy(with_features=False))
-def test_fast_encoder_matches_streaming_without_features(tmp_path_factory, sample) -> None:
-    from streaming import MDSWriter
-
-    out = tmp_path_factory.mktemp("mds")
-    writer = fast_mds_writer(False, out=str(out / "fast"))
-    reference = MDSWriter(columns=writer.columns, out=str(out / "ref"))
-    assert writer.encode_sample(sample) == MDSWriter.encode_sample(reference, sample)
+def test_fast_writer_passes_encoded_samples_through(tmp_path) -> None:
+    """Workers encode (``encode_samples``); the writer must hand those bytes on untouched."""
+    writer = fast_mds_writer(True, out=str(tmp_path / "fast"))
+    encoded = b"\x01\x02\x03"
+    assert writer.encode_sample(encoded) is encoded
+    view = memoryview(encoded)
+    assert writer.encode_sample(view) is view
 
 
 def _table(samples: list[dict], with_features: bool) -> pa.Table:
