@@ -271,6 +271,36 @@ def test_cli_errors_are_one_clear_line(tmp_path) -> None:
     assert result.returncode == 2 and "group_size" in result.stderr
 
 
+def test_cli_reports_a_refused_prepare_as_a_user_error(tiny_sources, tmp_path, capsys) -> None:
+    from freescale.tools.cli import main as cli_main
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("not a dataset")
+    command = ["prepare", "--sources", tiny_sources, "--output", str(tmp_path / "out"), "--workers", "1", "--quiet"]
+    assert cli_main(command) == 2
+    assert "holds no FreeScale manifest" in capsys.readouterr().err
+
+
+POOL_FIRST_PROBE = """
+import sys
+import freescale.pipeline.processes as processes
+from freescale.tools.cli import main
+
+def start_pool(workers, modules):
+    print("pipeline imported before the pool:", "freescale.pipeline.prepare" in sys.modules)
+    raise SystemExit(0)
+
+processes.start_pool = start_pool
+main(["prepare", "--sources", "s.toml", "--output", "out"])
+"""
+
+
+def test_cli_starts_prepare_workers_before_importing_the_pipeline(tmp_path) -> None:
+    """The workers' imports (~0.7 s each) overlap the driver's only if the pool starts first."""
+    result = subprocess.run([sys.executable, "-c", POOL_FIRST_PROBE], capture_output=True, text=True, cwd=tmp_path)
+    assert result.stdout.strip() == "pipeline imported before the pool: False", result.stderr
+
+
 def test_spill_files_are_removed_once_their_partition_is_built(tiny_sources, tmp_path) -> None:
     """Spill files go as soon as their partition's samples are built (their page cache is reused by
     the next files written); the per-task user counts the plan reads stay."""

@@ -72,6 +72,8 @@ def test_joint_shard_matches_streaming(tmp_path) -> None:
     writer = fast_mds_writer(True, out=str(tmp_path / "fast"))
     writer.new_samples = [b"abc", memoryview(b"de"), b"", b"fghij" * 100]
     assert writer.encode_joint_shard() == MDSWriter.encode_joint_shard(writer)
+    writer.new_samples = [b"xy", b"z" * 7]  # a smaller shard in the reused buffer: no stale bytes
+    assert writer.encode_joint_shard() == MDSWriter.encode_joint_shard(writer)
 
 
 LEAN_IMPORT_PROBE = """

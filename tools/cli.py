@@ -432,15 +432,26 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from freescale.datasets.sources import SourceError
-    from freescale.pipeline.manifest import ManifestError
-    from freescale.pipeline.prepare import PrepareError
-
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, SourceError, ManifestError, PrepareError, FileNotFoundError) as error:
+    except Exception as error:
+        if not is_user_error(error):
+            raise
         print(f"freescale {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def is_user_error(error: Exception) -> bool:
+    """Errors a user can fix: bad options or input (``SourceError`` and ``ManifestError`` are
+    ``ValueError``s), a missing file, a prepare job that refuses to go on.
+
+    Checked without importing the pipeline up front: ``cmd_prepare`` starts its workers before that
+    import (~0.7 s) so both run at once, and a ``PrepareError`` implies its module is loaded.
+    """
+    if isinstance(error, ValueError | FileNotFoundError):
+        return True
+    prepare = sys.modules.get("freescale.pipeline.prepare")
+    return prepare is not None and isinstance(error, prepare.PrepareError)
 
 
 if __name__ == "__main__":
