@@ -128,6 +128,17 @@ def _fast_writer_class() -> type:
                 return sample
             return super().encode_sample(sample)
 
+        def _write_index(self) -> None:
+            """``MDSWriter._write_index`` after every queued shard upload has been picked up.
+
+            It polls the upload queue with ``sleep(1)`` until it is empty; the shard uploads of a local
+            output are no-ops, but one still queued at that moment cost a whole second per part (the
+            write phase idled up to 4 s). A no-op task queued last completes only after every earlier
+            task has left the (FIFO) queue, so the poll finds it empty.
+            """
+            self.executor.submit(int).result()
+            super()._write_index()
+
         def encode_joint_shard(self) -> memoryview:
             """``MDSWriter.encode_joint_shard``'s bytes, copied once into this process's shard buffer.
 

@@ -76,6 +76,26 @@ def test_joint_shard_matches_streaming(tmp_path) -> None:
     assert writer.encode_joint_shard() == MDSWriter.encode_joint_shard(writer)
 
 
+def test_finishing_a_part_does_not_poll_the_upload_queue(tmp_path, monkeypatch) -> None:
+    """``MDSWriter`` waits for queued shard uploads with ``sleep(1)`` polls before it writes the
+    index; ours drains the queue first, so no poll (and no idle second per part) happens."""
+    import time
+
+    import streaming.base.format.base.writer as base_writer
+
+    def poll(seconds: float) -> None:
+        raise AssertionError(f"MDSWriter polled its upload queue (sleep({seconds}))")
+
+    monkeypatch.setattr(base_writer, "sleep", poll)
+    writer = fast_mds_writer(False, out=str(tmp_path / "out"), size_limit=1 << 10)
+    upload = writer.cloud_writer.upload_file
+    monkeypatch.setattr(writer.cloud_writer, "upload_file", lambda name: (time.sleep(0.05), upload(name)))
+    with writer:
+        for _ in range(8):
+            writer.write(b"x" * 600)  # a shard per sample: uploads queue up behind the slow one
+    assert len(writer.shards) == 8 and (tmp_path / "out" / "index.json").exists()
+
+
 LEAN_IMPORT_PROBE = """
 import sys
 from freescale.pipeline.streaming_modules import mds_writer_class, streaming_dataset_class
