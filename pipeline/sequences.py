@@ -56,7 +56,8 @@ def time_order(user_ids: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
     events = pl.DataFrame({"user_id": user_ids})
     rank = events.join(ranks, on="user_id", how="left", maintain_order="left")["rank"].to_numpy()
     key = pl.DataFrame({"key": (rank << np.uint64(32)) | ts.astype(np.uint64)})
-    return key.select(pl.arg_sort_by("key", maintain_order=True)).to_series().to_numpy()
+    order = key.select(pl.arg_sort_by("key", maintain_order=True)).to_series().to_numpy()
+    return order.astype(np.intp)  # numpy gathers with a uint32 index through its slow general path
 
 
 def sorted_events(scan_dir: str, partition: int, removed_items: np.ndarray | None) -> tuple[pl.DataFrame, int]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from freescale.pipeline.processes import exit_with_parent
+from freescale.pipeline.processes import exit_with_parent, skip_interpreter_teardown
 from freescale.pipeline.streaming_modules import mds_writer_class
 
 WRITER_PROCESS_BYTES = 600 * 2**20  # MDSWriter with torch (514 MB measured, torch 2.14) + the interpreter
@@ -33,6 +33,7 @@ def _import_streaming() -> None:
     module objects again and again: ~1 s) and the imported objects are frozen out of its reach.
     """
     exit_with_parent()
+    skip_interpreter_teardown()
     with contextlib.suppress(OSError, AttributeError):
         os.nice(WRITER_NICE)
     gc.disable()

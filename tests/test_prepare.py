@@ -301,6 +301,28 @@ def test_cli_starts_prepare_workers_before_importing_the_pipeline(tmp_path) -> N
     assert result.stdout.strip() == "pipeline imported before the pool: False", result.stderr
 
 
+WORKER_EXIT_PROBE = """
+from freescale.pipeline.processes import start_pool
+
+if __name__ == "__main__":
+    pool = start_pool(1)
+    pool.submit(print, "unflushed output of a worker", end="").result()
+    process = next(iter(pool._processes.values()))
+    pool.shutdown()
+    print("|exit code", process.exitcode)
+"""
+
+
+def test_pool_processes_exit_cleanly_without_interpreter_teardown(tmp_path) -> None:
+    """Workers end with ``os._exit`` after the normal exit steps: buffered output still arrives
+    and the exit code is 0."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(WORKER_EXIT_PROBE)
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.stdout.strip() == "unflushed output of a worker|exit code 0", result.stderr
+
+
 def test_spill_files_are_removed_once_their_partition_is_built(tiny_sources, tmp_path) -> None:
     """Spill files go as soon as their partition's samples are built (their page cache is reused by
     the next files written); the per-task user counts the plan reads stay."""
