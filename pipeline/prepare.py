@@ -31,6 +31,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ TARGET_ROWS_PER_TASK = 1_000_000
 WRITER_IMPORT_BYTES = 900 * 2**20  # resident cost of importing mosaicml-streaming (measured, torch 2.14)
 
 
-WORK_LAYOUT = 3  # bump when spill, bucket or marker formats change
+WORK_LAYOUT = 4  # bump when spill, bucket, plan or marker formats change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 
 
@@ -250,27 +251,31 @@ class PrepareJob:
             self._writer.close()
             self._writer = None
 
-    def _map(self, fn, jobs: list[tuple], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*job)`` for each job (in worker processes when workers > 1), with a progress bar;
-        results come back in job order."""
+    def _map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*job)`` for each job; see ``_run_calls``."""
+        return self._run_calls([(fn, job) for job in jobs], desc, unit)
+
+    def _run_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*args)`` for each call (in worker processes when workers > 1), with a progress
+        bar; results come back in call order."""
         started = time.perf_counter()
-        bar = tqdm(total=len(jobs), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
+        bar = tqdm(total=len(calls), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
         pool = self._pool()
         try:
             if pool is None:
                 results = []
-                for job in jobs:
-                    results.append(fn(*job))
+                for fn, args in calls:
+                    results.append(fn(*args))
                     bar.update()
                 return results
-            futures = [pool.submit(fn, *job) for job in jobs]
+            futures = [pool.submit(fn, *args) for fn, args in calls]
             for _ in as_completed(futures):
                 bar.update()
             return [future.result() for future in futures]
         finally:
             bar.close()
-            if jobs:
-                self._log(f"{desc}: {len(jobs)} {unit}s in {time.perf_counter() - started:.1f}s")
+            if calls:
+                self._log(f"{desc}: {len(calls)} {unit}s in {time.perf_counter() - started:.1f}s")
 
     # ----------------------------------------------------------------- phases
     @property
@@ -295,27 +300,21 @@ class PrepareJob:
             save_json(state_path, {"n_partitions": n_partitions})
         self._n_partitions = n_partitions
         todo = [
-            (self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples)
+            (scan.run_scan_task, (self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples))
             for i, task in enumerate(self.tasks)
             if scan.load_task_record(scan_dir, i) is None
         ]
-        todo.sort(key=lambda job: job[1].est_cost, reverse=True)  # longest first; records are per task id
+        todo.sort(key=lambda call: call[1][1].est_cost, reverse=True)  # longest first; records are per task id
         self._log(f"scan: {len(self.tasks)} read tasks ({len(todo)} to do), {n_partitions} user partitions")
-        self._map(scan.run_scan_task, todo, "scan", "task")
+        if scan.load_user_table_record(scan_dir) is None:  # small: last, beside the other worker's last task
+            user_table = (self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
+            todo.append((scan.run_user_table_task, user_table))
+        self._run_calls(todo, "scan", "task")
         summary = scan.ScanSummary()
         for i in range(len(self.tasks)):
             summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
-        users_record = self._scan_users(scan_dir, n_partitions)
         self._check_rejects(summary)
-        return summary, users_record
-
-    def _scan_users(self, scan_dir: str, n_partitions: int) -> dict[str, Any]:
-        path = self.work / "scan" / "users.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        record = scan.spill_user_table(self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
-        save_json(path, record)
-        return json.loads(path.read_text())
+        return summary, scan.load_user_table_record(scan_dir)
 
     def _check_rejects(self, summary: scan.ScanSummary) -> None:
         fraction = summary.rejected_total / max(summary.rows_read, 1)
@@ -397,6 +396,7 @@ class PrepareJob:
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
         plan = plan_step_groups(costs, self.config.balance)
         info = {
+            "users": users,  # every user with events, sorted: the samples phase ranks them per partition
             "partition": scan.partition_of(meta["user_id"], self._n_partitions),
             "length": meta["length"],
             "cost": costs,
@@ -425,6 +425,7 @@ class PrepareJob:
         micro_batch = np.repeat(np.arange(len(plan["offsets"]) - 1), np.diff(plan["offsets"]))[position]
         bucket_size = self._bucket_size(plan)
         samples_dir = str(self.work / "samples")
+        user_partition = scan.partition_of(plan["users"], self._n_partitions)
         jobs = []
         for p in range(self._n_partitions):
             if load_partition_record(samples_dir, p) is not None:
@@ -439,7 +440,10 @@ class PrepareJob:
                 bucket_size,
                 bool(features),
             )
-            jobs.append((str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink))
+            users = plan["users"][user_partition == p]
+            jobs.append(
+                (str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink, users)
+            )
         self._map(run_partition, jobs, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 

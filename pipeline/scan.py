@@ -221,6 +221,25 @@ def spill_user_table(
     return record
 
 
+USERS_RECORD = "users.json"
+
+
+def run_user_table_task(
+    sources: SourcesConfig, n_partitions: int, scan_dir: str, examples_per_reason: int
+) -> dict[str, Any]:
+    """``spill_user_table`` as a scan task: its record (``users.json``) is its completion marker."""
+    record = spill_user_table(sources, n_partitions, scan_dir, examples_per_reason)
+    marker = Path(scan_dir) / USERS_RECORD
+    marker.with_suffix(".json.tmp").write_text(json.dumps(record, default=_json_default))
+    os.replace(marker.with_suffix(".json.tmp"), marker)
+    return record
+
+
+def load_user_table_record(scan_dir: str) -> dict[str, Any] | None:
+    marker = Path(scan_dir) / USERS_RECORD
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
 def read_user_partition(scan_dir: str, partition: int) -> pa.Table | None:
     path = Path(scan_dir) / f"users.p{partition:05d}.arrow"
     return ipc.open_file(path).read_all() if path.exists() else None
@@ -233,12 +252,14 @@ __all__ = [
     "choose_partition_count",
     "estimate_events",
     "load_task_record",
+    "load_user_table_record",
     "partition_of",
     "plan_read_tasks",
     "read_partition",
     "read_user_partition",
     "remove_partition",
     "run_scan_task",
+    "run_user_table_task",
     "spill_user_table",
     "user_event_counts",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,28 @@ def _fast_writer_class() -> type:
                 return sample
             return super().encode_sample(sample)
 
+        def write_encoded(self, samples: Iterable[bytes | memoryview]) -> int:
+            """``write`` for each of ``samples`` (already encoded), without a method call per sample:
+            the same shard boundaries (a sample that would pass ``size_limit`` starts a new shard).
+            At ~4 µs a call, ``write`` was a fifth of the write phase. Returns the count written."""
+            limit, extra, count = self.size_limit, self.extra_bytes_per_sample, 0
+            for sample in samples:
+                size = len(sample) + extra
+                if limit and limit < self.new_shard_size + size:
+                    self._raise_if_an_upload_failed()
+                    self.flush_shard()
+                    self._reset_cache()
+                self.new_samples.append(sample)
+                self.new_shard_size += size
+                count += 1
+            self._raise_if_an_upload_failed()
+            return count
+
+        def _raise_if_an_upload_failed(self) -> None:
+            if self.event.is_set():  # what ``write`` checks before each sample
+                self.cancel_future_jobs()
+                raise RuntimeError("a shard upload failed; see the other traceback for details")
+
         def _write_index(self) -> None:
             """``MDSWriter._write_index`` after every queued shard upload has been picked up.
 
@@ -189,9 +211,7 @@ def write_part(
         with_user_features, out=storage_join(output, part_name(part)), size_limit=shard_size_limit, exist_ok=True
     ) as writer:
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
-            for sample in iter_bucket_samples(buckets_dir, bucket, start, end):
-                writer.write(sample)
-                written += 1
+            written += writer.write_encoded(iter_bucket_samples(buckets_dir, bucket, start, end))
     Path(buckets_dir, f"write.{part_name(part)}.done").touch()
     for bucket in range(start // bucket_size, end // bucket_size):  # buckets no later part reads
         for path in bucket_files(buckets_dir, bucket):

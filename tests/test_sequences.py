@@ -102,11 +102,12 @@ def test_many_users_vectorised_matches_python() -> None:
     assert record["events_used"] + sum(record["filtered"].values()) == len(rows)
 
 
-@pytest.mark.parametrize("ts_high", [2**31, 2**40])
-def test_packed_time_order_is_the_canonical_sort(ts_high: int) -> None:
-    """Events in (source, file_index, row) order, stably sorted by (user, ts), are in SORT_KEYS order;
-    timestamps beyond 32 bits take the general sort."""
-    rng = np.random.default_rng(ts_high)
+@pytest.mark.parametrize(("ts_high", "key_bits"), [(2**31, 64), (2**31, 40), (2**40, 64), (2**52, 64)])
+def test_packed_time_order_is_the_canonical_sort(ts_high: int, key_bits: int) -> None:
+    """Events in (source, file_index, row) order, stably sorted by (user, ts), are in SORT_KEYS order,
+    whichever key holds them: unique keys (rank, offset, row) when they fit in ``key_bits``, stably
+    sorted (rank, offset) keys otherwise; timestamps spanning 2^32 s or more take the general sort."""
+    rng = np.random.default_rng(ts_high + key_bits)
     n = 5_000
     frame = pl.DataFrame(
         {
@@ -119,10 +120,15 @@ def test_packed_time_order_is_the_canonical_sort(ts_high: int) -> None:
             "row": rng.permutation(n).astype(np.int64),
         }
     ).sort(["source", "file_index", "row"])
-    order = time_order(frame["user_id"].to_numpy(), frame["ts"].to_numpy())
-    assert (order is None) == (ts_high >= 2**32 - 50)
+    users = frame["user_id"].to_numpy()
+    order = time_order(users, frame["ts"].to_numpy(), key_bits=key_bits)
+    assert (order is None) == (ts_high - 50 >= 2**32)
     if order is not None:
         assert frame[order].equals(frame.sort(SORT_KEYS))
+        known = np.array([1, 3, 17, 2**40, 2**62 + 5], np.int64)  # a sorted superset, as prepare passes
+        assert np.array_equal(time_order(users, frame["ts"].to_numpy(), known, key_bits), order)
+        with pytest.raises(ValueError, match="every user id"):
+            time_order(users, frame["ts"].to_numpy(), known[known != 17], key_bits)
 
 
 @settings(max_examples=60, deadline=None)

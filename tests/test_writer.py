@@ -76,6 +76,23 @@ def test_joint_shard_matches_streaming(tmp_path) -> None:
     assert writer.encode_joint_shard() == MDSWriter.encode_joint_shard(writer)
 
 
+@settings(max_examples=20, deadline=None)
+@given(sizes=st.lists(st.integers(0, 700), min_size=1, max_size=40), limit=st.sampled_from([None, 600, 1500, 5000]))
+def test_bulk_write_cuts_the_shards_write_does(tmp_path_factory, sizes, limit) -> None:
+    """``write_encoded`` is ``write`` per sample: same shard files, same index."""
+    samples = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    one_by_one = tmp_path_factory.mktemp("write")
+    with fast_mds_writer(False, out=str(one_by_one), size_limit=limit) as writer:
+        for sample in samples:
+            writer.write(sample)
+    bulk = tmp_path_factory.mktemp("bulk")
+    with fast_mds_writer(False, out=str(bulk), size_limit=limit) as writer:
+        assert writer.write_encoded(iter(samples[:3])) + writer.write_encoded(samples[3:]) == len(samples)
+    files = sorted(path.name for path in one_by_one.iterdir())
+    assert files == sorted(path.name for path in bulk.iterdir())
+    assert all((one_by_one / name).read_bytes() == (bulk / name).read_bytes() for name in files)
+
+
 def test_finishing_a_part_does_not_poll_the_upload_queue(tmp_path, monkeypatch) -> None:
     """``MDSWriter`` waits for queued shard uploads with ``sleep(1)`` polls before it writes the
     index; ours drains the queue first, so no poll (and no idle second per part) happens."""
