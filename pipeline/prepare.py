@@ -64,7 +64,7 @@ TARGET_ROWS_PER_TASK = 1_000_000
 WRITER_IMPORT_BYTES = 900 * 2**20  # resident cost of importing mosaicml-streaming (measured, torch 2.14)
 
 
-WORK_LAYOUT = 4  # bump when spill, bucket, plan or marker formats change
+WORK_LAYOUT = 5  # bump when spill, bucket, plan or marker formats change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 
 

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +42,32 @@ SAMPLE_SCHEMA = pa.schema(
 )
 
 
-def time_order(
+@dataclass(frozen=True)
+class TimeSort:
+    """A stable ``(user_id, ts)`` order of events, with the sorted user ids and timestamps when the
+    sort keys hold them (then those two columns need no gather)."""
+
+    order: np.ndarray  # intp permutation
+    user_ids: np.ndarray | None = None
+    ts: np.ndarray | None = None
+
+
+def time_sort(
     user_ids: np.ndarray, ts: np.ndarray, users: np.ndarray | None = None, key_bits: int = 64
-) -> np.ndarray | None:
-    """A stable permutation ordering events by ``(user_id, ts)``; ``None`` if ``ts`` spans 2^32 s or more.
+) -> TimeSort | None:
+    """Sort events by ``(user_id, ts)``, stably; ``None`` if ``ts`` spans 2^32 s or more.
 
     Users are replaced by their rank among the partition's users (``users``: sorted distinct ids, a
     superset of ``user_ids``, computed when not given; found with a hash join) and timestamps by their
     offset from the earliest. When rank, offset and row number fit in one ``key_bits`` key, sorting
-    the keys themselves gives the order in their low bits: the keys are unique, so no stable sort is
-    needed (a third of the stable argsort's time). Otherwise rank and offset pack into a key sorted
-    stably. Either way ties (same user and second) keep the input order, which the scan phase makes
-    ``(source, file_index, row)`` order.
+    the keys themselves gives the order in their low bits and the sorted users and timestamps in the
+    others: the keys are unique, so no stable sort is needed (a third of the stable argsort's time).
+    Otherwise rank and offset pack into a key sorted stably. Either way ties (same user and second)
+    keep the input order, which the scan phase makes ``(source, file_index, row)`` order.
     """
     n = len(ts)
     if n == 0:
-        return np.zeros(0, np.intp)
+        return TimeSort(np.zeros(0, np.intp))
     first = int(ts.min())
     span = int(ts.max()) - first
     if span >= 2**32:
@@ -69,10 +80,22 @@ def time_order(
         key = (rank << np.uint64(ts_bits + row_bits)) | (offset << np.uint64(row_bits))
         key |= np.arange(n, dtype=np.uint64)
         key.sort()
-        return (key & np.uint64((1 << row_bits) - 1)).astype(np.intp)
+        order = (key & np.uint64((1 << row_bits) - 1)).astype(np.intp)
+        key >>= np.uint64(row_bits)
+        sorted_ts = (key & np.uint64((1 << ts_bits) - 1)).astype(np.int64) + first
+        sorted_users = distinct[(key >> np.uint64(ts_bits)).astype(np.intp)]
+        return TimeSort(order, sorted_users.astype(np.int64, copy=False), sorted_ts.astype(ts.dtype, copy=False))
     packed = pl.DataFrame({"key": (rank << np.uint64(32)) | offset})
     order = packed.select(pl.arg_sort_by("key", maintain_order=True)).to_series().to_numpy()
-    return order.astype(np.intp)  # numpy gathers with a uint32 index through its slow general path
+    return TimeSort(order.astype(np.intp))  # numpy gathers with a uint32 index through its slow general path
+
+
+def time_order(
+    user_ids: np.ndarray, ts: np.ndarray, users: np.ndarray | None = None, key_bits: int = 64
+) -> np.ndarray | None:
+    """The permutation of ``time_sort`` (``None`` when it needs the general sort)."""
+    result = time_sort(user_ids, ts, users, key_bits)
+    return None if result is None else result.order
 
 
 def _user_rank(user_ids: np.ndarray, distinct: np.ndarray) -> np.ndarray:
@@ -98,10 +121,15 @@ def sorted_events(
     frame = pl.DataFrame({name: _column(table, name) for name in table.column_names})
     if removed_items is not None and len(removed_items):
         frame = frame.filter(~pl.col("item_id").is_in(pl.Series(removed_items).implode()))
-    order = time_order(frame["user_id"].to_numpy(), frame["ts"].to_numpy(), users)
-    if order is None:
+    result = time_sort(frame["user_id"].to_numpy(), frame["ts"].to_numpy(), users)
+    if result is None:
         return frame.sort(["user_id", "ts"], maintain_order=True), events_in
-    return pl.DataFrame({name: frame[name].to_numpy()[order] for name in frame.columns}), events_in
+    known = {"user_id": result.user_ids, "ts": result.ts}
+    columns = {
+        name: known[name] if known.get(name) is not None else frame[name].to_numpy()[result.order]
+        for name in frame.columns
+    }
+    return pl.DataFrame(columns), events_in
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:

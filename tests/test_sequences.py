@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.sequences import SORT_KEYS, build_samples, planned_samples, time_order
+from freescale.pipeline.sequences import SORT_KEYS, build_samples, planned_samples, time_order, time_sort
 
 
 def events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
@@ -129,6 +130,11 @@ def test_packed_time_order_is_the_canonical_sort(ts_high: int, key_bits: int) ->
         assert np.array_equal(time_order(users, frame["ts"].to_numpy(), known, key_bits), order)
         with pytest.raises(ValueError, match="every user id"):
             time_order(users, frame["ts"].to_numpy(), known[known != 17], key_bits)
+        result = time_sort(users, frame["ts"].to_numpy(), known, key_bits)
+        assert (result.user_ids is not None) == (key_bits == 64)  # the unique-key sort yields them
+        if result.user_ids is not None:
+            assert np.array_equal(result.user_ids, users[order])
+            assert np.array_equal(result.ts, frame["ts"].to_numpy()[order])
 
 
 @settings(max_examples=60, deadline=None)
@@ -151,3 +157,12 @@ def test_planned_samples_match_the_built_ones(counts, max_uih_len, min_len, stri
     assert planned["user_id"].tolist() == table.column("user_id").to_pylist()
     assert planned["window"].tolist() == table.column("window").to_pylist()
     assert planned["length"].tolist() == table.column("length").to_pylist()
+
+
+def test_spill_timestamps_hold_every_valid_timestamp() -> None:
+    """Spill files keep ``ts`` as uint32: every timestamp the readers accept must fit."""
+    from freescale.datasets.convert import TS_MAX, TS_MIN
+    from freescale.pipeline.scan import SPILL_SCHEMA
+
+    kind = SPILL_SCHEMA.field("ts").type
+    assert kind == pa.uint32() and TS_MIN >= 0 and TS_MAX - 1 <= 2**32 - 1
