@@ -149,12 +149,21 @@ def _number_syntax(text: pa.Array, empty: np.ndarray) -> tuple[np.ndarray, np.nd
     return int_syntax, float_syntax
 
 
+def _all_digits(arr: pa.Array) -> bool:
+    """Every non-null value is ASCII digits only (CSV id and epoch columns, quoted JSON numbers)."""
+    return bool(pc.all(pc.ascii_is_decimal(arr)).as_py())
+
+
 def _parse_strings(arr: pa.Array, scale: int) -> Parsed:
     """Strings as numbers with syntax checks and exact casts on the matching subset only.
 
     pyarrow's string casts fail the whole array on one bad value, so values are first classified by
     syntax (integer, float) and only well-formed ones are cast; everything else is "not a number".
+    A column of plain digit strings is one cast (a fifth of the checks' time).
     """
+    if _all_digits(arr):
+        with contextlib.suppress(pa.ArrowInvalid):  # beyond int64: the checks below, value by value
+            return _parse_integers(pc.cast(arr, pa.int64()), scale, strings=arr)
     n = len(arr)
     text = pc.utf8_trim_whitespace(arr)
     empty = _null_mask(text) | _mask(pc.equal(pc.utf8_length(text), 0))
@@ -169,6 +178,16 @@ def _parse_strings(arr: pa.Array, scale: int) -> Parsed:
     return Parsed(empty, exact | integral, finite | int_ok, ints, floats, text)
 
 
+def _parse_integers(arr: pa.Array, scale: int, strings: pa.Array | None = None) -> Parsed:
+    """An integer column times ``scale``; values that would overflow int64 are not integers."""
+    nulls = _null_mask(arr)
+    raw = arr.fill_null(0).to_numpy(zero_copy_only=False)
+    limit = (2**63 - 1) // scale
+    fits = (raw <= limit) if pa.types.is_unsigned_integer(arr.type) else (np.abs(raw.astype(np.int64)) <= limit)
+    ints = np.where(fits, raw, 0).astype(np.int64) * np.int64(scale)
+    return Parsed(nulls, ~nulls & fits, ~nulls, ints, raw.astype(np.float64), strings)
+
+
 def parse_numbers(arr: pa.Array, scale: int = 1) -> Parsed:
     """Read a column of any type as numbers times ``scale``; unsupported types are never numbers."""
     arr = normalize(arr)
@@ -178,11 +197,7 @@ def parse_numbers(arr: pa.Array, scale: int = 1) -> Parsed:
     if pa.types.is_string(t):
         return _parse_strings(arr, scale)
     if pa.types.is_integer(t):
-        raw = arr.fill_null(0).to_numpy(zero_copy_only=False)
-        limit = (2**63 - 1) // scale
-        fits = (raw <= limit) if pa.types.is_unsigned_integer(t) else (np.abs(raw.astype(np.int64)) <= limit)
-        ints = np.where(fits, raw, 0).astype(np.int64) * np.int64(scale)
-        return Parsed(nulls, ~nulls & fits, ~nulls, ints, raw.astype(np.float64), None)
+        return _parse_integers(arr, scale)
     if pa.types.is_floating(t):
         values = arr.fill_null(np.nan).to_numpy(zero_copy_only=False).astype(np.float64)
         finite = np.isfinite(values)
@@ -199,8 +214,29 @@ def convert_id(arr: pa.Array, id_type: str = "auto") -> tuple[np.ndarray, np.nda
     ``auto``: integers (typed or digit strings) stay integers, non-numeric strings are hashed with
     ``stable_id`` and non-integral numbers are ``bad_type``. ``int``: only integers. ``string``:
     every non-empty value is hashed, digits included (Amazon ASINs such as ``"0000013714"``).
+
+    A string column that repeats its values (users, popular items) is converted once per distinct
+    value and spread over the rows.
     """
     arr = normalize(arr)
+    if pa.types.is_string(arr.type) and len(arr) > 1 and not _all_digits(arr):
+        encoded = pc.dictionary_encode(arr)
+        if 0 < 2 * len(encoded.dictionary) <= len(arr):
+            values, codes = _convert_id_values(encoded.dictionary, id_type)
+            return _spread(values, codes, encoded.indices)
+    return _convert_id_values(arr, id_type)
+
+
+def _spread(values: np.ndarray, codes: np.ndarray, indices: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Per-distinct-value results to rows; null rows are ``missing_id``."""
+    nulls = _null_mask(indices)
+    position = indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.intp)
+    values, codes = values[position], codes[position]
+    values[nulls], codes[nulls] = 0, MISSING_ID
+    return values, codes
+
+
+def _convert_id_values(arr: pa.Array, id_type: str) -> tuple[np.ndarray, np.ndarray]:
     parsed = parse_numbers(arr)
     values = parsed.ints.copy()
     codes = np.zeros(len(arr), dtype=np.uint8)

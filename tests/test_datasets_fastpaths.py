@@ -107,6 +107,32 @@ def test_number_syntax_matches_the_regex_rules(values):
     check_numbers(values)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(alphabet="0123456789", min_size=1, max_size=21)), min_size=1))
+def test_digit_columns_cast_at_once_follow_the_regex_rules(values):
+    """All-digit columns take one cast (``_all_digits``); 20+ digit values send them the long way."""
+    check_numbers(values)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    distinct=st.lists(st.one_of(st.none(), st.text(alphabet="u07 .-x", max_size=5)), min_size=1, max_size=6),
+    picks=st.lists(st.integers(0, 5), min_size=2, max_size=40),
+    id_type=st.sampled_from(["auto", "int", "string"]),
+)
+def test_repeated_string_ids_are_converted_once_per_value(distinct, picks, id_type):
+    """``convert_id`` on a column that repeats its values (the per-distinct-value path) equals the
+    row-by-row conversion."""
+    from freescale.datasets.convert import _convert_id_values, convert_id
+
+    column = pa.array([distinct[i % len(distinct)] for i in picks], pa.string())
+    values, codes = convert_id(column, id_type)
+    expected_values, expected_codes = _convert_id_values(column, id_type)
+    assert codes.tolist() == expected_codes.tolist()
+    ok = codes == 0
+    assert values[ok].tolist() == expected_values[ok].tolist()
+
+
 def test_nineteen_digit_overflow_rejects_one_row(tmp_path: Path):
     lines = ["uid,item,ts,act", "9223372036854775807,1,1700000000,click", "9223372036854775808,2,1700000001,click"]
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
