@@ -63,7 +63,9 @@ from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProces
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files for the samples phase to open (large: 30 -> 22 tasks, samples phase 2.8 -> 2.4 s).
 TARGET_ROWS_PER_TASK = 2_000_000
-WRITER_IMPORT_BYTES = 900 * 2**20  # resident cost of importing mosaicml-streaming (measured, torch 2.14)
+# Bytes of an encoded event in a sample (item id 8, timestamp 8, action 4, source 1) plus slack for
+# the per-sample header and scalars: what a bucket of samples occupies in the writer.
+ENCODED_BYTES_PER_EVENT = 24
 
 
 WORK_LAYOUT = 5  # bump when spill, bucket, plan or marker formats change
@@ -410,12 +412,14 @@ class PrepareJob:
         return {**info, "report": plan.report}
 
     def _bucket_size(self, plan: dict[str, Any]) -> int:
-        """Samples per bucket: a bucket (its encoded samples, read back and sorted) must fit what the
-        writer process leaves of the memory limit."""
+        """Samples per bucket: a part's worth (``PART_SIZE``: a part then reads one bucket's files and
+        frees them), fewer when that many encoded samples (memory-mapped by the writer while it
+        writes the part, beside a shard's copy) would not fit what the writer process leaves of the
+        memory limit."""
         n, total_events = len(plan["order"]), int(plan["length"].sum())
-        writer_budget = max(self.config.memory_limit - WRITER_IMPORT_BYTES, self.config.memory_limit // 8)
-        budget_events = max(writer_budget // (3 * scan.BYTES_PER_EVENT_IN_MEMORY), 1)
-        return max(1, int(n * budget_events // max(total_events, 1)))
+        writer_budget = max(self.config.memory_limit - WRITER_PROCESS_BYTES, self.config.memory_limit // 8)
+        budget_events = max(writer_budget // (2 * ENCODED_BYTES_PER_EVENT), 1)
+        return max(1, min(PART_SIZE, int(n * budget_events // max(total_events, 1))))
 
     def _build_buckets(
         self, removed_items: str | None, features: list[str], plan: dict[str, Any]
