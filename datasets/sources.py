@@ -174,15 +174,17 @@ def _piece_events(piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadT
     values, codes = _check_piece(piece, layout, spec)
     reason, field = first_failure(codes, len(piece.rows))
     good = reason == 0
+    kept = int(good.sum())
+    pick = slice(None) if kept == len(good) else good  # a clean piece (the usual case) is not copied
     events = pa.table(
         {
-            "user_id": pa.array(values[0][good], pa.int64()),
-            "item_id": pa.array(values[1][good], pa.int64()),
-            "ts": pa.array(values[2][good], pa.int64()),
-            "action": pa.array(values[3][good].astype(np.int32), pa.int32()),
-            "source": pa.array(np.full(int(good.sum()), task.source, dtype=np.int8), pa.int8()),
-            "file_index": pa.array(np.full(int(good.sum()), task.file_index, dtype=np.int32), pa.int32()),
-            "row": pa.array(piece.rows[good], pa.int64()),
+            "user_id": pa.array(values[0][pick], pa.int64()),
+            "item_id": pa.array(values[1][pick], pa.int64()),
+            "ts": pa.array(values[2][pick], pa.int64()),
+            "action": pa.array(values[3][pick].astype(np.int32), pa.int32()),
+            "source": pa.array(np.full(kept, task.source, dtype=np.int8), pa.int8()),
+            "file_index": pa.array(np.full(kept, task.file_index, dtype=np.int32), pa.int32()),
+            "row": pa.array(piece.rows[pick], pa.int64()),
         },
         schema=EVENT_SCHEMA,
     )
