@@ -304,6 +304,24 @@ def test_cli_reports_a_refused_prepare_as_a_user_error(tiny_sources, tmp_path, c
     assert "holds no FreeScale manifest" in capsys.readouterr().err
 
 
+def test_cli_stops_the_workers_when_prepare_is_refused(tiny_sources, tmp_path, monkeypatch) -> None:
+    """Refused options or sources stop the pool at once: one left to interpreter exit could race its
+    wake-up pipe there and print a traceback after the one-line error."""
+    import freescale.pipeline.processes as processes
+    from freescale.tools.cli import main as cli_main
+
+    stopped = []
+
+    class Pool:
+        def shutdown(self, cancel_futures: bool = False) -> None:
+            stopped.append(cancel_futures)
+
+    monkeypatch.setattr(processes, "start_pool", lambda workers, modules: Pool())
+    command = ["prepare", "--sources", tiny_sources, "--output", str(tmp_path / "out"), "--quiet"]
+    assert cli_main([*command, "--group-size", "0"]) == 2
+    assert stopped == [True]
+
+
 POOL_FIRST_PROBE = """
 import sys
 import freescale.pipeline.processes as processes

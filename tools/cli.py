@@ -317,10 +317,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     # Workers start before this process imports the pipeline, so both imports run at once.
     pool = start_pool(args.workers, PREPARE_WORKER_MODULES) if args.workers > 1 else None
-    from freescale.pipeline.prepare import prepare
-    from freescale.tools.report import print_prepare_summary
+    try:
+        from freescale.pipeline.prepare import prepare
+        from freescale.tools.report import print_prepare_summary
 
-    manifest = prepare(prepare_config_from_args(args), pool)
+        manifest = prepare(prepare_config_from_args(args), pool)
+    finally:
+        # Also when the options or the sources are refused before the job owns the pool: a pool left
+        # to interpreter exit can race its own wake-up pipe there (CPython 3.11: "Bad file descriptor").
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     print_prepare_summary(manifest)
     print(f"dataset: {args.output} (manifest.json, {manifest['rows']['samples']:,} samples)")
     return 0
