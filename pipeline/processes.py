@@ -9,12 +9,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 POLARS_THREADS_PER_WORKER = "1"
@@ -58,8 +60,26 @@ def init_worker(modules: tuple[str, ...] = ()) -> None:
     exit_with_parent()
     skip_interpreter_teardown()
     keep_freed_memory()
-    for name in modules:
-        importlib.import_module(name)
+    with imports_without_gc():
+        for name in modules:
+            importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def imports_without_gc() -> Iterator[None]:
+    """Run a burst of imports with the cyclic garbage collector off, then freeze what they created.
+
+    Imports allocate thousands of module-level objects; each allocation threshold crossed makes the
+    collector traverse the whole growing heap again (a fifth of polars' and pyarrow's import time in a
+    worker: 0.85 -> 0.65 core-s; ~1 s of torch's in the writer process). Frozen objects are never
+    traversed again, which also spares every later collection in the process.
+    """
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()
 
 
 def skip_interpreter_teardown() -> None:

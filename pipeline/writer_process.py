@@ -12,14 +12,13 @@ single-process plan), and then writes the parts the driver hands it, one at a ti
 from __future__ import annotations
 
 import contextlib
-import gc
 import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from freescale.pipeline.processes import exit_with_parent, skip_interpreter_teardown
+from freescale.pipeline.processes import exit_with_parent, imports_without_gc, skip_interpreter_teardown
 from freescale.pipeline.streaming_modules import mds_writer_class
 
 WRITER_PROCESS_BYTES = 600 * 2**20  # MDSWriter with torch (514 MB measured, torch 2.14) + the interpreter
@@ -27,23 +26,13 @@ WRITER_NICE = 5  # below the workers, so the import yields to them, yet done by 
 
 
 def _import_streaming() -> None:
-    """Pool initializer: lower this process's priority and import the writer (errors resurface on use).
-
-    The cyclic garbage collector is off during the import (it would traverse the growing heap of
-    module objects again and again: ~1 s) and the imported objects are frozen out of its reach.
-    """
+    """Pool initializer: lower this process's priority and import the writer (errors resurface on use)."""
     exit_with_parent()
     skip_interpreter_teardown()
     with contextlib.suppress(OSError, AttributeError):
         os.nice(WRITER_NICE)
-    gc.disable()
-    try:
+    with imports_without_gc(), contextlib.suppress(Exception):  # the writer's own import raises it again
         mds_writer_class()
-    except Exception:  # the writer's own import raises the same error, with its traceback
-        pass
-    finally:
-        gc.enable()
-        gc.freeze()
 
 
 class WriterProcess:

@@ -342,6 +342,21 @@ def test_cli_starts_prepare_workers_before_importing_the_pipeline(tmp_path) -> N
     assert result.stdout.strip() == "pipeline imported before the pool: False", result.stderr
 
 
+def test_imports_without_gc_freeze_what_they_create_and_restore_the_collector() -> None:
+    import gc
+
+    from freescale.pipeline.processes import imports_without_gc
+
+    gc.unfreeze()
+    try:
+        with pytest.raises(ImportError), imports_without_gc():
+            assert not gc.isenabled()
+            import freescale_no_such_module  # noqa: F401
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 WORKER_EXIT_PROBE = """
 from freescale.pipeline.processes import start_pool
 

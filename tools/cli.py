@@ -313,13 +313,14 @@ def prepare_config_from_args(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from freescale.pipeline.processes import PREPARE_WORKER_MODULES, start_pool
+    from freescale.pipeline.processes import PREPARE_WORKER_MODULES, imports_without_gc, start_pool
 
     # Workers start before this process imports the pipeline, so both imports run at once.
     pool = start_pool(args.workers, PREPARE_WORKER_MODULES) if args.workers > 1 else None
     try:
-        from freescale.pipeline.prepare import prepare
-        from freescale.tools.report import print_prepare_summary
+        with imports_without_gc():
+            from freescale.pipeline.prepare import prepare
+            from freescale.tools.report import print_prepare_summary
 
         manifest = prepare(prepare_config_from_args(args), pool)
     finally:
