@@ -57,7 +57,7 @@ from freescale.pipeline.manifest import (
 )
 from freescale.pipeline.processes import PREPARE_WORKER_MODULES, start_pool
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
-from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, save_json, write_part
+from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, write_part
 from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
@@ -302,7 +302,7 @@ class PrepareJob:
             n_partitions = json.loads(state_path.read_text())["n_partitions"]
         else:
             n_partitions = self.n_partitions
-            save_json(state_path, {"n_partitions": n_partitions})
+            scan.save_json(state_path, {"n_partitions": n_partitions})
         self._n_partitions = n_partitions
         todo = [
             (scan.run_scan_task, (self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples))
@@ -409,7 +409,7 @@ class PrepareJob:
             "offsets": plan.micro_batch_offsets,
         }
         np.savez(path, **info)
-        save_json(report_path, plan.report)
+        scan.save_json(report_path, plan.report)
         return {**info, "report": plan.report}
 
     def _bucket_size(self, plan: dict[str, Any]) -> int:

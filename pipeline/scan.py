@@ -146,9 +146,7 @@ def run_scan_task(
         os.replace(f"{prefix}.p{part:05d}.arrow.tmp", f"{prefix}.p{part:05d}.arrow")
     _save_user_counts(prefix, np.concatenate(task_users) if task_users else np.zeros(0, np.int64))
     record["partitions"] = sorted(writers)
-    marker = Path(f"{prefix}.json")
-    marker.with_suffix(".json.tmp").write_text(json.dumps(record, default=_json_default))
-    os.replace(marker.with_suffix(".json.tmp"), marker)
+    save_json(Path(f"{prefix}.json"), record)
     return record
 
 
@@ -169,6 +167,13 @@ def user_event_counts(scan_dir: str, n_tasks: int) -> tuple[np.ndarray, np.ndarr
     stacked = np.concatenate(parts, axis=1)
     totals = pl.DataFrame({"user_id": stacked[0], "count": stacked[1]}).group_by("user_id").sum().sort("user_id")
     return totals["user_id"].to_numpy(), totals["count"].to_numpy()
+
+
+def save_json(path: Path, data: Any) -> None:
+    """Write a work-dir record atomically (a ``.tmp`` file, then a rename): a record doubles as a
+    completion marker, so it is either whole or absent, never half written by a killed job."""
+    Path(f"{path}.tmp").write_text(json.dumps(data, indent=1, sort_keys=True, default=_json_default))
+    os.replace(f"{path}.tmp", path)
 
 
 def _json_default(value: Any) -> Any:
@@ -238,9 +243,7 @@ def run_user_table_task(
 ) -> dict[str, Any]:
     """``spill_user_table`` as a scan task: its record (``users.json``) is its completion marker."""
     record = spill_user_table(sources, n_partitions, scan_dir, examples_per_reason)
-    marker = Path(scan_dir) / USERS_RECORD
-    marker.with_suffix(".json.tmp").write_text(json.dumps(record, default=_json_default))
-    os.replace(marker.with_suffix(".json.tmp"), marker)
+    save_json(Path(scan_dir) / USERS_RECORD, record)
     return record
 
 
@@ -269,6 +272,7 @@ __all__ = [
     "remove_partition",
     "run_scan_task",
     "run_user_table_task",
+    "save_json",
     "spill_user_table",
     "user_event_counts",
 ]

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.scan import read_partition, read_user_partition, remove_partition
+from freescale.pipeline.scan import read_partition, read_user_partition, remove_partition, save_json
 
 SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order
 MISSING_FEATURE = -1
@@ -90,20 +90,12 @@ def time_sort(
     return TimeSort(order.astype(np.intp))  # numpy gathers with a uint32 index through its slow general path
 
 
-def time_order(
-    user_ids: np.ndarray, ts: np.ndarray, users: np.ndarray | None = None, key_bits: int = 64
-) -> np.ndarray | None:
-    """The permutation of ``time_sort`` (``None`` when it needs the general sort)."""
-    result = time_sort(user_ids, ts, users, key_bits)
-    return None if result is None else result.order
-
-
 def _user_rank(user_ids: np.ndarray, distinct: np.ndarray) -> np.ndarray:
     """Each event's user as its position in ``distinct`` (sorted), as uint64."""
     ranks = pl.DataFrame({"user_id": distinct, "rank": np.arange(len(distinct), dtype=np.uint64)})
     joined = pl.DataFrame({"user_id": user_ids}).join(ranks, on="user_id", how="left", maintain_order="left")
     if joined["rank"].null_count():
-        raise ValueError("time_order: 'users' must hold every user id of the events")
+        raise ValueError("time_sort: 'users' must hold every user id of the events")
     return joined["rank"].to_numpy()
 
 
@@ -114,7 +106,7 @@ def sorted_events(
 
     Spill files hold events in ``(source, file_index, row)`` order (``scan.read_partition``), so a
     stable sort by ``(user_id, ts)`` is the canonical ``(user_id, ts, source, file_index, row)`` order.
-    ``users``: the partition's sorted user ids if known (``time_order``).
+    ``users``: the partition's sorted user ids if known (``time_sort``).
     """
     table = read_partition(scan_dir, partition)
     events_in = table.num_rows
@@ -311,9 +303,7 @@ def run_partition(
     record["events_in"] += removed_events
     record["filtered"]["kcore"] += removed_events
     (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
-    marker = Path(samples_dir) / f"p{partition:05d}.json"
-    Path(f"{marker}.tmp").write_text(json.dumps(record))
-    os.replace(f"{marker}.tmp", marker)
+    save_json(Path(samples_dir) / f"p{partition:05d}.json", record)
     remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record
 

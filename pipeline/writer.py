@@ -235,8 +235,3 @@ def merge_part_indexes(output: str, n_parts: int) -> bytes:
                     shard[key]["basename"] = f"{part_name(part)}/{shard[key]['basename']}"
             shards.append(shard)
     return json.dumps({"shards": shards, "version": 2}, sort_keys=True).encode()
-
-
-def save_json(path: Path, data: Any) -> None:
-    Path(f"{path}.tmp").write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(f"{path}.tmp", path)
