@@ -208,6 +208,19 @@ def parse_numbers(arr: pa.Array, scale: int = 1) -> Parsed:
     return Parsed(empty, none, none, np.zeros(n, dtype=np.int64), np.full(n, np.nan), None)
 
 
+def _clean_signed_ints(arr: pa.Array) -> np.ndarray | None:
+    """A signed-integer column without nulls as int64 (no copy for int64), else ``None``.
+
+    Typed id and epoch columns (Parquet, Arrow, JSON numbers) are nearly always this: every value is
+    an exact integer, so ``parse_numbers``' masks and float copy (a dozen passes over the column, a
+    tenth of a Parquet scan) decide nothing. ``tests/test_datasets_fastpaths.py`` checks the results
+    against the general path.
+    """
+    if arr.null_count or not pa.types.is_signed_integer(arr.type):
+        return None
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
 def convert_id(arr: pa.Array, id_type: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """User/item ids as int64 plus codes (missing_id, bad_type, negative_id).
 
@@ -219,6 +232,9 @@ def convert_id(arr: pa.Array, id_type: str = "auto") -> tuple[np.ndarray, np.nda
     value and spread over the rows.
     """
     arr = normalize(arr)
+    ints = _clean_signed_ints(arr) if id_type != "string" else None
+    if ints is not None:
+        return ints, (ints < 0).astype(np.uint8) * np.uint8(NEGATIVE_ID)
     if pa.types.is_string(arr.type) and len(arr) > 1 and not _all_digits(arr):
         encoded = pc.dictionary_encode(arr)
         if 0 < 2 * len(encoded.dictionary) <= len(arr):
@@ -296,6 +312,9 @@ def _temporal_strings(arr: pa.Array) -> pa.Array:
 def _numeric_seconds(arr: pa.Array, unit: str) -> tuple[np.ndarray, np.ndarray]:
     """Epoch numbers (ints, floats or numeric strings) in ``unit`` floored to seconds."""
     divisor = UNIT_DIVISOR[unit]
+    ints = _clean_signed_ints(normalize(arr))
+    if ints is not None:
+        return (np.floor_divide(ints, divisor) if divisor > 1 else ints), np.ones(len(ints), dtype=bool)
     parsed = parse_numbers(arr)
     secs = np.floor_divide(parsed.ints, divisor)
     fractional = parsed.is_number & ~parsed.is_int

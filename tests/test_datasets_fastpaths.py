@@ -133,6 +133,34 @@ def test_repeated_string_ids_are_converted_once_per_value(distinct, picks, id_ty
     assert values[ok].tolist() == expected_values[ok].tolist()
 
 
+INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=30),
+    type_index=st.integers(0, len(INT_TYPES) - 1),
+    id_type=st.sampled_from(["auto", "int", "string"]),
+    unit=st.sampled_from(["s", "ms", "us", "ns"]),
+)
+def test_clean_typed_integers_skip_the_number_checks(values, type_index, id_type, unit):
+    """Null-free signed-integer columns (``_clean_signed_ints``) convert exactly as ``parse_numbers``
+    would: ids with ``negative_id`` codes, epochs floored to seconds with ``bad_timestamp`` outside 1970-2100."""
+    from unittest import mock
+
+    from freescale.datasets import convert
+
+    kind = INT_TYPES[type_index]
+    bound = 2 ** (kind.bit_width - 1)
+    column = pa.array([min(max(v, -bound), bound - 1) for v in values], kind)
+    fast = convert.convert_id(column, id_type), convert.convert_ts(column, unit)
+    with mock.patch.object(convert, "_clean_signed_ints", return_value=None):
+        general = convert.convert_id(column, id_type), convert.convert_ts(column, unit)
+    for (fast_values, fast_codes), (values_expected, codes_expected) in zip(fast, general, strict=True):
+        assert fast_codes.dtype == np.uint8 and fast_codes.tolist() == codes_expected.tolist()
+        assert fast_values.tolist() == values_expected.tolist()
+
+
 def test_nineteen_digit_overflow_rejects_one_row(tmp_path: Path):
     lines = ["uid,item,ts,act", "9223372036854775807,1,1700000000,click", "9223372036854775808,2,1700000001,click"]
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
