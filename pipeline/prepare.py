@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ from freescale.pipeline.manifest import (
     build_manifest,
     read_manifest_if_any,
 )
-from freescale.pipeline.processes import PREPARE_WORKER_MODULES, start_pool
+from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
 from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, write_part
 from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
@@ -237,12 +237,17 @@ class PrepareJob:
             else:
                 fs.delete_file(entry.path)
 
+    @property
+    def pool_workers(self) -> int:
+        """Worker processes besides this one, which runs tasks too (``processes.run_calls``)."""
+        return self.config.workers - 1
+
     def _pool(self) -> ProcessPoolExecutor | None:
         """One spawn pool for the whole job: workers start (and import polars/pyarrow) once."""
-        if self.config.workers == 1:
+        if self.pool_workers == 0:
             return None
         if self._executor is None:
-            self._executor = start_pool(self.config.workers, PREPARE_WORKER_MODULES)
+            self._executor = start_pool(self.pool_workers, PREPARE_WORKER_MODULES)
         return self._executor
 
     def close(self) -> None:
@@ -261,22 +266,12 @@ class PrepareJob:
         return self._run_calls([(fn, job) for job in jobs], desc, unit)
 
     def _run_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*args)`` for each call (in worker processes when workers > 1), with a progress
+        """Run ``fn(*args)`` for each call in this process and the worker processes, with a progress
         bar; results come back in call order."""
         started = time.perf_counter()
         bar = tqdm(total=len(calls), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
-        pool = self._pool()
         try:
-            if pool is None:
-                results = []
-                for fn, args in calls:
-                    results.append(fn(*args))
-                    bar.update()
-                return results
-            futures = [pool.submit(fn, *args) for fn, args in calls]
-            for _ in as_completed(futures):
-                bar.update()
-            return [future.result() for future in futures]
+            return run_calls(self._pool(), self.pool_workers, calls, bar.update)
         finally:
             bar.close()
             if calls:
@@ -464,6 +459,7 @@ class PrepareJob:
             Path(self.config.output).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
         self.close()  # idle workers keep their peak memory: release it before the writer's peak
+        release_freed_memory()  # this process's too: it ran tasks
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         args = (self.config.output, buckets_dir, bucket_size)
         tail = (n, with_features, self.config.shard_size_limit)

@@ -7,6 +7,7 @@ thread pool size (fixed when polars is imported).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import gc
@@ -16,8 +17,9 @@ import multiprocessing.connection
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 POLARS_THREADS_PER_WORKER = "1"
 # pyarrow's allocator (mimalloc) returns freed memory to the kernel after 10 ms; the next chunk of a
@@ -48,21 +50,108 @@ def start_pool(workers: int, modules: tuple[str, ...] = ()) -> ProcessPoolExecut
 
 
 def init_worker(modules: tuple[str, ...] = ()) -> None:
-    """Pool initializer of the scan/sample/bucket workers.
+    """Pool initializer of the scan/sample/bucket workers."""
+    configure_task_process()
+    exit_with_parent()
+    skip_interpreter_teardown()
+    with imports_without_gc():
+        for name in modules:
+            importlib.import_module(name)
 
-    One polars thread per worker: the job runs one worker per core already, and polars' default
-    pool (a thread per core in every worker) oversubscribed the cores: on 2 cores the samples phase
-    took 4.5 s with it and 3.2 s without. A user's own ``POLARS_MAX_THREADS`` wins.
+
+def configure_task_process() -> None:
+    """Settings of every process that runs ``prepare``'s tasks (the driver runs them too: ``run_calls``);
+    effective when called before polars and pyarrow are imported.
+
+    One polars thread per task process: the job runs one per core already, and polars' default pool
+    (a thread per core in every process) oversubscribed the cores: on 2 cores the samples phase took
+    4.5 s with it and 3.2 s without. A user's own ``POLARS_MAX_THREADS`` wins.
     """
     os.environ.setdefault("POLARS_MAX_THREADS", POLARS_THREADS_PER_WORKER)
     for name, value in ALLOCATOR_SETTINGS.items():
         os.environ.setdefault(name, value)
-    exit_with_parent()
-    skip_interpreter_teardown()
     keep_freed_memory()
-    with imports_without_gc():
-        for name in modules:
-            importlib.import_module(name)
+
+
+def run_calls(
+    pool: ProcessPoolExecutor | None,
+    slots: int,
+    calls: list[tuple[Callable[..., Any], tuple]],
+    on_done: Callable[[], None],
+) -> list[Any]:
+    """``[fn(*args) for fn, args in calls]``, run by ``slots`` processes of ``pool`` and by this one at once.
+
+    Each runner takes the next call when it frees up, so calls start in list order (``prepare``
+    lists them longest first) and a runner never idles while calls are left. With this process as
+    one of the runners, a job on ``w`` cores needs ``w - 1`` pool processes: one spawn and one
+    polars/pyarrow import (~0.65 core-s) fewer, and one interpreter's memory less. The pool is fed
+    one call per process at a time from a thread of this process (``_feed``), which waits on the
+    pool while the main thread runs its own calls.
+
+    Every call runs even when one fails (as a pool would run them all); then the error of the
+    first failed call in list order is raised. ``on_done`` is called once per finished call.
+    """
+    queue = _CallQueue(calls, on_done)
+    slots = slots if pool is not None else 0
+    feeders = [threading.Thread(target=_feed, args=(pool, queue), daemon=True) for _ in range(slots)]
+    for feeder in feeders:
+        feeder.start()
+    try:
+        while (call := queue.take()) is not None:
+            index, (fn, args) = call
+            try:
+                queue.finish(index, fn(*args))
+            except Exception as error:  # kept: raised in list order once every call ran
+                queue.fail(index, error)
+    except BaseException:
+        queue.stop()  # an interrupt: start nothing more (the feeders end with their running call)
+        raise
+    for feeder in feeders:
+        feeder.join()
+    return queue.results()
+
+
+def _feed(pool: ProcessPoolExecutor, queue: _CallQueue) -> None:
+    while (call := queue.take()) is not None:
+        index, (fn, args) = call
+        try:
+            queue.finish(index, pool.submit(fn, *args).result())
+        except BaseException as error:  # a broken pool included: raised by run_calls
+            queue.fail(index, error)
+
+
+class _CallQueue:
+    """The calls left, the results and errors so far, shared by ``run_calls``' runners."""
+
+    def __init__(self, calls: list[tuple[Callable[..., Any], tuple]], on_done: Callable[[], None]) -> None:
+        self._pending = collections.deque(enumerate(calls))
+        self._results: list[Any] = [None] * len(calls)
+        self._errors: dict[int, BaseException] = {}
+        self._on_done = on_done
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, tuple[Callable[..., Any], tuple]] | None:
+        with self._lock:
+            return self._pending.popleft() if self._pending else None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._pending.clear()
+
+    def finish(self, index: int, result: Any) -> None:
+        with self._lock:
+            self._results[index] = result
+            self._on_done()
+
+    def fail(self, index: int, error: BaseException) -> None:
+        with self._lock:
+            self._errors[index] = error
+            self._on_done()
+
+    def results(self) -> list[Any]:
+        if self._errors:
+            raise self._errors[min(self._errors)]
+        return self._results
 
 
 @contextlib.contextmanager
@@ -134,3 +223,13 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
         libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+
+
+def release_freed_memory() -> None:
+    """Return what ``keep_freed_memory`` kept to the kernel: the driver's share of the tasks' memory,
+    before the write phase's peak."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    pyarrow = sys.modules.get("pyarrow")  # its allocator keeps freed memory for a second
+    if pyarrow is not None:
+        pyarrow.default_memory_pool().release_unused()

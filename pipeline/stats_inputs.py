@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from freescale.pipeline import stats_ids
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.processes import start_pool
+from freescale.pipeline.processes import run_calls, start_pool
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
@@ -82,24 +82,21 @@ def canonical(users: np.ndarray, windows: np.ndarray, keep: np.ndarray, seed: in
 
 
 class Pool:
-    """Worker processes (spawned, like ``prepare``'s) for the id pass; ``workers == 1`` runs in this
-    process. A spawned worker pays about a second of imports, so ``collect_sources`` asks for
-    workers only when each gets ``PARALLEL_MIN_EVENTS_PER_WORKER`` events or more."""
+    """The id pass's runners, like ``prepare``'s: this process and ``workers - 1`` spawned ones
+    (``processes.run_calls``). A spawned worker pays about a second of imports, so
+    ``collect_sources`` asks for workers only when each gets ``PARALLEL_MIN_EVENTS_PER_WORKER``
+    events or more."""
 
     def __init__(self, workers: int, progress: bool) -> None:
         self.progress = progress
-        self.executor = start_pool(workers) if workers > 1 else None
+        self.slots = workers - 1
+        self.executor = start_pool(self.slots) if self.slots else None
 
     def map(self, fn: Callable, jobs: list[tuple], desc: str) -> list[Any]:
         """``fn(*job)`` for each job, results in job order, with a progress bar."""
         bar = tqdm(total=len(jobs), desc=desc, unit="partition", disable=not self.progress, leave=False)
         try:
-            futures = [self.executor.submit(fn, *job) for job in jobs] if self.executor else None
-            results = []
-            for i, job in enumerate(jobs):
-                results.append(futures[i].result() if futures else fn(*job))
-                bar.update()
-            return results
+            return run_calls(self.executor, self.slots, [(fn, job) for job in jobs], bar.update)
         finally:
             bar.close()
 

@@ -48,7 +48,9 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-config", help="TOML with a [model] table (d_model, num_layers, num_heads, ...)")
     p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (overrides the model)")
     p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--workers", type=int, default=2, help="processes running tasks, this one included (default 2: one spawned)"
+    )
 
 
 def _sample_options(args: argparse.Namespace) -> dict:
@@ -313,10 +315,17 @@ def prepare_config_from_args(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from freescale.pipeline.processes import PREPARE_WORKER_MODULES, imports_without_gc, start_pool
+    from freescale.pipeline.processes import (
+        PREPARE_WORKER_MODULES,
+        configure_task_process,
+        imports_without_gc,
+        start_pool,
+    )
 
-    # Workers start before this process imports the pipeline, so both imports run at once.
-    pool = start_pool(args.workers, PREPARE_WORKER_MODULES) if args.workers > 1 else None
+    # Workers start before this process imports the pipeline, so both imports run at once; this
+    # process runs tasks too (one worker fewer), with the workers' settings.
+    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 else None
+    configure_task_process()
     try:
         with imports_without_gc():
             from freescale.pipeline.prepare import prepare
@@ -380,6 +389,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from freescale.pipeline.processes import configure_task_process
+
+    configure_task_process()  # this process runs tasks beside the workers (before polars is imported)
     from freescale.pipeline.stats import StatsConfig, run_stats
     from freescale.pipeline.stats_report import print_stats_summary
 
