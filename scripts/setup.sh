@@ -21,8 +21,16 @@ else
   FBGEMM="fbgemm-gpu-cpu==1.9.0"
 fi
 
+# Bytecode for the project's own modules (editable installs get none): where PYTHONDONTWRITEBYTECODE
+# is set, as here, every process `prepare` spawns would otherwise compile ~6k lines again (0.13 s
+# each). Cheap when nothing changed, so it runs on every call.
+compile_project() {
+  "$VENV/bin/python" -m compileall -q freescale pipeline trainer kernels datasets tools >/dev/null
+}
+
 want="$(cat scripts/setup.sh scripts/constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)-$FBGEMM"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  compile_project
   echo "setup: .venv is up to date"
   exit 0
 fi
@@ -37,5 +45,6 @@ echo "setup: installing the pinned stack into $VENV ($FBGEMM); first run takes a
 "${PIP[@]}" --no-deps torchrec==1.9.2
 "${PIP[@]}" tensordict pyre-extensions iopath tqdm torchmetrics==1.0.3
 "${PIP[@]}" -e ".[test]"
+compile_project
 echo "$want" > "$STAMP"
 echo "setup: done"
