@@ -90,13 +90,57 @@ def time_sort(
     return TimeSort(order.astype(np.intp))  # numpy gathers with a uint32 index through its slow general path
 
 
+_SLOT_MULTIPLIER = np.uint64(0xFF51AFD7ED558CCD)  # murmur3's mixer, not partition_of's multiplier
+
+
 def _user_rank(user_ids: np.ndarray, distinct: np.ndarray) -> np.ndarray:
-    """Each event's user as its position in ``distinct`` (sorted), as uint64."""
-    ranks = pl.DataFrame({"user_id": distinct, "rank": np.arange(len(distinct), dtype=np.uint64)})
-    joined = pl.DataFrame({"user_id": user_ids}).join(ranks, on="user_id", how="left", maintain_order="left")
-    if joined["rank"].null_count():
-        raise ValueError("time_sort: 'users' must hold every user id of the events")
-    return joined["rank"].to_numpy()
+    """Each event's user as its position in ``distinct`` (sorted, unique), as uint64.
+
+    A vectorised open-addressing hash table over ``distinct``, four times sparser than its keys: a
+    partition's table (~5k users, ~100 KB) stays in cache and nearly every lookup is one probe: a
+    handful of numpy passes over the events. The polars hash join it replaces faulted in ~5x more
+    fresh memory; the samples phase of ``large`` (19 partitions, run serially) lost ~0.3 s of 2 s
+    finding and sorting events.
+    """
+    bits = max(int(4 * len(distinct) - 1).bit_length(), 4)
+    keys, ranks = _rank_table(distinct, bits)
+    slot = _home_slot(user_ids, bits)
+    rank = ranks[slot]
+    todo = np.flatnonzero((keys[slot] != user_ids) | (rank < 0))  # an empty slot's key 0 is no user 0
+    while len(todo):  # linear probing: the next slot until the key or an empty slot
+        slot[todo] = (slot[todo] + 1) & (len(keys) - 1)
+        probed = ranks[slot[todo]]
+        if (probed < 0).any():
+            raise ValueError("time_sort: 'users' must hold every user id of the events")
+        hit = keys[slot[todo]] == user_ids[todo]
+        rank[todo[hit]] = probed[hit]
+        todo = todo[~hit]
+    return rank.view(np.uint64)  # every rank found: none negative
+
+
+def _home_slot(ids: np.ndarray, bits: int) -> np.ndarray:
+    """Fibonacci hashing: the top ``bits`` of the id times an odd constant (two passes, no copies)."""
+    slot = np.ascontiguousarray(ids, np.int64).view(np.uint64) * _SLOT_MULTIPLIER
+    slot >>= np.uint64(64 - bits)
+    return slot.view(np.intp)
+
+
+def _rank_table(distinct: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of ``2**bits`` holding each distinct id and its rank (rank -1: empty slot)."""
+    keys = np.zeros(1 << bits, np.int64)
+    ranks = np.full(1 << bits, -1, np.int64)
+    pending = np.arange(len(distinct))
+    slot = _home_slot(distinct, bits)
+    while len(pending):
+        free = ranks[slot] < 0
+        # of the keys aiming at one free slot, the first takes it; the others probe on
+        targets, first = np.unique(slot[free], return_index=True)
+        placed = np.flatnonzero(free)[first]
+        keys[targets], ranks[targets] = distinct[pending[placed]], pending[placed]
+        left = np.ones(len(pending), bool)
+        left[placed] = False
+        pending, slot = pending[left], (slot[left] + 1) & ((1 << bits) - 1)
+    return keys, ranks
 
 
 def sorted_events(

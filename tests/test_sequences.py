@@ -167,3 +167,23 @@ def test_spill_timestamps_hold_every_valid_timestamp() -> None:
 
     kind = SPILL_SCHEMA.field("ts").type
     assert kind == pa.uint32() and TS_MIN >= 0 and TS_MAX - 1 <= 2**32 - 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    distinct=st.sets(st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-3, 40)), min_size=1, max_size=300),
+    picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=400),
+    stranger=st.one_of(st.integers(-(2**63), 2**63 - 1), st.just(0)),
+)
+def test_user_rank_table_finds_every_users_rank(distinct, picks, stranger):
+    """``_user_rank``'s hash table gives each event its user's position in the sorted distinct ids
+    (as a binary search would), and refuses a user that is not among them (0 included: empty slots
+    hold key 0)."""
+    from freescale.pipeline.sequences import _user_rank
+
+    users = np.array(sorted(distinct), np.int64)
+    events = users[np.array(picks) % len(users)]
+    assert _user_rank(events, users).tolist() == np.searchsorted(users, events).tolist()
+    if stranger not in distinct:
+        with pytest.raises(ValueError, match="every user id"):
+            _user_rank(np.append(events, stranger), users)
