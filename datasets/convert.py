@@ -310,9 +310,9 @@ def _temporal_strings(arr: pa.Array) -> pa.Array:
 
 
 def _numeric_seconds(arr: pa.Array, unit: str) -> tuple[np.ndarray, np.ndarray]:
-    """Epoch numbers (ints, floats or numeric strings) in ``unit`` floored to seconds."""
+    """Epoch numbers (ints, floats or numeric strings, ``normalize``d) in ``unit`` floored to seconds."""
     divisor = UNIT_DIVISOR[unit]
-    ints = _clean_signed_ints(normalize(arr))
+    ints = _clean_signed_ints(arr)
     if ints is not None:
         return (np.floor_divide(ints, divisor) if divisor > 1 else ints), np.ones(len(ints), dtype=bool)
     parsed = parse_numbers(arr)

@@ -58,8 +58,8 @@ def time_sort(
     """Sort events by ``(user_id, ts)``, stably; ``None`` if ``ts`` spans 2^32 s or more.
 
     Users are replaced by their rank among the partition's users (``users``: sorted distinct ids, a
-    superset of ``user_ids``, computed when not given; found with a hash join) and timestamps by their
-    offset from the earliest. When rank, offset and row number fit in one ``key_bits`` key, sorting
+    superset of ``user_ids``, computed when not given; looked up in ``_user_rank``'s hash table) and
+    timestamps by their offset from the earliest. When rank, offset and row number fit in one ``key_bits`` key, sorting
     the keys themselves gives the order in their low bits and the sorted users and timestamps in the
     others: the keys are unique, so no stable sort is needed (a third of the stable argsort's time).
     Otherwise rank and offset pack into a key sorted stably. Either way ties (same user and second)
