@@ -257,6 +257,17 @@ def write_config(path: Path, **tables: dict) -> str:
         ({"logging": {"log_every": 0}}, "logging.log_every"),
         ({"eval": {"k": 0}}, "eval.k"),
         ({"trainer": {"x": 1}}, r"unknown table\(s\) \['trainer'\]"),
+        ({"optimizer": {"dense_lr": math.inf}}, "optimizer.dense_lr must be finite"),
+        ({"optimizer": {"sparse_lr": math.inf}}, "optimizer.sparse_lr must be finite"),
+        ({"optimizer": {"weight_decay": math.inf}}, "optimizer.weight_decay must be finite"),
+        ({"optimizer": {"betas": [0.9, math.nan]}}, "optimizer.betas must be finite"),
+        ({"model_extra": {"length_group_ratio": math.inf}}, "model_extra.length_group_ratio must be finite"),
+        ({"data": {"path": "x", "max_seconds": math.inf}}, "data.max_seconds must be finite"),
+        ({"data": {"path": "x", "max_steps": 1.5}}, "data.max_steps must be an integer, got 1.5"),
+        ({"engine": {"threads": 2.0}}, "engine.threads must be an integer"),
+        ({"engine": {"collective_timeout_s": 0}}, "engine.collective_timeout_s"),
+        ({"engine": {"max_nonfinite_skips": -1}}, "engine.max_nonfinite_skips"),
+        ({"engine": {"name": "torchrec", "max_nonfinite_skips": 2}}, "engine.max_nonfinite_skips must be 0"),
     ],
 )
 def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
@@ -274,6 +285,13 @@ def test_config_round_trip_overrides_and_model_table(tmp_path: Path) -> None:
     assert RunConfig.from_toml(str(tmp_path / "resolved.toml")) == cfg
     with pytest.raises(ValueError, match=r"table\.option=value"):
         RunConfig.from_toml(path, ["max_steps=3"])
+
+
+def test_configs_built_in_code_refuse_non_finite_floats() -> None:
+    from freescale.trainer.config import DataConfig, OptimizerConfig
+
+    with pytest.raises(ValueError, match=r"optimizer\.sparse_lr must be finite"):
+        RunConfig(data=DataConfig(path="x"), optimizer=OptimizerConfig(sparse_lr=math.inf))
 
 
 def test_cli_train_reports_config_errors_with_status_2(tmp_path: Path, capsys) -> None:

@@ -13,6 +13,7 @@ Every dataclass validates itself in ``__post_init__`` and raises ``ValueError`` 
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -37,6 +38,38 @@ def _check(condition: bool, option: str, message: str, value: Any) -> None:
 
 def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, option, f"must be one of {list(choices)}", value)
+
+
+def _type_name(kind: Any) -> str:
+    """A field's annotation as text (``from __future__ import annotations`` modules give strings)."""
+    return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+
+
+def _check_value(option: str, kind: str, value: Any) -> None:
+    """One option against its annotation. Why: TOML reads ``inf``/``nan`` and ``1.5`` happily, and a
+    comparison in ``__post_init__`` lets ``inf`` through (``inf > 0``) and ``1.5`` too (``1.5 >= 0``)."""
+    if kind == "int":
+        _check(isinstance(value, int) and not isinstance(value, bool), option, "must be an integer", value)
+    elif kind == "float":
+        _check(isinstance(value, int | float) and not isinstance(value, bool), option, "must be a number", value)
+        _check(math.isfinite(value), option, "must be finite", value)
+    elif kind == "bool":
+        _check(isinstance(value, bool), option, "must be true or false", value)
+    elif kind == "str":
+        _check(isinstance(value, str), option, "must be a string", value)
+    elif kind.startswith(("tuple[", "list[")):
+        _check(isinstance(value, list | tuple), option, "must be a list", value)
+        inner = kind[kind.index("[") + 1 : -1].split(",")[0].strip()
+        for item in value:
+            _check_value(option, inner, item)
+
+
+def check_types(cls: type, values: dict[str, Any], table: str) -> None:
+    """Every known option in ``values`` has its field's type; floats are finite (ValueError names it)."""
+    kinds = {f.name: _type_name(f.type) for f in fields(cls)}
+    for option, value in values.items():
+        if option in kinds:
+            _check_value(f"{table}.{option}", kinds[option], value)
 
 
 @dataclass
@@ -127,6 +160,8 @@ class EngineConfig:
     torchrec_pipeline: str = "auto"  # auto: TrainPipelineSparseDist (runs on CPU too), see torchrec_engine
     pin_cpus: bool = False  # CPU runs: each local rank on its own slice of the host's cores
     overlap: str = "pec"  # freescale engine: pec = prioritized embedding communication (exact); none = synchronous
+    max_nonfinite_skips: int = 0  # steps with a NaN/inf loss or gradient skipped (no update) before the run stops
+    collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -136,6 +171,8 @@ class EngineConfig:
         _choice("engine.overlap", self.overlap, OVERLAPS)
         _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
         _check(self.seed >= 0, "engine.seed", "must be >= 0", self.seed)
+        _check(self.max_nonfinite_skips >= 0, "engine.max_nonfinite_skips", "must be >= 0", self.max_nonfinite_skips)
+        _check(self.collective_timeout_s > 0, "engine.collective_timeout_s", "must be > 0", self.collective_timeout_s)
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("engine.backend 'nccl' needs engine.device 'cuda' (use gloo on CPU)")
 
@@ -217,6 +254,7 @@ SECTIONS: dict[str, type] = {
 def _section(cls: type, values: Any, name: str) -> Any:
     if not isinstance(values, dict):
         raise ValueError(f"[{name}] must be a table, got {values!r}")
+    check_types(cls, values, name)
     if cls is ModelConfig:
         return ModelConfig.from_dict(values, where=name)
     known = {f.name for f in fields(cls)}
@@ -243,6 +281,13 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
+        for name, kind in SECTIONS.items():  # also configs built in code, not read from TOML
+            check_types(kind, asdict(getattr(self, name)), name)
+        if self.engine.name == "torchrec" and self.engine.max_nonfinite_skips:
+            raise ValueError(
+                "engine.max_nonfinite_skips must be 0 with engine.name 'torchrec': its pipeline applies the "
+                "update inside the step, so a non-finite step cannot be skipped, only stop the run"
+            )
         if self.engine.name == "torchrec" and self.checkpoint.dir:
             raise ValueError(
                 "checkpoint.dir must be empty with engine.name 'torchrec': checkpoint/resume is "
