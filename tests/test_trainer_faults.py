@@ -88,3 +88,83 @@ def test_tied_and_nan_scores_are_not_hits(one_rank_group, num_candidates: int) -
     assert tied["hr@10"] == 0.0 and tied["ndcg@10"] == 0.0
     diverged = run_eval(distinct, "nan", num_candidates)
     assert diverged["users"] == 40 and diverged["hr@10"] == 0.0 and diverged["ndcg@10"] == 0.0
+
+
+# non-finite steps --------------------------------------------------------------------------------
+def tiny_run_config(overlap: str, temperature: float) -> Any:
+    from freescale.trainer.config import RunConfig
+
+    return RunConfig.from_dict(
+        {
+            "model": {"d_model": 16, "num_layers": 1, "num_heads": 2, "num_negatives": 4, "max_uih_len": 64},
+            "model_extra": {"num_items": NUM_ITEMS, "num_actions": 4, "temperature": temperature},
+            "data": {"path": "unused"},
+            "engine": {"overlap": overlap},
+        }
+    )
+
+
+def training_state(engine: Any) -> dict[str, torch.Tensor]:
+    """Every parameter and optimizer state a step may touch, copied."""
+    state = {f"model.{k}": v.clone() for k, v in engine.model.state_dict().items()}
+    state.update({k: v.clone() for k, v in engine.tables.local_state().items()})
+    for index, values in engine.dense_optimizer.state_dict()["state"].items():
+        state.update({f"dense_optimizer.{index}.{k}": torch.as_tensor(v).clone() for k, v in values.items()})
+    return state
+
+
+def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
+    return sorted(
+        k for k in set(before) | set(after) if k not in before or k not in after or not torch.equal(before[k], after[k])
+    )
+
+
+@pytest.mark.parametrize("overlap", ["none", "pec"])
+def test_nonfinite_step_updates_nothing(one_rank_group, overlap: str) -> None:
+    from freescale.trainer.data import collate
+    from freescale.trainer.runner import collate_config, make_engine
+
+    cfg = tiny_run_config(overlap, temperature=1e-45)  # logits overflow: the loss is NaN/inf
+    engine = make_engine(cfg, 0, 1, torch.device("cpu"))
+    batches = iter([collate(eval_samples(8, seed=s), collate_config(cfg), s, 0) for s in range(3)])
+    try:
+        before = training_state(engine)
+        engine.step(batches)
+        engine.settle()
+        assert engine.nonfinite
+        assert changed(before, training_state(engine)) == []
+        cfg.model_extra.temperature = 0.05  # a finite step afterwards trains as usual
+        engine.step(batches)
+        engine.settle()
+        assert not engine.nonfinite
+        touched = changed(before, training_state(engine))
+        assert any(k.startswith("tables.item") for k in touched) and any(k.startswith("model.") for k in touched)
+    finally:
+        engine.close()
+
+
+# 2-rank runs through `freescale train` -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> str:
+    from train_cli import prepare_tiny
+
+    return prepare_tiny(tmp_path_factory.mktemp("faults-data"))
+
+
+@pytest.mark.slow
+def test_nonfinite_loss_stops_the_run_after_the_allowed_skips(tiny_dataset, tmp_path) -> None:
+    from train_cli import run_toml, run_train
+
+    config = run_toml(
+        tmp_path / "run.toml",
+        tiny_dataset,
+        tmp_path / "out",
+        model_extra={"temperature": 1e-45},  # logits overflow from the first step on
+        engine={"max_nonfinite_skips": 2},
+    )
+    result = run_train(config, tmp_path)
+    assert result.returncode != 0
+    assert "step 2: non-finite loss or gradient" in result.stderr, result.stderr[-3000:]
+    assert "engine.max_nonfinite_skips = 2" in result.stderr
+    assert "step 0: non-finite loss or gradient, step skipped" in result.stdout
+    assert "Traceback" not in result.stderr

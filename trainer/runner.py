@@ -70,6 +70,10 @@ def total_steps(cfg: RunConfig, dataset: PreparedDataset, world_size: int) -> in
     return max(1, math.ceil(cfg.data.epochs * dataset.steps_per_epoch(world_size)))
 
 
+class TrainingError(RuntimeError):
+    """The run cannot go on (non-finite steps, ...); the rank prints one line and exits non-zero."""
+
+
 @dataclass
 class RunState:
     """What the loop accumulates: pending records (this rank) and all gathered ones (rank 0)."""
@@ -78,6 +82,7 @@ class RunState:
     gathered: list[list[StepRecord]] = field(default_factory=list)
     step_lines: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
+    nonfinite_skips: int = 0
 
 
 class Trainer:
@@ -86,7 +91,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.out = Path(cfg.logging.out_dir)
-        self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
+        self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None, cfg.data.verify)
         self.dataset.check_world_size(world_size)
         self.collate_cfg = collate_config(cfg)
         self.engine = make_engine(cfg, rank, world_size, device)
@@ -133,6 +138,8 @@ class Trainer:
             timer.begin_step(step)
             self.engine.step(batches)
             self.state.pending.append(timer.end_step())
+            if getattr(self.engine, "nonfinite", False):
+                self._skip_nonfinite(step)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{self.state.pending[-1].loss:.4f}")
@@ -150,6 +157,19 @@ class Trainer:
             if stop:
                 break
         return end
+
+    def _skip_nonfinite(self, step: int) -> None:
+        """Count a skipped non-finite step (every rank does: the verdict is global); stop past the limit."""
+        self.state.nonfinite_skips += 1
+        allowed = self.cfg.engine.max_nonfinite_skips
+        loss = self.state.pending[-1].loss
+        if self.state.nonfinite_skips > allowed:
+            raise TrainingError(
+                f"step {step}: non-finite loss or gradient (rank {self.rank} loss = {loss}); stopping the run "
+                f"(engine.max_nonfinite_skips = {allowed}; check optimizer.*_lr, model_extra.temperature, the data)"
+            )
+        if self.rank == 0:
+            print(f"step {step}: non-finite loss or gradient, step skipped (no update)", flush=True)
 
     def _out_of_time(self, started: float) -> bool:
         """All ranks agree (one all-reduce at a flush) whether ``data.max_seconds`` is used up."""
