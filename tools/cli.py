@@ -99,8 +99,19 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     _add_sample_options(p)
     p.add_argument("--max-reject-fraction", type=float, default=0.05)
+    p.add_argument(
+        "--quarantine-examples",
+        type=int,
+        default=20,
+        metavar="N",
+        help="rejected rows kept as examples in quarantine.jsonl, per reason (default 20)",
+    )
     p.add_argument("--shard-size-limit", default="64MB")
-    p.add_argument("--work-dir", help="where intermediate files go (default: <output>/.freescale-work)")
+    p.add_argument(
+        "--work-dir",
+        help="where intermediate files go (default: .<output name>.freescale-work beside a local output; "
+        "<tmp>/freescale-prepare-<uid> for s3://)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a different existing dataset")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -317,6 +328,7 @@ def prepare_config_from_args(args: argparse.Namespace):
 def cmd_prepare(args: argparse.Namespace) -> int:
     from freescale.pipeline.processes import (
         PREPARE_WORKER_MODULES,
+        quarantine_examples=args.quarantine_examples,
         configure_task_process,
         imports_without_gc,
         start_pool,
