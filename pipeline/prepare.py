@@ -53,6 +53,7 @@ from freescale.pipeline.manifest import (
     OFFSETS_NAME,
     QUARANTINE_NAME,
     build_manifest,
+    published_files,
     read_manifest_if_any,
 )
 from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
@@ -395,6 +396,7 @@ class PrepareJob:
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
         plan = plan_step_groups(costs, self.config.balance)
+        self._log(f"plan: balanced in {plan.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
         info = {
             "users": users,  # every user with events, sorted: the samples phase ranks them per partition
             "partition": scan.partition_of(meta["user_id"], self._n_partitions),
@@ -483,6 +485,7 @@ class PrepareJob:
         for reason, rows in users.get("examples", {}).items():
             examples.setdefault(f"users:{reason}", rows)
         storage.write_bytes(storage.join(self.config.output, QUARANTINE_NAME), quarantine_lines(examples).encode())
+        manifest["files"] = published_files(self.config.output)  # every file above, sized and hashed
         storage.write_bytes(
             storage.join(self.config.output, MANIFEST_NAME),
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),

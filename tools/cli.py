@@ -119,6 +119,11 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print a prepared dataset's accounting and balance report")
     p.add_argument("dataset", help="prepared dataset directory or s3:// prefix")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also read every file the manifest lists and check its size and xxh64 hash",
+    )
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -209,6 +214,11 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
         help="raw sources: keep prepare's scan/samples here; a re-run with the same options and sources skips them",
     )
     p.add_argument("--cache-dir", help="prepared dataset on s3://: local shard cache")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="prepared dataset: skip the shards' hash check (sizes, headers and metadata are still checked)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write stats.json only")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -358,7 +368,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from freescale.pipeline.manifest import read_manifest
     from freescale.tools.report import print_prepare_summary
 
-    print_prepare_summary(read_manifest(args.dataset))
+    manifest = read_manifest(args.dataset)
+    print_prepare_summary(manifest)
+    if args.verify:
+        from freescale.pipeline.integrity import files_by_path, verify_all
+
+        files = files_by_path(manifest, args.dataset)
+        if files is None:
+            raise ValueError(
+                f"{args.dataset}: the manifest has no file table (prepared by an older FreeScale); "
+                "re-run `freescale prepare --overwrite` to add it"
+            )
+        checked = verify_all(args.dataset, files)
+        print(f"verified {len(files)} files ({checked:,} bytes): sizes and xxh64 hashes match the manifest")
     return 0
 
 
@@ -430,6 +452,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         **_sample_options(args),
         work_dir=args.work_dir,
         cache_dir=args.cache_dir,
+        verify=not args.no_verify,
         plots=not args.no_plots,
         progress=not args.quiet,
     )
