@@ -7,6 +7,11 @@ One-process pieces run on a single-rank gloo group in this process; multi-rank c
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -168,3 +173,72 @@ def test_nonfinite_loss_stops_the_run_after_the_allowed_skips(tiny_dataset, tmp_
     assert "engine.max_nonfinite_skips = 2" in result.stderr
     assert "step 0: non-finite loss or gradient, step skipped" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def job_processes(config: str) -> dict[str, list[int]]:
+    """Pids of this job's torchrun agent and ranks, found by the config path on their command lines."""
+    found: dict[str, list[int]] = {"agent": [], "rank": []}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if config.encode() not in argv:
+            continue
+        if b"freescale.trainer.lifetime" in argv or b"torch.distributed.run" in argv:
+            found["agent"].append(int(entry.name))
+        elif b"freescale.trainer" in argv:
+            found["rank"].append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_long_run(tiny_dataset: str, root: Path, **extra: dict) -> tuple[subprocess.Popen, str]:
+    """``freescale train`` on 2 ranks for far longer than the test; returns when both ranks train."""
+    from train_cli import FREESCALE, run_toml
+
+    out = root / "out"
+    data = {"max_steps": 1_000_000, **extra.pop("data", {})}
+    config = run_toml(root / "run.toml", tiny_dataset, out, data=data, eval={"max_users": 0}, **extra)
+    launcher = subprocess.Popen(
+        [FREESCALE, "train", "--config", config, "--nproc", "2"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists():  # written at the first flush: both ranks are training
+        assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the ranks never started training"
+        time.sleep(0.2)
+    return launcher, str(Path(config).absolute())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_ranks_end_with_the_launcher(tiny_dataset, tmp_path, sig: int) -> None:
+    launcher, config = start_long_run(tiny_dataset, tmp_path)
+    job = job_processes(config)
+    assert len(job["rank"]) == 2 and len(job["agent"]) == 1, job
+    try:
+        launcher.send_signal(sig)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in job["rank"] + job["agent"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = [pid for pid in job["rank"] + job["agent"] if alive(pid)]
+        assert survivors == [], f"still running {signal.Signals(sig).name} + 10 s after the launcher: {survivors}"
+    finally:
+        for pid in job["rank"] + job["agent"]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
