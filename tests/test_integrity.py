@@ -182,3 +182,26 @@ def test_verify_false_is_offered_where_datasets_are_opened() -> None:
     assert DataConfig(path="x", verify=False).verify is False
     with pytest.raises(ValueError, match=r"data\.verify"):
         DataConfig(path="x", verify="no")
+
+
+def test_damaged_cached_shard_of_a_remote_dataset_is_named(prepared, s3_bucket, tmp_path) -> None:
+    import os
+
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    for path in Path(prepared).rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(prepared)}")
+    uri, cache = f"s3://{s3_bucket}/prepared", tmp_path / "cache"
+    expected = read_all(PreparedDataset(uri, cache_dir=str(cache)))
+    shard = shards(cache)[-1]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x40
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match=rf"{shard.name} \(cached as {cache}/.*\): xxh64 hash mismatch"):
+        read_all(PreparedDataset(uri, cache_dir=str(cache)))
+    stale = json.loads((cache / "index.json").read_text())
+    (cache / "index.json").write_text(json.dumps({**stale, "stale": True}))  # an older preparation's index
+    again = read_all(PreparedDataset(uri, cache_dir=str(cache)))  # stale index: its shards fetched again
+    assert [s["user_id"] for s in again] == [s["user_id"] for s in expected]
