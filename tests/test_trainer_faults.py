@@ -7,6 +7,7 @@ One-process pieces run on a single-rank gloo group in this process; multi-rank c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -242,3 +243,79 @@ def test_ranks_end_with_the_launcher(tiny_dataset, tmp_path, sig: int) -> None:
         for pid in job["rank"] + job["agent"]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# launcher-side validation --------------------------------------------------------------------------
+def test_launcher_refuses_what_ranks_would_trip_over(tiny_dataset, tmp_path, capsys) -> None:
+    from train_cli import run_toml
+
+    from freescale.tools.cli import main as cli_main
+
+    cases = [
+        ({}, ["--nproc", "3"], "--nproc 3 does not divide the group size 4"),
+        ({"data": {"path": str(tmp_path / "missing")}}, [], "missing does not exist"),
+        ({"data": {"max_steps": 1.5}}, [], "data.max_steps must be an integer, got 1.5"),
+        ({"checkpoint": {"dir": str(tmp_path / "c"), "resume": str(tmp_path / "c" / "x")}}, [], "no .metadata"),
+    ]
+    for number, (tables, args, message) in enumerate(cases):
+        config = run_toml(tmp_path / f"run{number}.toml", tiny_dataset, tmp_path / "out", **tables)
+        started = time.monotonic()
+        assert cli_main(["train", "--config", config, *(args or ["--nproc", "2"])]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert time.monotonic() - started < 5  # refused before any rank started
+
+
+def fake_checkpoint(root: Path, step: int) -> Path:
+    path = root / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    (path / ".metadata").write_bytes(b"not really")
+    (path / "__0_0.distcp").write_bytes(b"")
+    for entry in (root, path, path / ".metadata", path / "__0_0.distcp"):
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
+    return path
+
+
+def test_resume_refuses_checkpoints_others_can_write(tmp_path) -> None:
+    from freescale.trainer.checkpoint import resolve_resume
+
+    path = fake_checkpoint(tmp_path / "ckpt", 3)
+    assert resolve_resume(str(tmp_path / "ckpt"), "latest") == str(path)
+    (path / ".metadata").chmod(0o666)
+    with pytest.raises(ValueError, match=r"\.metadata is writable by group/other \(mode 666\)"):
+        resolve_resume(str(tmp_path / "ckpt"), "latest")
+    (path / ".metadata").chmod(0o644)
+    path.chmod(0o775)
+    with pytest.raises(ValueError, match=r"step_00000003 is writable by group/other"):
+        resolve_resume(str(tmp_path / "ckpt"), str(path))
+    path.chmod(0o755)
+    if os.getuid() == 0:  # root can hand the file to another user
+        os.chown(path / "__0_0.distcp", 65534, 65534)
+        with pytest.raises(ValueError, match=r"__0_0\.distcp is owned by uid 65534, not by this user"):
+            resolve_resume(str(tmp_path / "ckpt"), str(path))
+
+
+@pytest.mark.slow
+def test_resume_into_the_same_out_dir_writes_each_step_once(tiny_dataset, tmp_path) -> None:
+    from train_cli import run_toml, train
+
+    ckpt = tmp_path / "ckpt"
+    tables = {"data": {"max_steps": 6}, "eval": {"max_users": 0}, "logging": {"log_every": 2}}
+    first = run_toml(
+        tmp_path / "a.toml",
+        tiny_dataset,
+        tmp_path / "out",
+        checkpoint={"dir": str(ckpt), "steps": [3], "at_end": False},
+        **tables,
+    )
+    train(first, tmp_path)
+    second = run_toml(
+        tmp_path / "b.toml",
+        tiny_dataset,
+        tmp_path / "out",
+        checkpoint={"dir": str(ckpt), "resume": "latest", "at_end": False},
+        **tables,
+    )
+    train(second, tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "loss" in line] == list(range(6))

@@ -72,6 +72,23 @@ def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]
     return command
 
 
+def check_before_start(cfg: RunConfig, nproc: int) -> None:
+    """What every rank would trip over, checked once here: a one-line error instead of N tracebacks."""
+    from freescale.pipeline.manifest import read_manifest
+    from freescale.trainer.checkpoint import resolve_resume
+
+    manifest = read_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
+    group = int(manifest["layout"]["group_size"])
+    if group % nproc:
+        divisors = [w for w in range(1, group + 1) if group % w == 0]
+        raise ValueError(
+            f"--nproc {nproc} does not divide the group size {group} of {cfg.data.path} "
+            f"(balanced world sizes: {divisors}; or prepare again with --group-size)"
+        )
+    if cfg.checkpoint.dir:
+        resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)  # exists, finished, trusted
+
+
 def launch(config: str, nproc: int = 1, device: str | None = None, overrides: list[str] | None = None) -> int:
     """Validate ``config`` (+ overrides), then run torchrun and return its exit status."""
     if nproc < 1:
@@ -85,5 +102,6 @@ def launch(config: str, nproc: int = 1, device: str | None = None, overrides: li
 
         if torch.cuda.device_count() < nproc:
             raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices, {torch.cuda.device_count()} visible")
+    check_before_start(cfg, nproc)
     env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
     return run_group(torchrun_command(config, nproc, overrides), env)

@@ -74,6 +74,23 @@ class TrainingError(RuntimeError):
     """The run cannot go on (non-finite steps, ...); the rank prints one line and exits non-zero."""
 
 
+def keep_metrics_before(path: Path, start: int) -> None:
+    """Drop what a run starting at ``start`` writes again: step lines from ``start`` on, evals after it.
+
+    Why: a run resumed into the same ``out_dir`` replays steps from its checkpoint; their lines from
+    the interrupted run would otherwise appear twice. ``start = 0`` empties the file.
+    """
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        step = int(record.get("step", 0))
+        if step < start or ("eval" in record and step <= start):
+            kept.append(line + "\n")
+    path.write_text("".join(kept))
+
+
 @dataclass
 class RunState:
     """What the loop accumulates: pending records (this rank) and all gathered ones (rank 0)."""
@@ -108,8 +125,7 @@ class Trainer:
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
-            if start == 0 and self.metrics_file.exists():
-                self.metrics_file.unlink()
+            keep_metrics_before(self.metrics_file, start)
         loader = StepLoader(
             self.dataset, self.world_size, self.rank, start, end, self.collate_cfg, self.cfg.data.prefetch
         )
