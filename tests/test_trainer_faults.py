@@ -319,3 +319,30 @@ def test_resume_into_the_same_out_dir_writes_each_step_once(tiny_dataset, tmp_pa
     train(second, tmp_path)
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "loss" in line] == list(range(6))
+
+
+def rank_of(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_job_naming_it(tiny_dataset, tmp_path) -> None:
+    timeout = 5
+    launcher, config = start_long_run(tiny_dataset, tmp_path, engine={"collective_timeout_s": timeout})
+    job = job_processes(config)
+    stopped = next(pid for pid in job["rank"] if rank_of(pid) == 1)
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        started = time.monotonic()
+        launcher.wait(timeout=timeout + 25)
+        elapsed = time.monotonic() - started
+        err = launcher.stderr.read()
+        assert launcher.returncode != 0
+        assert f"rank 1 (pid {stopped}, stopped) stopped answering" in err, err[-3000:]
+        assert "engine.collective_timeout_s = 5 s" in err
+        assert elapsed < timeout + 10, elapsed
+    finally:
+        for pid in job["rank"] + job["agent"]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -182,9 +183,10 @@ class CommWorker:
     first so a task sees everything the main thread had queued (e.g. the deferred sparse update).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, timeout: timedelta | None = None) -> None:
         self.device = device
-        self.group = dist.new_group(backend=dist.get_backend())
+        # new_group does not inherit the default group's timeout: torch's 30-minute default otherwise
+        self.group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         self.comm = SideComm(self.group)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freescale-pec")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None

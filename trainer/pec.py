@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -77,7 +78,7 @@ class PECEngine(FreeScaleEngine):
         if world_size > MAX_RANKS:
             raise ValueError(f"engine.overlap 'pec' supports up to {MAX_RANKS} ranks; use 'none' for {world_size}")
         super().__init__(cfg, rank, world_size, device)
-        self.worker = CommWorker(device)
+        self.worker = CommWorker(device, timedelta(seconds=cfg.engine.collective_timeout_s))
         self._ahead: Ahead | None = None
         self._deferred: Deferred | None = None
 

@@ -17,12 +17,16 @@ followed by a barrier so rank 0's log writing is not charged to the next step as
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import os
+import signal
+import socket
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -320,9 +324,45 @@ def main(cfg: RunConfig) -> dict[str, Any] | None:
         pin_to_cpus(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = device_for(cfg, local_rank)
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(cfg.engine.resolved_backend(), **kwargs)
+        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
+        dist.init_process_group(cfg.engine.resolved_backend(), timeout=timeout, **kwargs)
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, (socket.gethostname(), os.getpid()))
     try:
         return Trainer(cfg, dist.get_rank(), dist.get_world_size(), device).run()
+    except (RuntimeError, dist.DistError) as error:
+        if isinstance(error, TrainingError):
+            raise
+        stopped = end_stopped_peers(pids)
+        if not stopped:
+            raise
+        raise TrainingError(
+            f"{', '.join(stopped)} stopped answering: a collective gave up after engine.collective_timeout_s = "
+            f"{cfg.engine.collective_timeout_s:g} s ({str(error).splitlines()[0][:200]})"
+        ) from error
     finally:
         dist.destroy_process_group()
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` ('R', 'S', 'T' stopped, ...), '' when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def end_stopped_peers(pids: list[tuple[str, int]]) -> list[str]:
+    """Ranks of this host whose process is stopped (SIGSTOP, a debugger): named, then killed.
+
+    Why kill: torchrun ends the other ranks with SIGTERM and waits 30 s for them, and a stopped
+    process never handles SIGTERM; these are this job's own rank processes, and the job is ending.
+    """
+    host, named = socket.gethostname(), []
+    for rank, (rank_host, pid) in enumerate(pids):
+        if rank_host == host and pid != os.getpid() and process_state(pid) in ("T", "t"):
+            named.append(f"rank {rank} (pid {pid}, stopped)")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    return named
