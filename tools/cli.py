@@ -328,6 +328,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         **_sample_options(args),
         balance=BalanceConfig(**balance_options),
         max_reject_fraction=args.max_reject_fraction,
+        quarantine_examples=args.quarantine_examples,
         shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
         work_dir=args.work_dir,
         overwrite=args.overwrite,
@@ -338,7 +339,6 @@ def prepare_config_from_args(args: argparse.Namespace):
 def cmd_prepare(args: argparse.Namespace) -> int:
     from freescale.pipeline.processes import (
         PREPARE_WORKER_MODULES,
-        quarantine_examples=args.quarantine_examples,
         configure_task_process,
         imports_without_gc,
         start_pool,
