@@ -346,3 +346,16 @@ def test_a_stopped_rank_ends_the_job_naming_it(tiny_dataset, tmp_path) -> None:
         for pid in job["rank"] + job["agent"]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_steps_without_targets_are_reported_empty_and_left_out_of_the_loss() -> None:
+    from freescale.trainer.bubbles import analyze, step_metrics
+    from freescale.trainer.instrument import StageSpan, StepRecord
+
+    def record(step: int, rank: int, loss: float, positions: int) -> StepRecord:
+        stages = [StageSpan("forward", "compute", 0.0, 1.0)]
+        return StepRecord(step, rank, 0.0, 1.0, stages, [], loss=loss, samples=4, positions=positions)
+
+    mixed, empty = analyze([[record(0, 0, 2.0, 5), record(1, 0, 0.0, 0)], [record(0, 1, 0.0, 0), record(1, 1, 0.0, 0)]])
+    assert step_metrics(mixed)["loss"] == 2.0 and "empty" not in step_metrics(mixed)
+    assert step_metrics(empty)["loss"] is None and step_metrics(empty)["empty"] is True
