@@ -211,32 +211,61 @@ def test_lock_is_exclusive_and_released(tmp_path) -> None:
 
 
 # --------------------------------------------------------------------------- killed while writing
+def shard_files(root: Path) -> dict[Path, tuple[int, int]]:
+    """Every shard under ``root`` (the output, staging directories) with its inode and mtime."""
+    return {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in root.rglob("shard.*.mds")}
+
+
 def kill_when_shards_appear(sources: str, out: Path, *options: str) -> None:
+    """SIGKILL a CLI prepare as soon as it has written a shard (one not there before it started)."""
+    before = shard_files(out.parent)
+
+    def new_shard() -> bool:
+        with contextlib.suppress(FileNotFoundError):  # a shard can vanish while listed
+            return any(before.get(path) != ident for path, ident in shard_files(out.parent).items())
+        return False
+
     proc = cli_prepare(sources, str(out), "--shard-size-limit", "64KB", *options)
-    wait_for(lambda: any(out.parent.glob(".*/part-*/shard.*.mds")) or any(out.glob("part-*/shard.*.mds")), proc)
+    wait_for(new_shard, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
-def test_killed_while_writing_resumes_to_identical_output(tiny_sources, clean_output, tmp_path) -> None:
-    out = tmp_path / "ds"
-    kill_when_shards_appear(tiny_sources, out)
-    assert not out.exists()  # written into a staging directory, published whole
-    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+@pytest.fixture(scope="module")
+def kill_sources(tmp_path_factory) -> str:
+    """Tiny with 4,000 users: ~40 shards of 64KB, so a write phase lasts long enough to be killed in."""
+    out = tmp_path_factory.mktemp("kill")
+    generate(preset("tiny", seed=3, n_users=4000), str(out))
+    return str(out / "sources.toml")
+
+
+@pytest.fixture(scope="module")
+def kill_clean_output(kill_sources, tmp_path_factory) -> dict[str, bytes]:
+    out = str(tmp_path_factory.mktemp("kill-clean") / "ds")
+    code, err = finish(cli_prepare(kill_sources, out, "--shard-size-limit", "64KB"))
     assert code == 0, err
-    assert output_files(str(out)) == clean_output
+    return output_files(out)
+
+
+def test_killed_while_writing_resumes_to_identical_output(kill_sources, kill_clean_output, tmp_path) -> None:
+    out = tmp_path / "ds"
+    kill_when_shards_appear(kill_sources, out)
+    assert not out.exists()  # written into a staging directory, published whole
+    code, err = finish(cli_prepare(kill_sources, str(out), "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    assert output_files(str(out)) == kill_clean_output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
 
 
-def test_overwrite_after_a_kill_while_writing(tiny_sources, clean_output, tmp_path) -> None:
+def test_overwrite_after_a_kill_while_writing(kill_sources, kill_clean_output, tmp_path) -> None:
     out = tmp_path / "ds"
-    code, err = finish(cli_prepare(tiny_sources, str(out), "--micro-batch-size", "2"))  # an older dataset
+    code, err = finish(cli_prepare(kill_sources, str(out), "--micro-batch-size", "2"))  # an older dataset
     assert code == 0, err
-    kill_when_shards_appear(tiny_sources, out, "--overwrite")
+    kill_when_shards_appear(kill_sources, out, "--overwrite")
     assert json.loads((out / "manifest.json").read_text())["layout"]["micro_batch_size"] == 2  # still whole
-    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB", "--overwrite"))
+    code, err = finish(cli_prepare(kill_sources, str(out), "--shard-size-limit", "64KB", "--overwrite"))
     assert code == 0, err
-    assert output_files(str(out)) == clean_output
+    assert output_files(str(out)) == kill_clean_output
 
 
 # --------------------------------------------------------------------------- disk full
@@ -253,14 +282,23 @@ def small_disk(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-@pytest.mark.parametrize("size", ["96k", "160k"])
-def test_disk_full_is_one_line_and_resumes(tiny_sources, clean_output, small_disk, size) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)
+@pytest.mark.parametrize("phase", ["scan", "write"])
+def test_disk_full_is_one_line_and_resumes(tiny_sources, clean_output, small_disk, tmp_path, phase) -> None:
+    """The work directory on the full disk fills it while scanning; beside it on a roomy disk, only
+    the shards fill it (a truncated shard is left). Either way: one line naming the path, and a rerun
+    with room gives the uninterrupted run's bytes."""
+    subprocess.run(["mount", "-o", "remount,size=96k", str(small_disk)], check=True)
     out = small_disk / "ds"
-    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
-    assert_one_line_error(code, err, "no space left", str(small_disk))
+    options = ["--shard-size-limit", "64KB"]
+    if phase == "write":
+        options += ["--work-dir", str(tmp_path / "work")]
+    code, err = finish(cli_prepare(tiny_sources, str(out), *options))
+    expected = ".ds.freescale-staging-" if phase == "write" else ".ds.freescale-work"
+    assert_one_line_error(code, err, "no space left", str(small_disk / expected))
+    if phase == "write":
+        assert list(small_disk.glob(".ds.freescale-staging-*/part-*/shard.*.mds"))
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
-    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+    code, err = finish(cli_prepare(tiny_sources, str(out), *options))
     assert code == 0, err
     assert output_files(str(out)) == clean_output
 
@@ -328,3 +366,29 @@ def test_s3_output_left_by_a_killed_job_is_resumed_not_refused(tiny_sources, s3_
     client.delete_object(Bucket=s3_bucket, Key="prepared/manifest.json")
     with pytest.raises(PrepareError, match="no FreeScale manifest"):
         prepare(make_config(tiny_sources, out, work_dir=str(tmp_path / "work")))
+
+
+def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatch) -> None:
+    """A job stopped after its first part was written (marker set), re-run with --overwrite: the
+    first part's marker must not make the rerun skip a part it no longer has."""
+    from freescale.pipeline import prepare as prepare_module
+    from freescale.pipeline import writer
+
+    monkeypatch.setattr(writer, "PART_SIZE", 7)
+    monkeypatch.setattr(prepare_module, "PART_SIZE", 7)
+    reference = prepare(make_config(tiny_sources, str(tmp_path / "reference")))
+    real_write_part = prepare_module.write_part
+
+    def write_one_part_then_die(*args):
+        written = real_write_part(*args)
+        if args[3] == 1:
+            raise KeyboardInterrupt  # killed right after part 1 was marked written
+        return written
+
+    monkeypatch.setattr(prepare_module, "write_part", write_one_part_then_die)
+    out = str(tmp_path / "ds")
+    with pytest.raises(KeyboardInterrupt):
+        prepare(make_config(tiny_sources, out, overwrite=True))
+    monkeypatch.setattr(prepare_module, "write_part", real_write_part)
+    assert prepare(make_config(tiny_sources, out, overwrite=True)) == reference
+    assert output_files(out) == output_files(str(tmp_path / "reference"))
