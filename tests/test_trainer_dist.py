@@ -78,10 +78,10 @@ def test_instrumentation_parts_add_up_to_wall_time(run_a) -> None:
 
 def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> None:
     import torch.distributed.checkpoint as dcp
+    from reference import ReferenceTrainer
 
     from freescale.trainer.config import RunConfig
     from freescale.trainer.data import collate
-    from freescale.trainer.reference import ReferenceTrainer
     from freescale.trainer.runner import collate_config, step_seed
 
     cfg = RunConfig.from_toml(run_a["config"])
