@@ -24,7 +24,7 @@ from freescale import storage
 
 from .formats import UNIT_SEPARATOR, Layout
 from .jsonl import json_pieces
-from .tasks import ReadTask, count_newlines, open_input
+from .tasks import ReadTask, count_newlines, open_input, unreadable
 from .textlines import RAW_LIMIT, Lines, RawPiece, split_lines
 
 __all__ = ["RawPiece", "iter_raw"]
@@ -48,6 +48,24 @@ def _unique_raw(mapping: tuple) -> list[str]:
     return list(dict.fromkeys(raw for _, raw in mapping))
 
 
+def _named_read_errors(kind: str) -> Callable:
+    """Decorate a binary reader so that a damaged file past its header (a corrupt page or batch, a
+    truncated body) fails as a ``SourceError`` naming the source and file, on one line, instead of
+    pyarrow's bare multi-line message."""
+
+    def wrap(read: Callable[..., Iterator[RawPiece]]) -> Callable[..., Iterator[RawPiece]]:
+        def reader(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
+            try:
+                yield from read(task, label, chunk_rows)
+            except (OSError, pa.ArrowException) as exc:
+                raise unreadable(label, task.path, kind, exc) from exc
+
+        return reader
+
+    return wrap
+
+
+@_named_read_errors("Parquet")
 def _iter_parquet(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
     columns = _unique_raw(task.mapping)
     # String columns come back dictionary-encoded, as Parquet stores them: decoding millions of
@@ -66,6 +84,7 @@ def _iter_parquet(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPi
         yield _table_piece(pa.Table.from_batches(pending), task.mapping, row)
 
 
+@_named_read_errors("Arrow IPC")
 def _iter_arrow(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
     if storage.is_remote(task.path):
         source = open_input(task.path, label)

@@ -75,8 +75,10 @@ def open_input(path: str, label: str) -> pa.NativeFile:
         raise SourceError(message, source=label, file=path) from exc
 
 
-def _unreadable(label: str, path: str, kind: str, exc: Exception) -> SourceError:
-    return SourceError(f"source '{label}': unreadable {kind} file {path}: {exc}", source=label, file=path)
+def unreadable(label: str, path: str, kind: str, exc: object) -> SourceError:
+    """The error for a file that cannot be parsed, on one line (pyarrow's messages span several)."""
+    detail = " ".join("".join(ch if ch.isprintable() else " " for ch in str(exc)).split())[:300]
+    return SourceError(f"source '{label}': unreadable {kind} file {path}: {detail}", source=label, file=path)
 
 
 def _check_mapping(layout: Layout, present: set[str] | None, label: str, path: str) -> tuple:
@@ -111,7 +113,7 @@ def _plan_parquet(task_base: dict, layout: Layout, target_rows: int, label: str)
     try:
         meta = pq.ParquetFile(open_input(path, label))
     except pa.ArrowException as exc:
-        raise _unreadable(label, path, "Parquet", exc) from exc
+        raise unreadable(label, path, "Parquet", exc) from exc
     mapping = _check_mapping(layout, set(meta.schema_arrow.names), label, path)
     counts = [meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups)]
     return [
@@ -134,7 +136,7 @@ def _open_arrow(path: str, label: str) -> tuple[pa.Schema, list[int] | None]:
             source.seek(0)
             return ipc.open_stream(source).schema, None
     except (OSError, pa.ArrowException) as exc:
-        raise _unreadable(label, path, "Arrow", exc) from exc
+        raise unreadable(label, path, "Arrow", exc) from exc
 
 
 def _plan_arrow(task_base: dict, layout: Layout, target_rows: int, label: str) -> list[ReadTask]:
@@ -245,7 +247,7 @@ def _plan_text(task_base: dict, layout: Layout, target_rows: int, label: str, co
         size = handle.size()
         head = _read_head(handle, size) if size else b""
     except OSError as exc:
-        raise _unreadable(label, path, "text", exc) from exc
+        raise unreadable(label, path, "text", exc) from exc
     if layout.kind == "json":
         names: tuple[str, ...] = ()
         present = _json_keys(head, len(head) == size)

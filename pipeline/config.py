@@ -83,6 +83,8 @@ class PrepareConfig:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ValueError(f"--max-reject-fraction must be in [0, 1], got {self.max_reject_fraction}")
+        if self.quarantine_examples < 0:
+            raise ValueError(f"--quarantine-examples must be >= 0, got {self.quarantine_examples}")
         if self.shard_size_limit < 2**16:
             raise ValueError(f"--shard-size-limit must be at least 64KB, got {self.shard_size_limit}")
 

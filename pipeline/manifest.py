@@ -22,6 +22,8 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 OFFSETS_NAME = "micro_batch_offsets.npy"
 QUARANTINE_NAME = "quarantine.jsonl"
+INDEX_NAME = "index.json"
+RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in the manifest
 
 
 class ManifestError(ValueError):
@@ -56,6 +58,20 @@ def read_manifest(dataset: str) -> dict[str, Any]:
             f"{SCHEMA_VERSION}: re-run `freescale prepare` with this version"
         )
     return manifest
+
+
+def published_files(output: str) -> list[dict[str, Any]]:
+    """The ``files`` table for a finished output (every file but the manifest): the root and part
+    indexes, the offsets and quarantine files hashed here, the shards from their index entries."""
+    from freescale.pipeline.integrity import check_index, file_table
+
+    where = storage.join(output, INDEX_NAME)
+    shards = check_index(storage.read_bytes(where), where)
+    parts = sorted(
+        {shard["raw_data"]["basename"].split("/")[0] for shard in shards if "/" in shard["raw_data"]["basename"]}
+    )
+    names = [INDEX_NAME, OFFSETS_NAME, QUARANTINE_NAME, *(f"{part}/{INDEX_NAME}" for part in parts)]
+    return file_table(output, names, shards)
 
 
 def _length_summary(lengths: np.ndarray) -> dict[str, float]:
@@ -112,11 +128,12 @@ def build_manifest(
         "fingerprint": job.fingerprint,
         "dataset": job.sources.name,
         "sources": job.source_files,
-        "config": {**config.to_dict(), "work_dir": None, "progress": None},
+        # where and how this run wrote are not the dataset's identity: identical runs, identical bytes
+        "config": {**config.to_dict(), "output": None, "work_dir": None, "progress": None, "overwrite": None},
         "rows": _rows(summary, users, samples, plan, config.balance.group_size),
         "cost_model": job.cost_model.to_dict(),
         "lengths": _length_summary(plan["length"]),
-        "balance": plan["report"],
+        "balance": {key: value for key, value in plan["report"].items() if key not in RUNTIME_KEYS},
         "layout": {
             "group_size": config.balance.group_size,
             "micro_batch_size": config.balance.micro_batch_size,

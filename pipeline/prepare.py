@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -44,6 +43,7 @@ from tqdm import tqdm
 
 from freescale import storage
 from freescale.datasets.sources import SourcesConfig
+from freescale.pipeline import output as places
 from freescale.pipeline import scan
 from freescale.pipeline.balance import plan_step_groups
 from freescale.pipeline.config import PrepareConfig
@@ -53,11 +53,13 @@ from freescale.pipeline.manifest import (
     OFFSETS_NAME,
     QUARANTINE_NAME,
     build_manifest,
+    published_files,
     read_manifest_if_any,
 )
+from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
-from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, write_part
+from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
@@ -71,10 +73,6 @@ ENCODED_BYTES_PER_EVENT = 24
 
 WORK_LAYOUT = 6  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
-
-
-class PrepareError(RuntimeError):
-    """A prepare job that cannot go on; the message says why and what to change."""
 
 
 @dataclass
@@ -108,7 +106,14 @@ class PrepareJob:
         self.source_files = self._source_files()
         self.fingerprint = self._fingerprint()
         # the layout version keeps a work dir of an older release (other spill/bucket formats) from being resumed
-        self.work = Path(config.work_dir or self._default_work_dir()) / f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
+        self.work_root = Path(config.work_dir or self._default_work_dir())
+        self.work = self.work_root / f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
+        # where this run writes the dataset: a staging directory swapped in whole (local output), or
+        # the s3:// prefix itself (``output`` module)
+        self.target = self.config.output
+        if not storage.is_remote(self.config.output):
+            self.target = str(places.staging_path(self.config.output, self.fingerprint))
+        self._writing_to = str(self.work)  # what a full disk is reported against
 
     # ----------------------------------------------------------------- identity
     def _source_files(self) -> list[dict[str, Any]]:
@@ -141,28 +146,53 @@ class PrepareJob:
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
     def _default_work_dir(self) -> str:
-        """Beside the output, never inside it: ``MDSWriter`` empties its output directory."""
+        """Beside a local output, never inside it (the output is replaced whole); for an s3:// output a
+        directory of this user's under the temp dir (``output.private_work_root``)."""
         if storage.is_remote(self.config.output):
-            return str(Path(tempfile.gettempdir()) / "freescale-prepare")
-        output = Path(self.config.output).absolute()
+            return str(places.private_work_root())
+        output = places.local_output(self.config.output)
         return str(output.parent / f".{output.name}.freescale-work")
+
+    def _inputs(self) -> list[str]:
+        """Every file the job reads: replacing an output that holds one would delete it."""
+        inputs = [entry["uri"] for entry in self.source_files] + [self.config.sources]
+        return inputs + ([self.config.cost_model_file] if self.config.cost_model_file else [])
 
     # ----------------------------------------------------------------- driver
     def run(self) -> dict[str, Any]:
+        """Lock the output (and the work directory), then resume or start the job; a full disk ends
+        it with one line naming where, leaving what is done for the next run."""
+        places.check_no_overlap(self.config.output, self._inputs())
+        places.check_no_overlap(self.config.output, [str(self.work_root)], what="the work directory")
+        locks = [
+            OutputLock(places.lock_path(self.config.output, self.work_root), self.config.output),
+            OutputLock(self.work.with_name(self.work.name + places.LOCK_SUFFIX), f"work directory {self.work}"),
+        ]
         try:
+            for lock in locks:
+                lock.acquire()
             existing = self._check_output()
             if existing is not None:
                 self._log("output is up to date (same config and sources): nothing to do")
                 return existing
             return self._run()
+        except Exception as error:
+            if places.disk_full(error):
+                raise PrepareError(places.disk_full_message(error, self._writing_to)) from error
+            raise
         finally:
             self.close()
             self._close_writer()
+            for lock in reversed(locks):
+                lock.release()
+            with contextlib.suppress(OSError):
+                self.work_root.rmdir()  # only when no other job's work is left there
 
     def _run(self) -> dict[str, Any]:
         if self.preload_writer:
             self._writer = WriterProcess()
         self._make_work_dirs()
+        self._check_written_parts()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
         plan_info = self._plan(removed_items)
@@ -174,8 +204,6 @@ class PrepareJob:
         )
         self._publish(manifest, plan_info["offsets"], scan_summary, users_record)
         shutil.rmtree(self.work, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self.work.parent.rmdir()  # only when no other job's work is left there
         return manifest
 
     def _make_work_dirs(self) -> None:
@@ -201,6 +229,19 @@ class PrepareJob:
         if self.config.progress:
             tqdm.write(f"prepare [{time.perf_counter() - self._started:6.1f}s] {message}")
 
+    def _check_written_parts(self) -> None:
+        """A part marked written must still be in the target (a removed staging directory, an s3://
+        output cleared by ``--overwrite``): its buckets are gone, so the work directory cannot finish
+        the job; start it again rather than publish an index naming missing files."""
+        buckets_dir = str(self.work / "buckets")
+        for marker in sorted(Path(buckets_dir).glob("write.part-*.done")):
+            part = int(marker.name.split("-")[1].split(".")[0])
+            if not storage.exists(storage.join(self.target, part_name(part), "index.json")):
+                self._log(f"{part_name(part)} is marked written but missing from {self.target}: starting over")
+                shutil.rmtree(self.work)
+                self._make_work_dirs()
+                return
+
     def _check_output(self) -> dict[str, Any] | None:
         """Refuse to clobber a different dataset; report an identical finished one as up to date."""
         manifest = read_manifest_if_any(self.config.output)
@@ -216,22 +257,28 @@ class PrepareJob:
                 f"{self.config.output} is not empty and holds no FreeScale manifest; pass --overwrite "
                 "to replace its contents or choose another --output"
             )
-        if self.config.overwrite:
-            self._clear_output()
+        if storage.is_remote(self.config.output):
+            if self.config.overwrite and (manifest is not None or self._has_foreign_files()):
+                self._clear_output()  # s3 has no swap: the old dataset goes first, its manifest first of all
+        else:
+            places.remove_stale_staging(self.config.output, keep=Path(self.target))
         return None
 
     def _has_foreign_files(self) -> bool:
+        """Entries that are not an unfinished FreeScale output (parts of a killed job that wrote in place)."""
         fs, path = storage.filesystem(self.config.output)
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return False
+        if fs.get_file_info(path).type != pafs.FileType.Directory:
+            return True
         entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        return bool(entries)
+        return bool(entries) and not places.is_unfinished_own_output([entry.base_name for entry in entries])
 
     def _clear_output(self) -> None:
+        """Empty an s3:// output, ``manifest.json`` first: a reader never sees a manifest without its files."""
         fs, path = storage.filesystem(self.config.output)
-        if fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return
-        for entry in fs.get_file_info(pafs.FileSelector(path)):
+        entries = sorted(fs.get_file_info(pafs.FileSelector(path)), key=lambda e: e.base_name != MANIFEST_NAME)
+        for entry in entries:
             if entry.type == pafs.FileType.Directory:
                 fs.delete_dir(entry.path)
             else:
@@ -350,7 +397,7 @@ class PrepareJob:
             weak = totals.filter(pl.col("count") < k)["item_id"].to_numpy()
             if len(weak) == 0:
                 users = pl.concat([user_counts for _, user_counts in results]).sort("user_id")
-                np.save(self.work / "samples" / KCORE_USER_COUNTS, users.to_numpy().T.astype(np.int64))
+                places.save_npy_atomic(self.work / "samples" / KCORE_USER_COUNTS, users.to_numpy().T.astype(np.int64))
                 break
             removed = np.union1d(removed, weak)
         else:
@@ -359,7 +406,7 @@ class PrepareJob:
                 "raise kcore_max_iterations or lower --kcore"
             )
         self._log(f"k-core {k}: {len(removed)} items removed after {iteration + 1} passes, {totals.height} kept")
-        np.save(path, removed)
+        places.save_npy_atomic(path, removed)  # its presence marks k-core done: whole or absent
         return str(path)
 
     def _build_samples(self, removed_items: str | None, features: list[str]) -> list[dict[str, Any]]:
@@ -395,6 +442,7 @@ class PrepareJob:
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
         plan = plan_step_groups(costs, self.config.balance)
+        self._log(f"plan: balanced in {plan.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
         info = {
             "users": users,  # every user with events, sorted: the samples phase ranks them per partition
             "partition": scan.partition_of(meta["user_id"], self._n_partitions),
@@ -454,14 +502,15 @@ class PrepareJob:
         bucket_size = self._bucket_size(plan)
         n_buckets = -(-n // bucket_size)
         buckets_dir = str(self.work / "buckets")
-        self._log(f"write: {n} samples in {n_buckets} buckets → {self.config.output}")
-        if not storage.is_remote(self.config.output):
-            Path(self.config.output).mkdir(parents=True, exist_ok=True)
+        self._log(f"write: {n} samples in {n_buckets} buckets → {self.target}")
+        self._writing_to = self.target
+        if not storage.is_remote(self.target):
+            Path(self.target).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
         self.close()  # idle workers keep their peak memory: release it before the writer's peak
         release_freed_memory()  # this process's too: it ran tasks
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
-        args = (self.config.output, buckets_dir, bucket_size)
+        args = (self.target, buckets_dir, bucket_size)
         tail = (n, with_features, self.config.shard_size_limit)
         for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
             if self._writer is not None:  # one part at a time: a part's memory is bounded by its buckets
@@ -469,24 +518,25 @@ class PrepareJob:
             else:
                 write_part(*args, part, *tail)
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
-        storage.write_bytes(
-            storage.join(self.config.output, "index.json"), merge_part_indexes(self.config.output, n_parts)
-        )
+        storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 
     def _publish(
         self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary, users: dict[str, Any]
     ) -> None:
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(offsets, np.int64))
-        storage.write_bytes(storage.join(self.config.output, OFFSETS_NAME), buffer.getvalue())
+        storage.write_bytes(storage.join(self.target, OFFSETS_NAME), buffer.getvalue())
         examples = {**summary.examples}
         for reason, rows in users.get("examples", {}).items():
             examples.setdefault(f"users:{reason}", rows)
-        storage.write_bytes(storage.join(self.config.output, QUARANTINE_NAME), quarantine_lines(examples).encode())
+        storage.write_bytes(storage.join(self.target, QUARANTINE_NAME), quarantine_lines(examples).encode())
+        manifest["files"] = published_files(self.target)  # every file above, sized and hashed
         storage.write_bytes(
-            storage.join(self.config.output, MANIFEST_NAME),
+            storage.join(self.target, MANIFEST_NAME),
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
         )
+        if not storage.is_remote(self.config.output):  # the finished directory becomes the output at once
+            places.publish_local(Path(self.target), places.local_output(self.config.output))
 
 
 def quarantine_lines(examples: dict[str, list[dict]]) -> str:

@@ -12,9 +12,13 @@ the shards a rank touches from ``s3://`` into a local cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import os
+import stat
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,32 +27,121 @@ from typing import Any
 import numpy as np
 
 from freescale import storage
+from freescale.pipeline.integrity import (
+    IntegrityError,
+    check_bytes,
+    check_index,
+    check_listing,
+    check_shard_file,
+    files_by_path,
+    safe_relative_path,
+)
 from freescale.pipeline.manifest import ManifestError, read_manifest
 from freescale.pipeline.streaming_modules import streaming_dataset_class
 
+INDEX_NAME = "index.json"
+
+
+class CacheDirError(ValueError):
+    """The shard cache directory is not private to this user (another user could plant shards)."""
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only this user can write: created 0o700, or an existing one that is
+    a real directory (not a symlink), owned by this user and not group/other-writable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise CacheDirError(
+            f"cache directory {path} is not a directory (a symlink or file); remove it or pass cache_dir"
+        )
+    if info.st_uid != os.getuid():
+        raise CacheDirError(f"cache directory {path} is owned by uid {info.st_uid}, not by you; pass another cache_dir")
+    if info.st_mode & 0o022:
+        raise CacheDirError(
+            f"cache directory {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "run chmod 700 on it or pass another cache_dir"
+        )
+    return path
+
 
 def default_cache_dir(dataset: str) -> str:
+    """``<tmp>/freescale-cache-<uid>/<digest of the URI>``: per user and private, because the
+    cached shards are what the trainer reads (a shared /tmp path would let another user plant them)."""
     digest = hashlib.sha256(dataset.encode()).hexdigest()[:16]
-    return str(Path(tempfile.gettempdir()) / "freescale-cache" / digest)
+    base = private_dir(Path(tempfile.gettempdir()) / f"freescale-cache-{os.getuid()}")
+    return str(private_dir(base / digest))
+
+
+def load_offsets(data: bytes, where: str, n_rows: int) -> np.ndarray:
+    """``micro_batch_offsets.npy``: int64, starts at 0, never decreases, ends at the index's rows."""
+    try:
+        offsets = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise IntegrityError(f"{where}: not a readable .npy file ({error})") from error
+    if offsets.ndim != 1 or offsets.dtype != np.int64 or len(offsets) < 1 or offsets[0] != 0:
+        raise IntegrityError(f"{where}: not a 1-D int64 array starting at 0")
+    if np.any(np.diff(offsets) < 0) or int(offsets[-1]) != n_rows:
+        raise IntegrityError(f"{where}: offsets decrease or do not end at the index's {n_rows} rows")
+    return offsets
 
 
 class PreparedDataset:
-    """A finished ``freescale prepare`` output (local directory or ``s3://`` prefix)."""
+    """A finished ``freescale prepare`` output (local directory or ``s3://`` prefix).
 
-    def __init__(self, uri: str, cache_dir: str | None = None) -> None:
+    Opening it checks the dataset against the manifest's ``files`` table (``integrity``): every file
+    present with its size, the index and offsets hashed, shard names inside the dataset. A shard's
+    header is checked when it is first read, and with ``verify`` (the default) its hash too."""
+
+    def __init__(self, uri: str, cache_dir: str | None = None, verify: bool = True) -> None:
         self.uri = uri
+        self.verify = verify
         self.manifest = read_manifest(uri)
         layout = self.manifest["layout"]
         self.group_size: int = int(layout["group_size"])
-        self.offsets = np.load(io.BytesIO(storage.read_bytes(storage.join(uri, layout["offsets_file"]))))
+        self.files = files_by_path(self.manifest, uri)
+        if self.files is None:
+            warnings.warn(
+                f"{uri}: the manifest has no file table (prepared by an older FreeScale), so damaged "
+                "files cannot be detected; re-run `freescale prepare --overwrite` to add it",
+                stacklevel=2,
+            )
+        else:
+            check_listing(uri, self.files)
+        self._index_bytes = self._read_checked(INDEX_NAME)
+        self.shards = check_index(self._index_bytes, storage.join(uri, INDEX_NAME))
+        self._check_shards_listed()
+        self._shard_ends = np.cumsum([int(shard["samples"]) for shard in self.shards], dtype=np.int64)
+        offsets_name = safe_relative_path(layout["offsets_file"], f"{uri}: layout.offsets_file")
+        n_rows = int(self._shard_ends[-1]) if len(self.shards) else 0
+        self.offsets = load_offsets(self._read_checked(offsets_name), storage.join(uri, offsets_name), n_rows)
         self.n_micro_batches = len(self.offsets) - 1
         if self.n_micro_batches % self.group_size:
             raise ManifestError(
                 f"{uri}: {self.n_micro_batches} micro-batches is not a multiple of group_size {self.group_size}"
             )
         self.n_step_groups = self.n_micro_batches // self.group_size
-        self.cache_dir = cache_dir or default_cache_dir(uri)
+        self.cache_dir = cache_dir or (default_cache_dir(uri) if storage.is_remote(uri) else None)
+        self._checked: set[int] = set()
         self._rows: Any = None
+
+    def _read_checked(self, name: str) -> bytes:
+        uri = storage.join(self.uri, name)
+        if not storage.exists(uri):
+            raise IntegrityError(f"{uri}: missing; re-run `freescale prepare --overwrite`")
+        data = storage.read_bytes(uri)
+        check_bytes(uri, data, None if self.files is None else self.files.get(name))
+        return data
+
+    def _check_shards_listed(self) -> None:
+        if self.files is None:
+            return
+        for shard in self.shards:
+            name = shard["raw_data"]["basename"]
+            if name not in self.files:
+                raise IntegrityError(f"{storage.join(self.uri, INDEX_NAME)}: shard {name} is not in the manifest")
 
     @property
     def rows(self) -> Any:
@@ -56,11 +149,14 @@ class PreparedDataset:
 
         Under torch.distributed, opening it is collective (streaming synchronises the ranks), so every
         rank must open it at the same point, not lazily in a prefetch thread. ``size`` is the
-        dataset's total row count (``len()`` would be this rank's share of streaming's own split)."""
+        dataset's total row count (``len()`` would be this rank's share of streaming's own split).
+        For ``s3://`` the index streaming reads is the one checked here, written into the cache."""
         if self._rows is None:
             StreamingDataset = streaming_dataset_class()
 
             remote = self.uri if storage.is_remote(self.uri) else None
+            if remote:
+                self._refresh_cache_index()
             local = self.cache_dir if remote else self.uri
             self._rows = StreamingDataset(
                 remote=remote, local=local, shuffle=False, batch_size=1, allow_unsafe_types=False
@@ -70,6 +166,52 @@ class PreparedDataset:
                     f"{self.uri}: {self._rows.size} rows in the shards but the plan covers {int(self.offsets[-1])}"
                 )
         return self._rows
+
+    def _refresh_cache_index(self) -> None:
+        """Put the checked index into the cache; when it differs from a cached one (the dataset was
+        prepared again), cached shards of the same names are stale: remove them first."""
+        cache = private_dir(Path(self.cache_dir))
+        cached = cache / INDEX_NAME
+        if cached.exists() and cached.read_bytes() == self._index_bytes:
+            return
+        for shard in self.shards:
+            (cache / shard["raw_data"]["basename"]).unlink(missing_ok=True)
+        tmp = cache / f"{INDEX_NAME}.tmp-{os.getpid()}"
+        tmp.write_bytes(self._index_bytes)
+        os.replace(tmp, cached)
+
+    def _shard_of(self, row: int) -> int:
+        return int(np.searchsorted(self._shard_ends, row, side="right"))
+
+    def _check_shard(self, shard_id: int) -> None:
+        """Header (always) and hash (``verify``) of a shard, once per process, before its first row."""
+        if shard_id in self._checked:
+            return
+        shard = self.shards[shard_id]
+        name = shard["raw_data"]["basename"]
+        label = storage.join(self.uri, name)
+        local = os.path.join(self.cache_dir if storage.is_remote(self.uri) else self.uri, name)
+        if storage.is_remote(self.uri):
+            if not os.path.isfile(local):
+                self.rows.prepare_shard(shard_id)
+            label = f"{label} (cached as {local})"
+        if not os.path.isfile(local):
+            raise IntegrityError(f"{label}: missing; re-run `freescale prepare --overwrite`")
+        entry = None if self.files is None else self.files[name]
+        check_shard_file(local, label, int(shard["samples"]), entry, self.verify)
+        self._checked.add(shard_id)
+
+    def row(self, index: int) -> dict[str, Any]:
+        """Row ``index`` (plan order), its shard checked first (``_check_shard``); decoding errors name the shard."""
+        shard_id = self._shard_of(index)
+        self._check_shard(shard_id)
+        try:
+            return self.rows[index]
+        except ManifestError:
+            raise
+        except Exception as error:  # a decoding error deep in streaming: name the file it came from
+            name = self.shards[shard_id]["raw_data"]["basename"]
+            raise IntegrityError(f"{storage.join(self.uri, name)}: cannot read row {index} ({error})") from error
 
     def check_world_size(self, world_size: int) -> None:
         if world_size < 1 or self.group_size % world_size:
@@ -95,7 +237,7 @@ class PreparedDataset:
 
     def micro_batch(self, index: int) -> list[dict[str, Any]]:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        return [self.rows[i] for i in range(start, end)]
+        return [self.row(i) for i in range(start, end)]
 
     def micro_batch_cost(self, index: int) -> float:
         return float(sum(sample["cost"] for sample in self.micro_batch(index)))

@@ -98,6 +98,7 @@ class StatsConfig:
     workers: int = 2
     work_dir: str | None = None  # raw sources: prepare's work files; kept there for a fast re-run
     cache_dir: str | None = None  # prepared dataset on s3://: local shard cache
+    verify: bool = True  # prepared dataset: check shard hashes against the manifest (--no-verify skips)
     plots: bool = True
     progress: bool = True
 
@@ -136,7 +137,7 @@ class StatsConfig:
 
     def options(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("input", "output", "progress", "work_dir", "cache_dir"):
+        for key in ("input", "output", "progress", "work_dir", "cache_dir", "verify"):
             out.pop(key)
         return out
 

@@ -277,7 +277,7 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     """A prepared dataset, read once in plan order (rows of micro-batch m are [o[m], o[m+1]))."""
     from freescale.pipeline.reader import PreparedDataset
 
-    dataset = PreparedDataset(config.input, cache_dir=config.cache_dir)
+    dataset = PreparedDataset(config.input, cache_dir=config.cache_dir, verify=config.verify)
     manifest = dataset.manifest
     names = _source_names(manifest)
     features = list(manifest["layout"].get("user_features", []))
@@ -301,10 +301,10 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     spill_dir.mkdir(parents=True)
     users, windows, lengths, costs, counts, keep_all = [], [], [], [], [], []
     position = 0
-    rows = dataset.rows
+    _ = dataset.rows  # opened before the progress bar
     bar = tqdm(total=n_rows, desc="stats: rows", unit="sample", disable=not config.progress, leave=False)
     for chunk, start in enumerate(range(0, n_rows, chunk_rows)):
-        batch = [rows[i] for i in range(start, min(start + chunk_rows, n_rows))]
+        batch = [dataset.row(i) for i in range(start, min(start + chunk_rows, n_rows))]  # shards checked
         length = np.array([int(r["length"]) for r in batch], np.int64)
         user = np.array([int(r["user_id"]) for r in batch], np.int64)
         keep = selected(user, config.sample_fraction)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from freescale import storage
+from freescale.pipeline.integrity import HASH_ALGO
 from freescale.pipeline.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.streaming_modules import mds_writer_class
 
@@ -208,7 +209,11 @@ def write_part(
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
     written = 0
     with fast_mds_writer(
-        with_user_features, out=storage_join(output, part_name(part)), size_limit=shard_size_limit, exist_ok=True
+        with_user_features,
+        out=storage_join(output, part_name(part)),
+        size_limit=shard_size_limit,
+        exist_ok=True,
+        hashes=[HASH_ALGO],  # the manifest's file table takes shard hashes from the index
     ) as writer:
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
             written += writer.write_encoded(iter_bucket_samples(buckets_dir, bucket, start, end))

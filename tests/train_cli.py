@@ -38,15 +38,20 @@ def run_toml(path: Path, data_path: str, out: Path, **extra: dict) -> str:
     return write_run_toml(path, tables)
 
 
-def train(config: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [FREESCALE, "train", "--config", config, "--nproc", "2", *args],
+def run_train(config: str, cwd: Path, *args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``freescale train`` to the end, whatever its exit status."""
+    return subprocess.run(
+        [FREESCALE, "train", "--config", config, "--nproc", str(nproc), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env=dict(os.environ),
     )
+
+
+def train(config: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    result = run_train(config, cwd, *args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result
 

@@ -99,8 +99,19 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     _add_sample_options(p)
     p.add_argument("--max-reject-fraction", type=float, default=0.05)
+    p.add_argument(
+        "--quarantine-examples",
+        type=int,
+        default=20,
+        metavar="N",
+        help="rejected rows kept as examples in quarantine.jsonl, per reason (default 20)",
+    )
     p.add_argument("--shard-size-limit", default="64MB")
-    p.add_argument("--work-dir", help="where intermediate files go (default: <output>/.freescale-work)")
+    p.add_argument(
+        "--work-dir",
+        help="where intermediate files go (default: .<output name>.freescale-work beside a local output; "
+        "<tmp>/freescale-prepare-<uid> for s3://)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a different existing dataset")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -108,6 +119,11 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print a prepared dataset's accounting and balance report")
     p.add_argument("dataset", help="prepared dataset directory or s3:// prefix")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also read every file the manifest lists and check its size and xxh64 hash",
+    )
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -198,6 +214,11 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
         help="raw sources: keep prepare's scan/samples here; a re-run with the same options and sources skips them",
     )
     p.add_argument("--cache-dir", help="prepared dataset on s3://: local shard cache")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="prepared dataset: skip the shards' hash check (sizes, headers and metadata are still checked)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write stats.json only")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -307,6 +328,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         **_sample_options(args),
         balance=BalanceConfig(**balance_options),
         max_reject_fraction=args.max_reject_fraction,
+        quarantine_examples=args.quarantine_examples,
         shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
         work_dir=args.work_dir,
         overwrite=args.overwrite,
@@ -346,7 +368,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from freescale.pipeline.manifest import read_manifest
     from freescale.tools.report import print_prepare_summary
 
-    print_prepare_summary(read_manifest(args.dataset))
+    manifest = read_manifest(args.dataset)
+    print_prepare_summary(manifest)
+    if args.verify:
+        from freescale.pipeline.integrity import files_by_path, verify_all
+
+        files = files_by_path(manifest, args.dataset)
+        if files is None:
+            raise ValueError(
+                f"{args.dataset}: the manifest has no file table (prepared by an older FreeScale); "
+                "re-run `freescale prepare --overwrite` to add it"
+            )
+        checked = verify_all(args.dataset, files)
+        print(f"verified {len(files)} files ({checked:,} bytes): sizes and xxh64 hashes match the manifest")
     return 0
 
 
@@ -418,6 +452,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         **_sample_options(args),
         work_dir=args.work_dir,
         cache_dir=args.cache_dir,
+        verify=not args.no_verify,
         plots=not args.no_plots,
         progress=not args.quiet,
     )

@@ -44,6 +44,7 @@ class RankStep:
     loss: float
     cost: float
     stages: dict[str, float]
+    positions: int = 0  # targets trained on (0: an empty micro-batch, its loss means nothing)
     comm_by_name: dict[str, float] = field(default_factory=dict)  # exposed comm seconds per collective name
     extra: dict[str, float] = field(default_factory=dict)  # the engine's counters (StepRecord.extra)
 
@@ -101,6 +102,7 @@ def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
         loss=record.loss,
         cost=record.cost,
         stages=dict(stages),
+        positions=record.positions,
         comm_by_name=dict(comm_by_name),
         extra=dict(record.extra),
     )
@@ -160,6 +162,19 @@ def embedding_comm_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     return out
 
 
+def step_loss(ranks: list[RankStep]) -> dict[str, Any]:
+    """The step's loss: the mean over ranks that had targets. Why: a micro-batch without targets
+    (tail step groups of two-event samples) reports loss 0.0 without training; counted in, it pulls
+    the mean down, and a step where no rank had one is ``empty`` (loss null), not a perfect 0.0."""
+    trained = [r.loss for r in ranks if r.positions > 0]
+    line: dict[str, Any] = {"loss": sum(trained) / len(trained) if trained else None}
+    if not trained:
+        line["empty"] = True
+    if any(r.extra.get("nonfinite") for r in ranks):  # NaN is not JSON; the step trained nothing
+        line["loss"], line["nonfinite_skipped"] = None, True
+    return line
+
+
 def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     """The per-step JSONL fields for one step (all ranks)."""
 
@@ -172,7 +187,7 @@ def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     straggler, comm = pct("idle"), pct("comm")
     return {
         "step": ranks[0].step,
-        "loss": sum(r.loss for r in ranks) / len(ranks),
+        **step_loss(ranks),
         "samples": sum(r.samples for r in ranks),
         "step_ms": 1000.0 * wall,
         "samples_per_s": sum(r.samples for r in ranks) / wall if wall > 0 else 0.0,

@@ -9,11 +9,17 @@ steps the uninterrupted run would have taken.
 Layout: ``<checkpoint.dir>/step_00000012/`` (DCP files). ``checkpoint.resume = "latest"`` picks the
 highest finished step; a path picks that one. A checkpoint is finished when DCP's ``.metadata`` is
 there (written last by the coordinator).
+
+Trust: DCP unpickles a checkpoint's ``.metadata``, and unpickling runs code. A checkpoint must come
+from a trusted place; resume refuses a step directory (or a file in it) that this user does not own
+or that group/other can write, since whoever can write it can make the resuming job run their code.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +58,33 @@ def resolve_resume(root: str, resume: str) -> str | None:
         return None
     if resume == "latest":
         steps = finished_steps(root)
-        return step_dir(root, steps[-1]) if steps else None
+        if not steps:
+            return None
+        check_trusted(step_dir(root, steps[-1]))
+        return step_dir(root, steps[-1])
     path = Path(resume)
     if not (path / ".metadata").exists():
         raise ValueError(f"checkpoint.resume: {resume} is not a finished checkpoint (no .metadata)")
+    check_trusted(str(path))
     return str(path)
+
+
+def check_trusted(path: str) -> None:
+    """Refuse a checkpoint another user owns or group/other can write (see the module docstring)."""
+    me = os.getuid()
+    base = Path(path)
+    for entry in [base, *sorted(base.iterdir())]:
+        info = entry.lstat()
+        if info.st_uid != me:
+            raise ValueError(
+                f"checkpoint.resume: {entry} is owned by uid {info.st_uid}, not by this user (uid {me}); "
+                "resuming unpickles checkpoint metadata, so only checkpoints you wrote are loaded"
+            )
+        if stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ValueError(
+                f"checkpoint.resume: {entry} is writable by group/other (mode {stat.S_IMODE(info.st_mode):o}); "
+                f"resuming unpickles checkpoint metadata: run `chmod -R go-w {base}` if you trust its contents"
+            )
 
 
 def _sharded(local: torch.Tensor, shape: tuple[int, ...], mesh: Any) -> Any:

@@ -104,7 +104,8 @@ class DataConfig:
     """Which prepared dataset to stream and how much of it."""
 
     path: str = ""  # prepared dataset: local directory or s3:// prefix
-    cache_dir: str = ""  # local cache for s3:// (default: a temp directory keyed by the URI)
+    cache_dir: str = ""  # local cache for s3:// (default: a private per-user temp directory keyed by the URI)
+    verify: bool = True  # check each shard's hash against the manifest when first read (false: sizes/headers only)
     epochs: float = 1.0  # used when max_steps is 0
     max_steps: int = 0  # > 0: stop after this many steps (wrapping around epochs)
     max_seconds: float = 0.0  # > 0: also stop at the first log flush after this much training time
@@ -118,6 +119,7 @@ class DataConfig:
         _check(self.max_steps >= 0, "data.max_steps", "must be >= 0", self.max_steps)
         _check(self.max_seconds >= 0, "data.max_seconds", "must be >= 0", self.max_seconds)
         _check(self.prefetch >= 0, "data.prefetch", "must be >= 0", self.prefetch)
+        _check(isinstance(self.verify, bool), "data.verify", "must be true or false", self.verify)
         _check(self.seed >= 0, "data.seed", "must be >= 0", self.seed)
 
 

@@ -158,7 +158,7 @@ def collate(
     )
 
 
-def open_dataset(uri: str, cache_dir: str | None) -> PreparedDataset:
+def open_dataset(uri: str, cache_dir: str | None, verify: bool = True) -> PreparedDataset:
     """A ``PreparedDataset`` whose MDS rows are opened now, on every rank together.
 
     Under torchrun mosaicml-streaming calls ``dist.barrier()`` while registering its shared memory,
@@ -166,7 +166,7 @@ def open_dataset(uri: str, cache_dir: str | None) -> PreparedDataset:
     inside the prefetch thread. Rows are read map-style by global index, so the per-rank partition
     streaming computes is never used.
     """
-    dataset = PreparedDataset(uri, cache_dir=cache_dir)
+    dataset = PreparedDataset(uri, cache_dir=cache_dir, verify=verify)
     _ = dataset.rows  # collective open (and the row-count check) here, see above
     return dataset
 

@@ -17,6 +17,12 @@ one flat buffer after backward — instead of DDP's hooks inside backward, so it
 reordered. Embedding gradients are *summed* over ranks (each rank's loss is a mean over its own
 positions), which is what TorchRec does; the single-process reference in the tests replays exactly
 this rule.
+
+Non-finite steps: a NaN or inf loss or gradient on any rank must not reach a parameter or optimizer
+state. Each rank's verdict rides in the dense all-reduce as one extra element (no extra collective),
+so every rank learns the same answer at the same point and all of them skip the sparse and dense
+updates together (``self.nonfinite``); the runner then stops the run or counts a skip
+(``engine.max_nonfinite_skips``).
 """
 
 from __future__ import annotations
@@ -121,6 +127,13 @@ def batch_queries(
     return outputs[last], items[target_rows], batch.item_ids[target_rows]
 
 
+def has_nonfinite(loss: torch.Tensor, grads: list[torch.Tensor | None]) -> bool:
+    """Whether this rank's loss or any of its embedding-row gradients is NaN or infinite."""
+    if not bool(torch.isfinite(loss.detach()).all()):
+        return True
+    return any(g is not None and not bool(torch.isfinite(g).all()) for g in grads)
+
+
 def broadcast_parameters(module: torch.nn.Module) -> None:
     """Rank 0's initial dense weights everywhere (what DDP does at construction)."""
     for tensor in list(module.parameters()) + list(module.buffers()):
@@ -144,6 +157,7 @@ class FreeScaleEngine:
             table_specs(cfg), rank, world_size, device, cfg.engine.seed, cfg.optimizer, self.comm
         )
         self.dense_optimizer = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
+        self.nonfinite = False  # the last step had a NaN/inf loss or gradient on some rank: nothing was updated
 
     # the step ----------------------------------------------------------------------------------
     def step(self, batches: Iterator[Batch]) -> None:
@@ -168,9 +182,13 @@ class FreeScaleEngine:
         with stage("embedding_comm", "comm"):
             unique_rows = self.tables.output_dist(ctx, owned_rows)
         loss, unique_grads = self.forward_backward(batch, ctx, unique_rows)
+        local_bad = has_nonfinite(loss, unique_grads)
         with stage("gradient_comm", "comm"):
             owner_grads = self.tables.grad_dist(ctx, unique_grads)
-            self._all_reduce_dense_grads()
+            self._all_reduce_dense_grads(local_bad)
+        if self.nonfinite:
+            self.dense_optimizer.zero_grad(set_to_none=True)
+            return self.finish_record(batch, loss)
         with stage("sparse_update", "compute"):
             self.tables.sparse_update(ctx, owner_grads)
         with stage("dense_update", "compute"):
@@ -201,6 +219,8 @@ class FreeScaleEngine:
             record = self.timer.current
             record.loss, record.samples, record.positions = value, batch.num_samples, batch.num_positions
             record.cost = batch.cost
+            if self.nonfinite:
+                record.extra["nonfinite"] = 1.0
         return value
 
     def settle(self) -> None:
@@ -210,12 +230,19 @@ class FreeScaleEngine:
         """Release the transport (collective for the copy-engine transport's shared buffers)."""
         self.comm.close()
 
-    def _all_reduce_dense_grads(self) -> None:
-        """Average dense gradients over ranks in one flat buffer (missing grads count as zero)."""
+    def _all_reduce_dense_grads(self, local_bad: bool = False) -> None:
+        """Average dense gradients over ranks in one flat buffer (missing grads count as zero).
+
+        The last element carries this rank's non-finite verdict; afterwards every rank sets the same
+        ``self.nonfinite`` (some rank said so, or a summed dense gradient is NaN/inf).
+        """
         params = list(self.model.parameters())
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        verdict = torch.tensor([1.0 if local_bad else 0.0], dtype=grads[0].dtype, device=grads[0].device)
+        flat = torch.cat([*grads, verdict])
         self.comm.all_reduce("gradient_comm.dense", flat)
-        flat /= self.world_size
+        self.nonfinite = bool(flat[-1] > 0) or not bool(torch.isfinite(flat[:-1]).all())
+        flat = flat[:-1] / self.world_size
         offset = 0
         for p in params:
             p.grad = flat[offset : offset + p.numel()].view_as(p).clone()

@@ -8,6 +8,12 @@ counts gives exact full-ranking ranks without gathering the table. ``num_candida
 sampled protocol (labelled ``sampled-N`` in the output; N uniform random items shared by a chunk of
 queries), for catalogues too large to score every step.
 
+Ties and NaN are ranked pessimistically: a candidate counts above the target when its score is
+greater *or equal*, or NaN, and a NaN target is ranked below everything. Why: a collapsed or
+diverged model (every score equal, or NaN) must report HR@k = 0, not 1 — with ``>`` nothing beats a
+tied or NaN target and every user counted as a hit. The target's own row is left out by id, since
+its score recomputed through a different matmul may differ from the target score in the last bit.
+
 ``popularity_metrics`` is the most-popular baseline under the same protocol, computed from the
 training events, for the quality benchmark.
 """
@@ -36,6 +42,16 @@ def metrics_from_ranks(ranks: np.ndarray, k: int) -> dict[str, float]:
     return {f"hr@{k}": float(hits.mean()), f"ndcg@{k}": float(ndcg.mean())}
 
 
+def beats_target(scores: torch.Tensor, target_scores: torch.Tensor, is_target: torch.Tensor) -> torch.Tensor:
+    """Which candidates rank above each target, ties and NaN against the target (module docstring).
+
+    ``scores`` [Q, C], ``target_scores`` [Q], ``is_target`` [Q, C]: the candidate is the target item.
+    """
+    targets = target_scores[:, None]
+    above = (scores >= targets) | scores.isnan() | targets.isnan()
+    return above & ~is_target
+
+
 def _all_gather_rows(rows: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     """Concatenate every rank's ``rows`` (varying counts) on every rank."""
     world = dist.get_world_size()
@@ -50,15 +66,19 @@ def _all_gather_rows(rows: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     return torch.cat([g[:n] for g, n in zip(gathered, sizes)]), sizes
 
 
-def _full_ranks(engine: Any, queries: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
+def _full_ranks(
+    engine: Any, queries: torch.Tensor, target_scores: torch.Tensor, target_ids: torch.Tensor
+) -> torch.Tensor:
     """Rows of the whole item table scoring above each target (this rank's queries)."""
     all_queries, sizes = _all_gather_rows(queries)
-    all_targets, _ = _all_gather_rows(target_scores[:, None])
-    _, shard = engine.local_item_rows()
+    all_targets = _all_gather_rows(target_scores[:, None])[0][:, 0]
+    all_ids = _all_gather_rows(target_ids[:, None].to(torch.int64))[0]
+    first_row, shard = engine.local_item_rows()
     above = torch.zeros(all_queries.shape[0], dtype=torch.int64, device=all_queries.device)
     for start in range(0, shard.shape[0], SCORE_CHUNK_ROWS):
         rows = F.normalize(shard[start : start + SCORE_CHUNK_ROWS].to(all_queries.dtype), dim=-1)
-        above += (all_queries @ rows.T > all_targets).sum(dim=1)
+        row_ids = first_row + start + torch.arange(rows.shape[0], device=all_queries.device)
+        above += beats_target(all_queries @ rows.T, all_targets, row_ids[None, :] == all_ids).sum(dim=1)
     dist.all_reduce(above)
     first = sum(sizes[: dist.get_rank()])
     return above[first : first + queries.shape[0]]
@@ -76,9 +96,8 @@ def _sampled_ranks(
     generator = torch.Generator().manual_seed(seed)
     candidates = torch.randint(0, num_items, (num_candidates,), generator=generator)
     rows = F.normalize(engine.lookup_items(candidates), dim=-1)
-    scores = queries @ rows.T
-    scores = scores.masked_fill(candidates.to(scores.device)[None, :] == target_ids[:, None], float("-inf"))
-    return (scores > target_scores[:, None]).sum(dim=1)
+    is_target = candidates.to(queries.device)[None, :] == target_ids[:, None]
+    return beats_target(queries @ rows.T, target_scores, is_target).sum(dim=1)
 
 
 def evaluate(
@@ -106,7 +125,7 @@ def evaluate(
                 seed * 100_003 + number,
             )
         else:
-            rank = _full_ranks(engine, queries, target_scores)
+            rank = _full_ranks(engine, queries, target_scores, target_ids)
         ranks.append(rank.cpu())
     local = torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.int64)
     gathered: list[Any] = [None] * dist.get_world_size()

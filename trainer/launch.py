@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import signal
 import sys
 from pathlib import Path
 
 from freescale.trainer.config import RunConfig
+from freescale.trainer.lifetime import die_with_parent, run_group
 
 
 def rank_parser() -> argparse.ArgumentParser:
@@ -36,15 +37,20 @@ def rank_parser() -> argparse.ArgumentParser:
 
 def rank_main(argv: list[str] | None = None) -> int:
     """Run this process as one rank; config errors exit with status 2 and one line."""
+    die_with_parent(signal.SIGKILL)  # torchrun's agent gone: this rank goes too
     args = rank_parser().parse_args(argv)
     try:
         cfg = RunConfig.from_toml(args.config, args.overrides)
     except ValueError as error:
         print(f"freescale train: error: {error}", file=sys.stderr)
         return 2
-    from freescale.trainer.runner import main
+    from freescale.trainer.runner import TrainingError, main
 
-    main(cfg)
+    try:
+        main(cfg)
+    except TrainingError as error:
+        print(f"freescale train: error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -53,7 +59,7 @@ def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "freescale.trainer.lifetime",  # torch.distributed.run tied to this process (lifetime.py)
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
@@ -64,6 +70,23 @@ def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]
     for override in overrides:
         command += ["--set", override]
     return command
+
+
+def check_before_start(cfg: RunConfig, nproc: int) -> None:
+    """What every rank would trip over, checked once here: a one-line error instead of N tracebacks."""
+    from freescale.pipeline.manifest import read_manifest
+    from freescale.trainer.checkpoint import resolve_resume
+
+    manifest = read_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
+    group = int(manifest["layout"]["group_size"])
+    if group % nproc:
+        divisors = [w for w in range(1, group + 1) if group % w == 0]
+        raise ValueError(
+            f"--nproc {nproc} does not divide the group size {group} of {cfg.data.path} "
+            f"(balanced world sizes: {divisors}; or prepare again with --group-size)"
+        )
+    if cfg.checkpoint.dir:
+        resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)  # exists, finished, trusted
 
 
 def launch(config: str, nproc: int = 1, device: str | None = None, overrides: list[str] | None = None) -> int:
@@ -79,5 +102,6 @@ def launch(config: str, nproc: int = 1, device: str | None = None, overrides: li
 
         if torch.cuda.device_count() < nproc:
             raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices, {torch.cuda.device_count()} visible")
+    check_before_start(cfg, nproc)
     env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
-    return subprocess.call(torchrun_command(config, nproc, overrides), env=env)
+    return run_group(torchrun_command(config, nproc, overrides), env)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -152,10 +153,11 @@ class CommWorker:
     first so a task sees everything the main thread had queued (e.g. the deferred sparse update).
     """
 
-    def __init__(self, device: torch.device, transport: str) -> None:
+    def __init__(self, device: torch.device, transport: str, timeout: timedelta | None = None) -> None:
         """Collective (a process group and a transport of the worker's own): every rank constructs it."""
         self.device = device
-        self.group = dist.new_group(backend=dist.get_backend())
+        # new_group does not inherit the default group's timeout: torch's 30-minute default otherwise
+        self.group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         self.seconds = SideSeconds(device)
         self.comm = build_transport(transport, self.seconds, device, self.group)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freescale-pec")

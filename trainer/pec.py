@@ -21,6 +21,10 @@ the update is one function of (row, state, summed gradient) applied row by row, 
 compute the same bits. Cold rows are never hot rows, so the worker and the main thread never write
 the same row. ``settle()`` (before evaluation and checkpoints) waits for the cold update.
 
+A non-finite step (``FreeScaleEngine``: every rank learns it from the dense all-reduce) applies no
+hot, OL or cold update: batch n+1's prefetched rows were read before batch n's update, and with no
+update they are already final, so they are used as they came.
+
 Instrumentation (``StepRecord.extra``): distinct OL and batch-(n+1) rows per table as the owners saw
 them (summed over ranks: the global ``batch_overlap_rate``) and the seconds the worker spent in
 collectives; waits of the main thread on the worker are comm records named ``*.prefetch_wait`` /
@@ -33,13 +37,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
-from freescale.trainer.engine import FreeScaleEngine, batch_features
+from freescale.trainer.engine import FreeScaleEngine, batch_features, has_nonfinite
 from freescale.trainer.overlap import CommWorker, OverlapMasks, adopt, exchange_masks, masked_all_to_all
 from freescale.trainer.sharded import DistContext
 from freescale.trainer.sparse_optim import sum_by_row
@@ -73,7 +78,8 @@ class PECEngine(FreeScaleEngine):
         if world_size > MAX_RANKS:
             raise ValueError(f"engine.overlap 'pec' supports up to {MAX_RANKS} ranks; use 'none' for {world_size}")
         super().__init__(cfg, rank, world_size, device)
-        self.worker = CommWorker(device, cfg.engine.transport)
+        timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
+        self.worker = CommWorker(device, cfg.engine.transport, timeout)
         self._ahead: Ahead | None = None
         self._deferred: Deferred | None = None
 
@@ -90,17 +96,22 @@ class PECEngine(FreeScaleEngine):
         ctx, unique_rows = self._rows_of_current(current)
         ahead = self._submit(following, ctx) if following is not None else None
         loss, unique_grads = self.forward_backward(current, ctx, unique_rows)
+        local_bad = has_nonfinite(loss, unique_grads)
         if ahead is None:  # last batch of the data: nothing reads rows later, apply everything now
             with stage("gradient_comm", "comm"):
                 owner_grads = self.tables.grad_dist(ctx, unique_grads)
-                self._all_reduce_dense_grads()
-            with stage("sparse_update", "compute"):
-                self.tables.sparse_update(ctx, owner_grads)
+                self._all_reduce_dense_grads(local_bad)
+            if not self.nonfinite:
+                with stage("sparse_update", "compute"):
+                    self.tables.sparse_update(ctx, owner_grads)
             masks = None
         else:
-            masks = self._hot_and_cold_updates(ctx, unique_grads, ahead)
-        with stage("dense_update", "compute"):
-            self.dense_update()
+            masks = self._hot_and_cold_updates(ctx, unique_grads, ahead, local_bad)
+        if self.nonfinite:
+            self.dense_optimizer.zero_grad(set_to_none=True)
+        else:
+            with stage("dense_update", "compute"):
+                self.dense_update()
         self._ahead = ahead
         self.finish_record(current, loss)
         self._record_extra(masks)
@@ -119,7 +130,7 @@ class PECEngine(FreeScaleEngine):
         return ctx, [self._ahead.rows[position] for position in ctx.send_position]
 
     def _hot_and_cold_updates(
-        self, ctx: DistContext, unique_grads: list[torch.Tensor | None], ahead: Ahead
+        self, ctx: DistContext, unique_grads: list[torch.Tensor | None], ahead: Ahead, local_bad: bool = False
     ) -> OverlapMasks:
         """Hot gradients in one hop (owners update shards, readers their copies); cold ones deferred."""
         stage = self.timer.stage
@@ -127,7 +138,11 @@ class PECEngine(FreeScaleEngine):
             masks = self._wait(ahead.routed, "input_dist.prefetch_wait", ahead.submitted)[1]
             send = self.tables.grad_send_buffer(ctx, unique_grads)
             keys, grads = self._send_hot_grads(ctx, send, masks)
-            self._all_reduce_dense_grads()
+            self._all_reduce_dense_grads(local_bad)
+        if self.nonfinite:  # no update anywhere: the prefetched rows are final as read
+            with stage("embedding_comm", "comm"):
+                ahead.rows = self._wait(ahead.prefetched, "embedding_comm.prefetch_wait", ahead.submitted)[0]
+            return masks
         with stage("sparse_update", "compute"):
             owned, _ = self.tables.owned_by_me(keys)
             self.tables.sparse_update_keys(keys[owned], grads[owned])
@@ -251,3 +266,4 @@ class PECEngine(FreeScaleEngine):
     def close(self) -> None:
         self.settle()
         self.worker.close()
+        super().close()

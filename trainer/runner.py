@@ -17,12 +17,16 @@ followed by a barrier so rank 0's log writing is not charged to the next step as
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import os
+import signal
+import socket
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +75,27 @@ def total_steps(cfg: RunConfig, dataset: PreparedDataset, world_size: int) -> in
     return max(1, math.ceil(cfg.data.epochs * dataset.steps_per_epoch(world_size)))
 
 
+class TrainingError(RuntimeError):
+    """The run cannot go on (non-finite steps, ...); the rank prints one line and exits non-zero."""
+
+
+def keep_metrics_before(path: Path, start: int) -> None:
+    """Drop what a run starting at ``start`` writes again: step lines from ``start`` on, evals after it.
+
+    Why: a run resumed into the same ``out_dir`` replays steps from its checkpoint; their lines from
+    the interrupted run would otherwise appear twice. ``start = 0`` empties the file.
+    """
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        step = int(record.get("step", 0))
+        if step < start or ("eval" in record and step <= start):
+            kept.append(line + "\n")
+    path.write_text("".join(kept))
+
+
 @dataclass
 class RunState:
     """What the loop accumulates: pending records (this rank) and all gathered ones (rank 0)."""
@@ -79,6 +104,7 @@ class RunState:
     gathered: list[list[StepRecord]] = field(default_factory=list)
     step_lines: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
+    nonfinite_skips: int = 0
 
 
 class Trainer:
@@ -87,7 +113,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.out = Path(cfg.logging.out_dir)
-        self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
+        self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None, cfg.data.verify)
         self.dataset.check_world_size(world_size)
         self.collate_cfg = collate_config(cfg)
         self.engine = make_engine(cfg, rank, world_size, device)
@@ -104,8 +130,7 @@ class Trainer:
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
-            if start == 0 and self.metrics_file.exists():
-                self.metrics_file.unlink()
+            keep_metrics_before(self.metrics_file, start)
         loader = StepLoader(
             self.dataset, self.world_size, self.rank, start, end, self.collate_cfg, self.cfg.data.prefetch
         )
@@ -133,6 +158,8 @@ class Trainer:
             timer.begin_step(step)
             self.engine.step(batches)
             self.state.pending.append(timer.end_step())
+            if getattr(self.engine, "nonfinite", False):
+                self._skip_nonfinite(step)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{self.state.pending[-1].loss:.4f}")
@@ -150,6 +177,19 @@ class Trainer:
             if stop:
                 break
         return end
+
+    def _skip_nonfinite(self, step: int) -> None:
+        """Count a skipped non-finite step (every rank does: the verdict is global); stop past the limit."""
+        self.state.nonfinite_skips += 1
+        allowed = self.cfg.engine.max_nonfinite_skips
+        loss = self.state.pending[-1].loss
+        if self.state.nonfinite_skips > allowed:
+            raise TrainingError(
+                f"step {step}: non-finite loss or gradient (rank {self.rank} loss = {loss}); stopping the run "
+                f"(engine.max_nonfinite_skips = {allowed}; check optimizer.*_lr, model_extra.temperature, the data)"
+            )
+        if self.rank == 0:
+            print(f"step {step}: non-finite loss or gradient, step skipped (no update)", flush=True)
 
     def _out_of_time(self, started: float) -> bool:
         """All ranks agree (one all-reduce at a flush) whether ``data.max_seconds`` is used up."""
@@ -289,9 +329,45 @@ def main(cfg: RunConfig) -> dict[str, Any] | None:
         pin_to_cpus(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = device_for(cfg, local_rank)
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(cfg.engine.resolved_backend(), **kwargs)
+        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
+        dist.init_process_group(cfg.engine.resolved_backend(), timeout=timeout, **kwargs)
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, (socket.gethostname(), os.getpid()))
     try:
         return Trainer(cfg, dist.get_rank(), dist.get_world_size(), device).run()
+    except (RuntimeError, dist.DistError) as error:
+        if isinstance(error, TrainingError):
+            raise
+        stopped = end_stopped_peers(pids)
+        if not stopped:
+            raise
+        raise TrainingError(
+            f"{', '.join(stopped)} stopped answering: a collective gave up after engine.collective_timeout_s = "
+            f"{cfg.engine.collective_timeout_s:g} s ({str(error).splitlines()[0][:200]})"
+        ) from error
     finally:
         dist.destroy_process_group()
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` ('R', 'S', 'T' stopped, ...), '' when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def end_stopped_peers(pids: list[tuple[str, int]]) -> list[str]:
+    """Ranks of this host whose process is stopped (SIGSTOP, a debugger): named, then killed.
+
+    Why kill: torchrun ends the other ranks with SIGTERM and waits 30 s for them, and a stopped
+    process never handles SIGTERM; these are this job's own rank processes, and the job is ending.
+    """
+    host, named = socket.gethostname(), []
+    for rank, (rank_host, pid) in enumerate(pids):
+        if rank_host == host and pid != os.getpid() and process_state(pid) in ("T", "t"):
+            named.append(f"rank {rank} (pid {pid}, stopped)")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    return named

@@ -30,6 +30,7 @@ This module imports TorchRec at the top: ``runner.make_engine`` imports it only 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -260,6 +261,7 @@ class TorchRecEngine:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.timer = StepTimer(rank, device, cfg.engine.instrument)
+        self.nonfinite = False  # some rank's last loss was NaN/inf (its update already ran: the run stops)
         self._original_a2a = _install_a2a_timing(self.timer)
         self.model = TorchRecModel(cfg, self.timer)
         self.dmp = _sharded_model(cfg, self.model, world_size, device)
@@ -329,9 +331,18 @@ class TorchRecEngine:
             loss = self.pipeline.progress(self._batches)
         else:
             loss = self._plain_step()
+        self.nonfinite = self._any_rank_nonfinite(float(loss))
         if record is not None:
             record.loss = float(loss)
+            if self.nonfinite:
+                record.extra["nonfinite"] = 1.0
             _fill_gaps(record, self.timer.now())
+
+    def _any_rank_nonfinite(self, loss: float) -> bool:
+        """All ranks agree whether some rank's loss is NaN/inf, so all of them stop at the same step."""
+        flag = torch.tensor([0.0 if math.isfinite(loss) else 1.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag > 0)
 
     def _plain_step(self) -> torch.Tensor:
         batch = next(self._batches).to(self.device)

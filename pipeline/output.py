@@ -1,0 +1,264 @@
+"""Where ``prepare`` writes and how it keeps that safe: a lock, a staging directory, an atomic swap.
+
+A prepared dataset must never be half one run and half another, and a user's files must never be
+deleted by accident. So, for a local output:
+
+- an exclusive lock (``flock`` on ``.<name>.freescale-lock`` beside the output) is taken before any
+  work: a second ``prepare`` on the same output fails at once naming the holder. The kernel drops
+  the lock when its process dies (``kill -9`` included), so a lock is never stale;
+- everything is written into a staging directory beside the output (``.<name>.freescale-staging-<fp>``,
+  one per dataset fingerprint, on the output's file system) and the finished directory replaces the
+  output in one ``rename`` (``renameat2(RENAME_EXCHANGE)`` when an old output exists). A reader sees
+  the old dataset or the new one, never a mix; a killed job leaves the output as it was and resumes
+  into its staging directory;
+- an output that is, or contains, an input (a source file, the source config, the cost model) is
+  refused: ``--overwrite`` would otherwise delete the raw data.
+
+An ``s3://`` output has no rename and no ``flock``: parts are written in place and ``manifest.json``
+last (one PUT, so a reader sees it whole or not at all), and the lock is a local ``flock`` in the work
+directory's root: it excludes jobs on this machine only (see README, "Options that shape the dataset").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import socket
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+from freescale import storage
+
+LOCK_SUFFIX = ".freescale-lock"
+STAGING_INFIX = ".freescale-staging-"
+OLD_SUFFIX = ".freescale-old"
+# Names a FreeScale output holds: an output holding only these (and at least one part) is an
+# unfinished run of ours (a killed job of an older release wrote in place), not somebody's files.
+OWN_NAMES = re.compile(r"part-\d{5}|index\.json|micro_batch_offsets\.npy|quarantine\.jsonl|manifest\.json")
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_RENAME_EXCHANGE = 2
+
+
+class PrepareError(RuntimeError):
+    """A prepare job that cannot go on; the message says why and what to change."""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` on one line (library messages carry newlines and control bytes), shortened."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+# ----------------------------------------------------------------------------------------- lock
+class OutputLock:
+    """An exclusive ``flock`` on ``path``, holding a line that says who holds it.
+
+    The file is removed on release; a process that opened it just before then would lock an unlinked
+    inode, so ``acquire`` checks that the locked file is still the one at ``path`` and retries if not.
+    """
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
+                os.close(fd)
+                raise PrepareError(
+                    f"{self.what} is being prepared by another run ({one_line(holder)}; lock {self.path}): "
+                    "wait for it to end or stop it, then run again"
+                ) from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # unlinked by a holder that released it meanwhile: lock the new file
+        holder = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        if _same_file(self._fd, self.path):
+            self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------- places
+def local_output(output: str) -> Path:
+    """The output directory with symlinks resolved: the swap replaces the real directory."""
+    return Path(output).expanduser().resolve()
+
+
+def lock_path(output: str, work_root: Path) -> Path:
+    """Beside a local output (never inside it: the output is replaced whole); in the local work root
+    for an ``s3://`` output, named by the output URI."""
+    if storage.is_remote(output):
+        return work_root / f"{hashlib.sha256(output.encode()).hexdigest()[:16]}{LOCK_SUFFIX}"
+    path = local_output(output)
+    return path.parent / f".{path.name}{LOCK_SUFFIX}"
+
+
+def staging_path(output: str, fingerprint: str) -> Path:
+    path = local_output(output)
+    return path.parent / f".{path.name}{STAGING_INFIX}{fingerprint[:16]}"
+
+
+def remove_stale_staging(output: str, keep: Path) -> None:
+    """Other datasets' staging directories and a swap's leftovers (the lock is held: nobody uses them)."""
+    path = local_output(output)
+    for entry in path.parent.glob(f".{glob_escape(path.name)}{STAGING_INFIX}*"):
+        if entry != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+    shutil.rmtree(path.parent / f".{path.name}{OLD_SUFFIX}", ignore_errors=True)
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def private_work_root() -> Path:
+    """``<tmp>/freescale-prepare-<uid>``: another user must not be able to plant or read work files.
+
+    Created with mode 0o700; an existing one owned by another user or writable by group or others
+    is refused rather than used."""
+    root = Path(tempfile.gettempdir()) / f"freescale-prepare-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+        root.chmod(0o700)  # created here: exactly 0o700 whatever the umask
+    info = os.lstat(root)
+    if not stat.S_ISDIR(info.st_mode):
+        raise PrepareError(f"work directory {root} is not a directory; remove it or pass --work-dir")
+    if info.st_uid != os.getuid():
+        raise PrepareError(
+            f"work directory {root} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); pass --work-dir"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PrepareError(
+            f"work directory {root} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "chmod 700 it or pass --work-dir"
+        )
+    return root
+
+
+# ----------------------------------------------------------------------------------------- checks
+def check_no_overlap(output: str, paths: list[str], what: str = "the input") -> None:
+    """Refuse an output that is or contains one of ``paths`` (inputs, the work directory): replacing
+    the output would delete it."""
+    target = _comparable(output)
+    for uri in paths:
+        inner = _comparable(uri)
+        if inner == target or inner.startswith(target.rstrip("/") + "/"):
+            raise PrepareError(
+                f"--output {output} contains {what} {uri}: replacing the output would delete it; "
+                "choose an --output outside it"
+            )
+
+
+def _comparable(uri: str) -> str:
+    if storage.is_remote(uri):
+        return uri.rstrip("/")
+    return str(local_output(uri))
+
+
+def is_unfinished_own_output(names: list[str]) -> bool:
+    """True when a directory without a manifest holds only FreeScale output names, one part at least."""
+    return any(name.startswith("part-") for name in names) and all(OWN_NAMES.fullmatch(name) for name in names)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Out of space or quota: ``OSError.errno``, or pyarrow's message (its IO errors carry no errno)."""
+    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+        return True
+    text = str(error)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def disk_full_message(error: BaseException, where: str) -> str:
+    path = getattr(error, "filename", None) or where
+    return (
+        f"no space left on the device holding {path} ({one_line(os.strerror(errno.ENOSPC))}); "
+        "free some space and run the same command again: the job resumes where it stopped"
+    )
+
+
+# ----------------------------------------------------------------------------------------- publish
+def publish_local(staging: Path, output: Path) -> None:
+    """Make the finished ``staging`` directory the output in one step; the old output is deleted after.
+
+    With an existing output the two directories are exchanged atomically (Linux ``renameat2``);
+    where that is not available the old one is first moved aside (``.<name>.freescale-old``), so a
+    reader can briefly find no dataset, never a mixed one."""
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise PrepareError(f"--output {output} exists and is not a directory")
+    if not output.exists() or _empty_dir(output):
+        os.rename(staging, output)  # replaces an empty directory too
+    elif _exchange(staging, output):
+        shutil.rmtree(staging)  # the old output, now at the staging path
+    else:
+        old = output.parent / f".{output.name}{OLD_SUFFIX}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(output, old)
+        os.rename(staging, output)
+        shutil.rmtree(old)
+    _fsync_dir(output.parent)
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically; False where the kernel or libc cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_npy_atomic(path: Path, array) -> None:
+    """``np.save`` through a ``.tmp`` file: a work-dir file whose presence marks a step done must be whole."""
+    import numpy as np
+
+    with open(f"{path}.tmp", "wb") as handle:
+        np.save(handle, array)
+    os.replace(f"{path}.tmp", path)

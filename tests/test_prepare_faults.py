@@ -1,0 +1,330 @@
+"""``prepare`` under faults: two runs on one output, a kill at any point, ``--overwrite`` next to the
+sources, a full disk, corrupt input, a shared work directory. Real processes where it matters."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freescale.datasets.presets import preset
+from freescale.datasets.synthetic import generate
+from freescale.pipeline.output import OutputLock, PrepareError, private_work_root
+from freescale.pipeline.prepare import PrepareJob, prepare
+
+FREESCALE = str(Path(sys.executable).parent / "freescale")
+TINY_OPTIONS = ["--group-size", "4", "--micro-batch-size", "4", "--max-uih-len", "2048", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_sources(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("tiny")
+    generate(preset("tiny", seed=3), str(out))
+    return str(out / "sources.toml")
+
+
+def cli_prepare(sources: str, out: str, *options: str, workers: int = 1) -> subprocess.Popen:
+    command = [FREESCALE, "prepare", "--sources", sources, "--output", out, "--workers", str(workers), "--quiet"]
+    return subprocess.Popen(
+        [*command, *TINY_OPTIONS, *options],
+        cwd=tempfile.gettempdir(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def output_files(directory: str) -> dict[str, bytes]:
+    """Every file of an output by relative path; the manifest without the fields naming the run's
+    own output path (the only thing two outputs of the same job may differ in)."""
+    root = Path(directory)
+    files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest["config"].pop("output", None)
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.fixture(scope="module")
+def clean_output(tiny_sources, tmp_path_factory) -> dict[str, bytes]:
+    out = str(tmp_path_factory.mktemp("clean") / "ds")
+    code, err = finish(cli_prepare(tiny_sources, out, "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    return output_files(out)
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# --------------------------------------------------------------------------- quarantine option
+def test_quarantine_examples_is_a_cli_option(tmp_path) -> None:
+    generate(preset("tiny", seed=5, malformed_fraction=0.05), str(tmp_path / "src"))
+    out = tmp_path / "ds"
+    proc = cli_prepare(str(tmp_path / "src" / "sources.toml"), str(out), "--quarantine-examples", "1")
+    code, err = finish(proc)
+    assert code == 0, err
+    reasons = [json.loads(line)["reason"] for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert reasons and len(reasons) == len(set(reasons))  # one example per reason
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["quarantine_examples"] == 1
+    assert max(manifest["rows"]["events_rejected"]["by_reason"].values()) > 1  # more were rejected
+    code, err = finish(cli_prepare(str(tmp_path / "src" / "sources.toml"), str(out), "--quarantine-examples", "-1"))
+    assert_one_line_error(code, err, "--quarantine-examples")
+
+
+# --------------------------------------------------------------------------- private work dir
+def test_remote_output_work_dir_is_private_to_the_user(tiny_sources, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    root = private_work_root()
+    assert root == tmp_path / f"freescale-prepare-{os.getuid()}"
+    assert (root.stat().st_mode & 0o777) == 0o700
+    job = PrepareJob(make_config(tiny_sources, "s3://bucket/prepared"))
+    assert job.work.parent == root
+    root.chmod(0o777)
+    with pytest.raises(PrepareError, match="writable by other users"):
+        PrepareJob(make_config(tiny_sources, "s3://bucket/prepared"))
+    root.chmod(0o700)
+    os.chown(root, 12345, 12345)
+    with pytest.raises(PrepareError, match="belongs to uid 12345"):
+        PrepareJob(make_config(tiny_sources, "s3://bucket/prepared"))
+
+
+def make_config(sources: str, output: str, **overrides):
+    from freescale.pipeline.balance import BalanceConfig
+    from freescale.pipeline.config import PrepareConfig, SampleConfig
+
+    options = {
+        "samples": SampleConfig(max_uih_len=2048),
+        "balance": BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
+        "workers": 1,
+        "progress": False,
+        "memory_limit": 512 * 2**20,
+    }
+    options.update(overrides)
+    return PrepareConfig(sources=sources, output=output, **options)
+
+
+# --------------------------------------------------------------------------- corrupt input
+def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 20_000
+    table = pa.table({"u": np.arange(n) % 300, "i": np.arange(n) * 7 % 1000, "t": 1_600_000_000 + np.arange(n)})
+    path = tmp_path / "log.parquet"
+    pq.write_table(table, path, row_group_size=5000)
+    column = pq.ParquetFile(path).metadata.row_group(2).column(1)
+    data = bytearray(path.read_bytes())
+    for k in range(column.data_page_offset, column.data_page_offset + 8):  # a data page, not the footer
+        data[k] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert pq.ParquetFile(path).metadata.num_rows == n  # the footer still reads
+    (tmp_path / "sources.toml").write_text(
+        '[dataset]\nname = "x"\n[[sources]]\nname = "log"\nformat = "parquet"\npath = "log.parquet"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out")))
+    assert_one_line_error(code, err, str(path), "source 'log'")
+
+
+# --------------------------------------------------------------------------- overlap with the sources
+@pytest.mark.parametrize("where", ["sources_dir", "parent", "config_file"])
+def test_output_overlapping_the_sources_is_refused(tmp_path, where) -> None:
+    src = tmp_path / "data" / "src"
+    generate(preset("tiny", seed=3), str(src))
+    before = sorted(p.name for p in src.rglob("*"))
+    output = {"sources_dir": src, "parent": tmp_path / "data", "config_file": src / "sources.toml"}[where]
+    code, err = finish(cli_prepare(str(src / "sources.toml"), str(output), "--overwrite"))
+    assert_one_line_error(code, err, "--output", "contains the input")
+    assert sorted(p.name for p in src.rglob("*")) == before
+
+
+# --------------------------------------------------------------------------- two runs, one output
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if predicate():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"condition not reached; process ended with {proc.poll()}: {proc.stderr.read()[-2000:]}")
+
+
+@contextlib.contextmanager
+def stopped(proc: subprocess.Popen) -> Iterator[None]:
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_second_prepare_on_the_same_output_fails_at_once_naming_the_holder(tiny_sources, tmp_path) -> None:
+    out = tmp_path / "ds"
+    first = cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB")
+    wait_for(lambda: any(tmp_path.glob(".ds.freescale-work/*/scan")), first)  # it holds the lock by now
+    with stopped(first):
+        started = time.time()
+        code, err = finish(cli_prepare(tiny_sources, str(out), "--overwrite"), timeout=60)
+        assert time.time() - started < 30
+        assert_one_line_error(code, err, "another run", f"pid {first.pid}")
+    code, err = finish(first)
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    index = json.loads((out / "index.json").read_text())
+    assert all((out / shard["raw_data"]["basename"]).exists() for shard in index["shards"])
+    assert manifest["rows"]["samples"] == sum(shard["samples"] for shard in index["shards"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no lock, staging or work left
+
+
+def test_lock_is_exclusive_and_released(tmp_path) -> None:
+    lock = OutputLock(tmp_path / "x.lock", "out")
+    lock.acquire()
+    with pytest.raises(PrepareError, match=f"pid {os.getpid()}"):
+        OutputLock(tmp_path / "x.lock", "out").acquire()
+    lock.release()
+    assert not (tmp_path / "x.lock").exists()
+    again = OutputLock(tmp_path / "x.lock", "out")
+    again.acquire()
+    again.release()
+
+
+# --------------------------------------------------------------------------- killed while writing
+def kill_when_shards_appear(sources: str, out: Path, *options: str) -> None:
+    proc = cli_prepare(sources, str(out), "--shard-size-limit", "64KB", *options)
+    wait_for(lambda: any(out.parent.glob(".*/part-*/shard.*.mds")) or any(out.glob("part-*/shard.*.mds")), proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_killed_while_writing_resumes_to_identical_output(tiny_sources, clean_output, tmp_path) -> None:
+    out = tmp_path / "ds"
+    kill_when_shards_appear(tiny_sources, out)
+    assert not out.exists()  # written into a staging directory, published whole
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_overwrite_after_a_kill_while_writing(tiny_sources, clean_output, tmp_path) -> None:
+    out = tmp_path / "ds"
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--micro-batch-size", "2"))  # an older dataset
+    assert code == 0, err
+    kill_when_shards_appear(tiny_sources, out, "--overwrite")
+    assert json.loads((out / "manifest.json").read_text())["layout"]["micro_batch_size"] == 2  # still whole
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB", "--overwrite"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+
+
+# --------------------------------------------------------------------------- disk full
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("size", ["96k", "160k"])
+def test_disk_full_is_one_line_and_resumes(tiny_sources, clean_output, small_disk, size) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)
+    out = small_disk / "ds"
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+    assert_one_line_error(code, err, "no space left", str(small_disk))
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+
+
+def test_disk_full_in_process_names_the_path(tiny_sources, tmp_path, monkeypatch) -> None:
+    """ENOSPC from any write of the job (here the plan) is a ``PrepareError`` naming the path."""
+    from freescale.pipeline import prepare as prepare_module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(prepare_module.np, "savez", full)
+    with pytest.raises(PrepareError, match="no space left") as caught:
+        prepare(make_config(tiny_sources, str(tmp_path / "ds")))
+    assert str(tmp_path) in str(caught.value)
+    monkeypatch.undo()
+    assert prepare(make_config(tiny_sources, str(tmp_path / "ds")))["rows"]["samples"] > 0
+
+
+def test_work_dir_inside_the_output_is_refused(tiny_sources, tmp_path) -> None:
+    out = tmp_path / "ds"
+    with pytest.raises(PrepareError, match="contains the work directory"):
+        prepare(make_config(tiny_sources, str(out), work_dir=str(out / "work")))
+    assert not out.exists()
+
+
+def test_parts_marked_written_but_gone_are_rebuilt(tiny_sources, tmp_path, monkeypatch) -> None:
+    """A job stopped after writing its parts, whose staging directory was then removed: the markers
+    say "written", the buckets are gone; the next run starts over instead of publishing a broken index."""
+    from freescale.pipeline import output as places
+
+    reference = prepare(make_config(tiny_sources, str(tmp_path / "reference")))
+
+    def stop(staging: Path, output: Path) -> None:
+        raise KeyboardInterrupt  # killed just before the swap
+
+    monkeypatch.setattr(places, "publish_local", stop)
+    out = tmp_path / "ds"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(make_config(tiny_sources, str(out)))
+    monkeypatch.undo()
+    staging = list(tmp_path.glob(".ds.freescale-staging-*"))
+    assert len(staging) == 1 and list(tmp_path.glob(".ds.freescale-work/*/buckets/write.part-*.done"))
+    import shutil
+
+    shutil.rmtree(staging[0])
+    assert prepare(make_config(tiny_sources, str(out))) == reference
+    assert output_files(str(out)) == output_files(str(tmp_path / "reference"))
+
+
+def test_s3_output_left_by_a_killed_job_is_resumed_not_refused(tiny_sources, s3_bucket, tmp_path) -> None:
+    """An s3:// output is written in place: a killed job leaves parts without a manifest. The next run
+    (with or without --overwrite) resumes into them instead of calling them somebody else's files."""
+    import boto3
+
+    out = f"s3://{s3_bucket}/prepared"
+    first = prepare(make_config(tiny_sources, out, work_dir=str(tmp_path / "work")))
+    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    client.delete_object(Bucket=s3_bucket, Key="prepared/manifest.json")  # as if killed before publishing
+    assert prepare(make_config(tiny_sources, out, work_dir=str(tmp_path / "work"))) == first
+    client.delete_object(Bucket=s3_bucket, Key="prepared/manifest.json")
+    again = prepare(make_config(tiny_sources, out, work_dir=str(tmp_path / "work"), overwrite=True))
+    assert again == first
+    client.put_object(Bucket=s3_bucket, Key="prepared/notes.txt", Body=b"somebody's file")
+    client.delete_object(Bucket=s3_bucket, Key="prepared/manifest.json")
+    with pytest.raises(PrepareError, match="no FreeScale manifest"):
+        prepare(make_config(tiny_sources, out, work_dir=str(tmp_path / "work")))

@@ -1,0 +1,98 @@
+"""Process lifetime of a training job: nothing outlives ``freescale train``, failures in one line.
+
+The process tree is ``freescale train`` (launcher) → ``python -m freescale.trainer.lifetime`` (torchrun's
+agent, in its own session) → one process per rank. Why each link is tied to the one above:
+
+- the launcher forwards SIGTERM/SIGINT to the agent's process group and kills the group when it
+  exits for any reason (an exception, Ctrl-C: the terminal's SIGINT does not reach a new session);
+- a launcher killed with SIGKILL runs no code, so the agent asks the kernel for SIGTERM when its
+  parent dies (``PR_SET_PDEATHSIG``); torchrun's agent handles SIGTERM by terminating its workers;
+- every rank asks for SIGKILL when the agent dies, in case the agent itself is killed hard.
+
+A parent that died before ``prctl`` ran is caught by comparing ``getppid()`` with the pid the
+parent left in the environment. The agent wrapper also turns torchrun's ``ChildFailedError``
+traceback into one line per failed rank (the ranks print their own one-line errors above it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PARENT_ENV = "FREESCALE_PARENT_PID"
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``sig`` to this process when its parent exits (Linux; a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    expected = os.environ.get(PARENT_ENV)
+    if expected and os.getppid() != int(expected):  # the parent is already gone
+        os.kill(os.getpid(), sig)
+
+
+def describe_failures(error: Any) -> list[str]:
+    """One line per failed rank of a torchrun ``ChildFailedError``."""
+    lines = []
+    for rank, failure in sorted(error.failures.items()):
+        code = failure.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        lines.append(f"freescale train: rank {rank} (pid {failure.pid}) {how}")
+    return lines
+
+
+def agent_main(argv: list[str]) -> int:
+    """torchrun's ``main`` tied to the launcher, its failure traceback replaced by one line per rank."""
+    die_with_parent(signal.SIGTERM)
+    os.environ[PARENT_ENV] = str(os.getpid())  # the ranks' parent
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(argv)
+    except ChildFailedError as error:
+        print("\n".join(describe_failures(error)), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def run_group(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` in its own session; forward SIGTERM/SIGINT to it and kill it when we exit."""
+    env = dict(env, **{PARENT_ENV: str(os.getpid())})
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+
+    def forward(sig: int, _frame: Any) -> None:
+        _signal_group(process.pid, sig)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _wait(process)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _signal_group(process.pid, signal.SIGKILL)  # whatever is left of the job ends with us
+
+
+def _wait(process: subprocess.Popen) -> int:
+    while True:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:  # a handler replaced by a caller: keep waiting, the group was told
+            continue
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+if __name__ == "__main__":
+    sys.exit(agent_main(sys.argv[1:]))
