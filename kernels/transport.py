@@ -177,7 +177,7 @@ class TorchDistTransport(Transport):
         rc = self.exchange_counts(sc) if recv_counts is None else counts_list(recv_counts, self.world_size,
                                                                                "recv_counts")  # fmt: skip
         recv = send.new_empty((sum(rc), *send.shape[1:]))
-        if row_bytes(send) == 0 or (sum(sc) == 0 and sum(rc) == 0):
+        if row_bytes(send) == 0:  # the same on every rank: rows of one collective share shape and dtype
             return _WorkHandle([], recv, rc)
         sb, rb = as_bytes(send), as_bytes(recv)
         if self.p2p:
@@ -235,6 +235,5 @@ def make_transport(config: TransportConfig | None = None, group: dist.ProcessGro
         return CopyEngineTransport(group, device=device, capacity_bytes=cfg.capacity_bytes,
                                    copy_out=cfg.copy_out)  # fmt: skip
     if cfg.transport == "copy_engine":
-        raise TransportUnavailableError(f"transport='copy_engine' is unavailable: {reason}; "
-                                        "use transport='torch' or 'auto'")  # fmt: skip
+        raise TransportUnavailableError(f"copy_engine is unavailable: {reason}; use 'torch' or 'auto'")
     return TorchDistTransport(group, p2p=cfg.p2p)

@@ -35,6 +35,7 @@ has none of these limits on one node; beyond one node the ``torch`` transport (N
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,6 +54,48 @@ from .transport import (
 )
 
 _ALIGN = 2 << 20  # staging sizes are rounded to 2 MiB (the caching allocator's large-block granularity)
+
+
+@dataclass(frozen=True)
+class CopyRound:
+    """One rank's bookkeeping for one exchange, a pure function of the counts matrix (no CUDA).
+
+    ``copies``: (peer, source byte offset in my send buffer, destination byte offset in the peer's
+    staging, bytes) for every copy this rank issues; ``recv_counts``/``senders``: what lands in my
+    staging and from whom; ``capacity``: the staging size every rank must have for this round (all
+    ranks see the same matrix, so all grow alike).
+    """
+
+    copies: list[tuple[int, int, int, int]]
+    recv_counts: list[int]
+    senders: list[int]
+    row_bytes: int
+    capacity: int
+
+
+def plan_round(matrix: list[list[int]], rank: int, capacity: int) -> CopyRound:
+    """Plan rank ``rank``'s copies from ``matrix[s][r]`` (rows s sends r; last column: s's row bytes).
+
+    Rows from sender s land in the receiver's staging after the rows of senders 0..s-1, so the
+    staging reads back as rank 0's rows, then rank 1's, ... (the torch transport's receive layout).
+    """
+    world = len(matrix)
+    sizes = {m[-1] for m in matrix if sum(m[:-1])}
+    if len(sizes) > 1:
+        raise ValueError(f"ranks send rows of different sizes {sorted(sizes)} bytes; trailing shape and "
+                         "dtype must match")  # fmt: skip
+    rb = matrix[rank][-1]
+    need = max(sum(matrix[s][r] for s in range(world)) for r in range(world)) * rb
+    if need > capacity:
+        capacity = -(-max(need, 2 * capacity) // _ALIGN) * _ALIGN
+    copies, start = [], 0
+    for peer in range(world):
+        n = matrix[rank][peer]
+        if n and rb:
+            copies.append((peer, start * rb, sum(matrix[s][peer] for s in range(rank)) * rb, n * rb))
+        start += n
+    recv_counts = [matrix[s][rank] for s in range(world)]
+    return CopyRound(copies, recv_counts, [s for s in range(world) if recv_counts[s]], rb, capacity)
 
 
 def _local_facts(device: torch.device | None) -> dict[str, Any]:
@@ -203,38 +246,26 @@ class CopyEngineTransport(Transport):
             raise ValueError(f"send_buffer is on {send.device}, the transport on {self.device}")
         cur = torch.cuda.current_stream(self.device)
         self._consumed.record(cur)  # the previous receive buffer's users are ordered before this point
-        rb = row_bytes(send)
-        matrix = self._counts_matrix(sc, rb)  # also the host barrier for the event protocol
-        sizes = {m[-1] for s, m in enumerate(matrix) if sum(m[:-1])}
-        if len(sizes) > 1:
-            raise ValueError(f"ranks send rows of different sizes {sorted(sizes)} bytes; trailing shape and "
-                             "dtype must match")  # fmt: skip
-        rc = [matrix[s][self.rank] for s in range(self.world_size)]
-        if recv_counts is not None and counts_list(recv_counts, self.world_size, "recv_counts") != rc:
-            raise ValueError(f"recv_counts {list(recv_counts)} disagree with what peers send {rc}")
-        need = max(sum(matrix[s][r] for s in range(self.world_size)) for r in range(self.world_size)) * rb
-        if need > self.capacity:
+        matrix = self._counts_matrix(sc, row_bytes(send))  # also the host barrier for the event protocol
+        plan = plan_round(matrix, self.rank, self.capacity)
+        if recv_counts is not None and counts_list(recv_counts, self.world_size, "recv_counts") != plan.recv_counts:
+            raise ValueError(f"recv_counts {list(recv_counts)} disagree with what peers send {plan.recv_counts}")
+        if plan.capacity > self.capacity:
             self._release()
-            self._register(max(need, 2 * self.capacity))
-        self._issue_copies(send, sc, matrix, rb, cur)
+            self._register(plan.capacity)
+        self._issue_copies(send, plan, cur)
         self._in_flight = True
-        senders = [s for s in range(self.world_size) if rc[s]]
-        return _CopyHandle(self, rc, senders, (sum(rc), *send.shape[1:]), send.dtype)
+        shape = (sum(plan.recv_counts), *send.shape[1:])
+        return _CopyHandle(self, plan.recv_counts, plan.senders, shape, send.dtype)
 
-    def _issue_copies(self, send: Tensor, sc: list[int], matrix: list[list[int]], rb: int,
-                      cur: torch.cuda.Stream) -> None:  # fmt: skip
+    def _issue_copies(self, send: Tensor, plan: CopyRound, cur: torch.cuda.Stream) -> None:
         """On the side stream: copy each receiver's rows into its staging at this rank's offset."""
         self.stream.wait_stream(cur)  # the send buffer is produced on the current stream
-        sb = as_bytes(send).reshape(-1) if rb else None
-        start = 0
+        sb = as_bytes(send).reshape(-1) if plan.row_bytes else None
         with torch.cuda.stream(self.stream):
-            for peer, n in enumerate(sc):
-                if n and rb:
-                    dst = sum(matrix[s][peer] for s in range(self.rank)) * rb
-                    self.stream.wait_event(self._peer_consumed[peer])
-                    self._peer_buf[peer][dst : dst + n * rb].copy_(sb[start * rb : (start + n) * rb],
-                                                                   non_blocking=True)  # fmt: skip
-                start += n
+            for peer, src, dst, nbytes in plan.copies:
+                self.stream.wait_event(self._peer_consumed[peer])
+                self._peer_buf[peer][dst : dst + nbytes].copy_(sb[src : src + nbytes], non_blocking=True)
             self._sent.record(self.stream)
         send.record_stream(self.stream)  # keep the caching allocator from reusing it mid-copy
 

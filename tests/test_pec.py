@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pec_check import OverlapCase, RankPool, global_id_sets, mismatches
 from train_cli import losses, prepare_tiny, run_toml, train
-
-from freescale.trainer.pec_check import OverlapCase, RankPool, global_id_sets, mismatches
 
 pytestmark = pytest.mark.slow
 

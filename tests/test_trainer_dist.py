@@ -49,6 +49,9 @@ def test_loss_decreases_and_eval_runs(run_a) -> None:
     assert evaluation["protocol"] == "full" and evaluation["users"] > 100
     assert 0.0 <= evaluation["ndcg@10"] <= evaluation["hr@10"] <= 1.0
     assert "straggler%" in run_a["stdout"]  # the bubble table printed on rank 0
+    assert report["transport"] == "torch" and "transport=torch" in run_a["stdout"]  # auto on CPU: torch
+    steps = [json.loads(line) for line in (run_a["out"] / "metrics.jsonl").read_text().splitlines() if "loss" in line]
+    assert steps and all(line["transport"] == "torch" for line in steps)
 
 
 def test_instrumentation_parts_add_up_to_wall_time(run_a) -> None:
@@ -79,10 +82,10 @@ def test_instrumentation_parts_add_up_to_wall_time(run_a) -> None:
 
 def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> None:
     import torch.distributed.checkpoint as dcp
+    from reference import ReferenceTrainer
 
     from freescale.trainer.config import RunConfig
     from freescale.trainer.data import collate
-    from freescale.trainer.reference import ReferenceTrainer
     from freescale.trainer.runner import collate_config, step_seed
 
     cfg = RunConfig.from_toml(run_a["config"])

@@ -268,6 +268,9 @@ def write_config(path: Path, **tables: dict) -> str:
         ({"engine": {"collective_timeout_s": 0}}, "engine.collective_timeout_s"),
         ({"engine": {"max_nonfinite_skips": -1}}, "engine.max_nonfinite_skips"),
         ({"engine": {"name": "torchrec", "max_nonfinite_skips": 2}}, "engine.max_nonfinite_skips must be 0"),
+        ({"engine": {"transport": "nvlink"}}, "engine.transport"),
+        ({"engine": {"transport": "copy_engine"}}, "engine.transport 'copy_engine' needs engine.device 'cuda'"),
+        ({"engine": {"name": "torchrec", "transport": "torch"}}, "engine.transport 'torch' applies to the freescale"),
     ],
 )
 def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
@@ -333,3 +336,13 @@ def test_pin_to_cpus_gives_each_local_rank_its_own_cores() -> None:
         assert set(slices[0]) | set(slices[1]) <= allowed
     finally:
         os.sched_setaffinity(0, allowed)
+
+
+def test_every_trainer_all_to_all_goes_through_the_transport() -> None:
+    """The seam: no trainer module calls ``dist.all_to_all_single`` itself (TorchRec's engine only
+    wraps the function TorchRec calls, to time it)."""
+    import freescale.trainer
+
+    root = Path(freescale.trainer.__file__).parent
+    callers = sorted(p.name for p in root.glob("*.py") if "all_to_all_single(" in p.read_text())
+    assert callers == [], callers

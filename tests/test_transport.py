@@ -12,19 +12,25 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from freescale.kernels import JaggedRows, combine_jagged, dispatch_jagged
 from freescale.kernels.transport import (
     TorchDistTransport,
     TransportConfig,
     TransportUnavailableError,
+    as_bytes,
     make_transport,
+    row_bytes,
 )
+from freescale.kernels.transport_copy_engine import plan_round
 
 WORLD = 3
 SHAPES = ((), (4,), (2, 3))
@@ -37,6 +43,8 @@ def _counts(sender: int, world: int, case: int) -> list[int]:
         return [(sender * 2 + r + 1) % 4 for r in range(world)]
     if case == 1:  # rank 1 sends nothing; nobody sends to rank 2
         return [0] * world if sender == 1 else [3 + sender, 1, 0][:world]
+    if case == 2:  # rank 2 neither sends nor receives while the others exchange: it must still take part
+        return [0] * world if sender == 2 else [2 + sender, 1, 0][:world]
     return [0] * world  # nothing moves at all
 
 
@@ -48,7 +56,7 @@ def _rows(sender: int, dest: int, n: int, shape: tuple[int, ...], dtype: torch.d
 
 
 def _check_exchange(transport: TorchDistTransport, rank: int, world: int) -> None:
-    for case in range(3):
+    for case in range(4):
         for shape in SHAPES:
             for dtype in DTYPES:
                 sc = _counts(rank, world, case)
@@ -99,6 +107,39 @@ def _check_round_trip(transport: TorchDistTransport, rank: int, world: int) -> N
     assert torch.equal(home.lengths, batch.lengths)
 
 
+def _check_copy_engine_plan(transport: TorchDistTransport, rank: int, world: int) -> None:
+    """The copy-engine transport's bookkeeping (counts matrix, offsets, staging growth, receive
+    layout) against the torch transport: every rank plans its copies with ``plan_round`` and the
+    device copies are substituted by byte copies into a simulated staging buffer."""
+    capacity = 1
+    for case in range(4):
+        for shape in SHAPES:
+            for dtype in DTYPES:
+                sc = _counts(rank, world, case)
+                send = torch.cat([_rows(rank, d, sc[d], shape, dtype) for d in range(world)])
+                mine = torch.tensor([*sc, row_bytes(send)], dtype=torch.int64)
+                gathered = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(gathered, mine)
+                matrix = [g.tolist() for g in gathered]
+                payloads: list = [None] * world
+                dist.all_gather_object(payloads, as_bytes(send).reshape(-1).clone())
+                plans = [plan_round(matrix, s, capacity) for s in range(world)]
+                assert len({p.capacity for p in plans}) == 1, "every rank must grow its staging alike"
+                capacity = plans[rank].capacity
+                staging = torch.zeros(capacity, dtype=torch.uint8)
+                for sender, plan in enumerate(plans):
+                    for peer, src, dst, nbytes in plan.copies:
+                        if peer == rank:  # the device copy, substituted
+                            staging[dst : dst + nbytes] = payloads[sender][src : src + nbytes]
+                mine_plan = plans[rank]
+                rows = sum(mine_plan.recv_counts)
+                got = staging[: rows * row_bytes(send)].view(dtype).view(rows, *shape)
+                expect = transport.start(send, sc).wait()
+                assert mine_plan.recv_counts == transport.exchange_counts(sc)
+                assert torch.equal(got, expect), (case, shape, dtype)
+    assert capacity % (2 << 20) == 0 and capacity >= 1
+
+
 def _check_selection_and_errors(rank: int, world: int) -> None:
     assert isinstance(make_transport(TransportConfig(transport="auto")), TorchDistTransport)
     assert isinstance(make_transport(TransportConfig(transport="torch", p2p=True)), TorchDistTransport)
@@ -121,13 +162,16 @@ def _check_selection_and_errors(rank: int, world: int) -> None:
 
 
 def worker(rank: int, world: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    # a rank that skips a collective desynchronizes the others: fail in a minute, not torch's 30
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))  # fmt: skip
     try:
         for p2p in (False, True):
             transport = TorchDistTransport(p2p=p2p)
             _check_exchange(transport, rank, world)
             _check_overlapped(transport, rank, world)
             _check_round_trip(transport, rank, world)
+        _check_copy_engine_plan(TorchDistTransport(), rank, world)
         _check_selection_and_errors(rank, world)
         dist.barrier()
     finally:
@@ -158,6 +202,45 @@ def run_workers(script: str, world: int, tmp_path: Path, timeout: float = 240) -
 
 def test_torch_transport_gloo(tmp_path: Path) -> None:
     run_workers(__file__, WORLD, tmp_path)
+
+
+@given(
+    matrix=st.integers(1, 5).flatmap(
+        lambda w: st.lists(st.lists(st.integers(0, 4), min_size=w, max_size=w), min_size=w, max_size=w)
+    ),
+    row_bytes_=st.integers(1, 16),
+    capacity=st.integers(1, 8 << 20),
+)
+@settings(max_examples=60, deadline=None)
+def test_copy_plan_matches_all_to_all_layout(matrix: list[list[int]], row_bytes_: int, capacity: int) -> None:
+    """Without a process group: simulate every rank's planned copies and read each staging back."""
+    world = len(matrix)
+    full = [[*m, row_bytes_] for m in matrix]
+    sends = [
+        torch.cat([torch.full((n * row_bytes_,), 16 * s + d, dtype=torch.uint8) for d, n in enumerate(m)])
+        for s, m in enumerate(matrix)
+    ]
+    plans = [plan_round(full, s, capacity) for s in range(world)]
+    assert len({p.capacity for p in plans}) == 1
+    grown = plans[0].capacity
+    need = max(sum(matrix[s][r] for s in range(world)) for r in range(world)) * row_bytes_
+    assert grown >= need and (grown == capacity or grown % (2 << 20) == 0)
+    staging = [torch.zeros(grown, dtype=torch.uint8) for _ in range(world)]
+    for s, plan in enumerate(plans):
+        for peer, src, dst, nbytes in plan.copies:
+            assert dst + nbytes <= grown
+            staging[peer][dst : dst + nbytes] = sends[s][src : src + nbytes]
+    for r in range(world):
+        expect = torch.cat([torch.full((matrix[s][r] * row_bytes_,), 16 * s + r, dtype=torch.uint8)
+                            for s in range(world)])  # fmt: skip
+        assert plans[r].recv_counts == [matrix[s][r] for s in range(world)]
+        assert plans[r].senders == [s for s in range(world) if matrix[s][r]]
+        assert torch.equal(staging[r][: expect.numel()], expect)
+
+
+def test_copy_plan_refuses_mixed_row_sizes() -> None:
+    with pytest.raises(ValueError, match="different sizes"):
+        plan_round([[1, 1, 4], [1, 1, 8]], 0, 1 << 20)
 
 
 def test_transport_config_validation() -> None:

@@ -29,6 +29,7 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
 OVERLAPS = ("pec", "none")
+TRANSPORTS = ("auto", "torch", "copy_engine")  # kernels.transport.TRANSPORTS, without importing torch here
 
 
 def _check(condition: bool, option: str, message: str, value: Any) -> None:
@@ -164,6 +165,7 @@ class EngineConfig:
     overlap: str = "pec"  # freescale engine: pec = prioritized embedding communication (exact); none = synchronous
     max_nonfinite_skips: int = 0  # steps with a NaN/inf loss or gradient skipped (no update) before the run stops
     collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
+    transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -171,12 +173,23 @@ class EngineConfig:
         _choice("engine.backend", self.backend, BACKENDS)
         _choice("engine.torchrec_pipeline", self.torchrec_pipeline, TORCHREC_PIPELINES)
         _choice("engine.overlap", self.overlap, OVERLAPS)
+        _choice("engine.transport", self.transport, TRANSPORTS)
         _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
         _check(self.seed >= 0, "engine.seed", "must be >= 0", self.seed)
         _check(self.max_nonfinite_skips >= 0, "engine.max_nonfinite_skips", "must be >= 0", self.max_nonfinite_skips)
         _check(self.collective_timeout_s > 0, "engine.collective_timeout_s", "must be > 0", self.collective_timeout_s)
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("engine.backend 'nccl' needs engine.device 'cuda' (use gloo on CPU)")
+        if self.transport == "copy_engine" and self.device != "cuda":
+            raise ValueError(
+                "engine.transport 'copy_engine' needs engine.device 'cuda' (copy engines are GPU DMA engines); "
+                "use 'auto' or 'torch'"
+            )
+        if self.transport != "auto" and self.name == "torchrec":
+            raise ValueError(
+                f"engine.transport {self.transport!r} applies to the freescale engine; "
+                "engine.name 'torchrec' runs TorchRec's own all-to-alls (leave engine.transport = 'auto')"
+            )
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":

@@ -6,7 +6,10 @@
 Each stage is a method-sized piece so the next issues can move them: prioritized embedding
 communication (DESIGN §5) splits ``input_dist``/``embedding_comm`` into overlapped and non-overlapped
 ids and defers part of ``sparse_update``; the online balancer inserts dispatch/combine after
-``embedding_comm`` and before ``gradient_comm``; SM-free transport replaces the all-to-alls.
+``embedding_comm`` and before ``gradient_comm``. Every all-to-all goes through one transport
+(``comm.TimedTransport``, ``engine.transport``): torch.distributed collectives or SM-free copy engines.
+
+``Engine`` declares what the runner calls; the FreeScale, PEC and TorchRec engines implement it.
 
 Dense parameters are data parallel with DDP semantics (identical initial weights broadcast from
 rank 0, gradients averaged over ranks before the update), but the all-reduce is an explicit stage —
@@ -25,19 +28,61 @@ updates together (``self.nonfinite``); the runner then stops the run or counts a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
+from freescale.trainer.comm import build_transport
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
-from freescale.trainer.instrument import StepTimer, TimedComm
+from freescale.trainer.instrument import StepTimer
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
 from freescale.trainer.sharded import DistContext, JaggedIds, RowWiseShardedTables, TableSpec
 from freescale.trainer.sparse_optim import make_dense_optimizer
 
 FEATURES = ("item", "action", "neg")
+
+
+class Checkpointer(Protocol):
+    """Saves and restores an engine's whole training state (``checkpoint.py``, ``torchrec_engine.py``)."""
+
+    def save(self, root: str, step: int) -> str: ...
+
+    def load(self, path: str) -> int: ...
+
+
+class Engine(Protocol):
+    """What the runner (and evaluation) call on an engine; every method is collective across ranks."""
+
+    name: str  # engine.name
+    transport: str  # what moves the all-to-alls' bytes: torch | copy_engine | torchrec
+    timer: StepTimer
+
+    def step(self, batches: Iterator[Batch]) -> None:
+        """Read this rank's next micro-batch from ``batches`` and train on it (one step)."""
+
+    def describe(self) -> str:
+        """One line naming how the step communicates (run summary, plots)."""
+
+    def checkpointer(self) -> Checkpointer:
+        """The object that saves and restores this engine's state."""
+
+    def settle(self) -> None:
+        """Apply every pending (deferred) update, so tables are final for evaluation or a checkpoint."""
+
+    def close(self) -> None:
+        """Release background threads, process groups and transport buffers."""
+
+    def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Evaluation: each sample's query, its target's row and target id (no update)."""
+
+    def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
+        """Evaluation: rows of arbitrary item ids (sampled candidates)."""
+
+    def local_item_rows(self) -> tuple[int, torch.Tensor]:
+        """Evaluation: (first global row, rows) of this rank's item-table shard."""
 
 
 def table_specs(cfg: RunConfig) -> list[TableSpec]:
@@ -103,7 +148,8 @@ class FreeScaleEngine:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.timer = StepTimer(rank, device, cfg.engine.instrument)
-        self.comm = TimedComm(self.timer)
+        self.comm = build_transport(cfg.engine.transport, self.timer, device)
+        self.transport = self.comm.kind
         torch.manual_seed(cfg.engine.seed)
         self.model = SequentialTransducer(cfg.model, cfg.model_extra).to(device)
         broadcast_parameters(self.model)
@@ -181,7 +227,8 @@ class FreeScaleEngine:
         """Apply every pending update (synchronous engine: none are ever pending)."""
 
     def close(self) -> None:
-        """Release background resources (synchronous engine: none)."""
+        """Release the transport (collective for the copy-engine transport's shared buffers)."""
+        self.comm.close()
 
     def _all_reduce_dense_grads(self, local_bad: bool = False) -> None:
         """Average dense gradients over ranks in one flat buffer (missing grads count as zero).

@@ -137,29 +137,6 @@ class StepTimer:
             self.current.comms.append(CommRecord(name, launch, wait_start, wait_end))
 
 
-class TimedComm:
-    """The collectives our engine uses, each recorded in the timer (synchronous: launch = wait start)."""
-
-    def __init__(self, timer: StepTimer, group: dist.ProcessGroup | None = None) -> None:
-        self.timer, self.group = timer, group
-
-    def all_to_all(
-        self, name: str, output: torch.Tensor, data: torch.Tensor, output_splits: list[int], input_splits: list[int]
-    ) -> torch.Tensor:
-        start = self.timer.now()
-        dist.all_to_all_single(output, data, output_splits, input_splits, group=self.group)
-        end = self.timer.now()
-        self.timer.record_comm(name, start, start, end)
-        return output
-
-    def all_reduce(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        start = self.timer.now()
-        dist.all_reduce(tensor, group=self.group)
-        end = self.timer.now()
-        self.timer.record_comm(name, start, start, end)
-        return tensor
-
-
 def clock_offsets(rounds: int = 5) -> list[float]:
     """Per-rank offset to add to this rank's ``perf_counter`` to get rank 0's clock.
 

@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from freescale.trainer.comm import SideSeconds, TimedTransport, build_transport
 from freescale.trainer.sharded import DistContext, RowWiseShardedTables, source_ranks
 
 
@@ -38,34 +37,8 @@ def segment_counts(mask: torch.Tensor, splits: list[int]) -> list[int]:
     return [int(part.sum()) for part in torch.split(mask, splits)]
 
 
-class SideComm:
-    """Untimed collectives on the worker's process group; adds up the seconds they took (thread-safe)."""
-
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group
-        self._seconds = 0.0
-        self._lock = threading.Lock()
-
-    def all_to_all(
-        self, name: str, output: torch.Tensor, data: torch.Tensor, output_splits: list[int], input_splits: list[int]
-    ) -> torch.Tensor:
-        start = time.perf_counter()
-        dist.all_to_all_single(output, data, output_splits, input_splits, group=self.group)
-        if output.is_cuda:
-            torch.cuda.current_stream(output.device).synchronize()
-        with self._lock:
-            self._seconds += time.perf_counter() - start
-        return output
-
-    def take_seconds(self) -> float:
-        """Seconds spent in collectives since the last call."""
-        with self._lock:
-            seconds, self._seconds = self._seconds, 0.0
-        return seconds
-
-
 def masked_all_to_all(
-    comm: Any,
+    comm: TimedTransport,
     name: str,
     rows: torch.Tensor,
     send_mask: torch.Tensor,
@@ -78,11 +51,7 @@ def masked_all_to_all(
     ``send_splits``/``recv_splits`` segment the full (unmasked) buffers by peer; the masked counts per
     peer follow from the masks, which both ends hold consistently (``OverlapMasks``).
     """
-    input_splits = segment_counts(send_mask, send_splits)
-    output_splits = segment_counts(recv_mask, recv_splits)
-    received = rows.new_empty(sum(output_splits), rows.shape[1])
-    comm.all_to_all(name, received, rows, output_splits, input_splits)
-    return received
+    return comm.all_to_all(name, rows, segment_counts(send_mask, send_splits), segment_counts(recv_mask, recv_splits))
 
 
 @dataclass
@@ -116,7 +85,9 @@ def readers_of(keys_now: torch.Tensor, keys_next: torch.Tensor, next_src: torch.
     return torch.where(unique[position] == keys_now, bits[position], torch.zeros_like(keys_now))
 
 
-def exchange_masks(tables: RowWiseShardedTables, now: DistContext, nxt: DistContext, comm: Any) -> OverlapMasks:
+def exchange_masks(
+    tables: RowWiseShardedTables, now: DistContext, nxt: DistContext, comm: TimedTransport
+) -> OverlapMasks:
     """Decide OL/NOL at the owners and send every requester its marks and counts (one all-to-all)."""
     world, rank, device = tables.world_size, tables.rank, now.recv_ids.device
     keys_now, keys_next = tables.row_keys(now), tables.row_keys(nxt)
@@ -132,8 +103,7 @@ def exchange_masks(tables: RowWiseShardedTables, now: DistContext, nxt: DistCont
     send = torch.cat([t for q in range(world) for t in (readers_parts[q], ol_parts[q], counts[:, q])])
     input_splits = [a + b + world for a, b in zip(now.recv_splits, nxt.recv_splits)]
     output_splits = [a + b + world for a, b in zip(now.send_splits, nxt.send_splits)]
-    received = send.new_empty(sum(output_splits))
-    comm.all_to_all("input_dist.overlap_masks", received, send, output_splits, input_splits)
+    received = comm.all_to_all("input_dist.overlap_masks", send, input_splits, output_splits)
     pieces = torch.split(received, [n for pair in zip(now.send_splits, nxt.send_splits) for n in (*pair, world)])
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     hot_readers = torch.cat([empty, *pieces[0::3]])
@@ -183,11 +153,13 @@ class CommWorker:
     first so a task sees everything the main thread had queued (e.g. the deferred sparse update).
     """
 
-    def __init__(self, device: torch.device, timeout: timedelta | None = None) -> None:
+    def __init__(self, device: torch.device, transport: str, timeout: timedelta | None = None) -> None:
+        """Collective (a process group and a transport of the worker's own): every rank constructs it."""
         self.device = device
         # new_group does not inherit the default group's timeout: torch's 30-minute default otherwise
         self.group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
-        self.comm = SideComm(self.group)
+        self.seconds = SideSeconds(device)
+        self.comm = build_transport(transport, self.seconds, device, self.group)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freescale-pec")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -210,3 +182,4 @@ class CommWorker:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.comm.close()

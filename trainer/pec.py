@@ -78,7 +78,8 @@ class PECEngine(FreeScaleEngine):
         if world_size > MAX_RANKS:
             raise ValueError(f"engine.overlap 'pec' supports up to {MAX_RANKS} ranks; use 'none' for {world_size}")
         super().__init__(cfg, rank, world_size, device)
-        self.worker = CommWorker(device, timedelta(seconds=cfg.engine.collective_timeout_s))
+        timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
+        self.worker = CommWorker(device, cfg.engine.transport, timeout)
         self._ahead: Ahead | None = None
         self._deferred: Deferred | None = None
 
@@ -174,8 +175,7 @@ class PECEngine(FreeScaleEngine):
             routed.set_exception(error)
             raise
         routed.set_result((ctx, masks))
-        received = rows.new_empty(sum(ctx.send_splits), self.tables.dim)
-        comm.all_to_all("embedding_comm.prefetch", received, rows, ctx.send_splits, ctx.recv_splits)
+        received = comm.all_to_all("embedding_comm.prefetch", rows, ctx.recv_splits, ctx.send_splits)
         ol_state = masked_all_to_all(
             comm, "embedding_comm.prefetch_state", state, masks.ol_recv, ctx.recv_splits, masks.ol_send, ctx.send_splits
         )
@@ -194,8 +194,7 @@ class PECEngine(FreeScaleEngine):
         destinations = torch.where(hot, masks.hot_readers | (1 << owners), masks.hot_readers)
         payload = torch.cat([send, keys.view(torch.float32).view(-1, 2)], dim=1)  # key bits ride along
         parts = [payload[((destinations >> r) & 1).bool()] for r in range(self.world_size)]
-        received = payload.new_empty(sum(masks.hot_counts), payload.shape[1])
-        self.comm.all_to_all("gradient_comm.ol", received, torch.cat(parts), masks.hot_counts, [len(p) for p in parts])
+        received = self.comm.all_to_all("gradient_comm.ol", torch.cat(parts), [len(p) for p in parts], masks.hot_counts)
         dim = self.tables.dim
         return received[:, dim:].contiguous().view(torch.int64).view(-1), received[:, :dim]
 
@@ -248,7 +247,7 @@ class PECEngine(FreeScaleEngine):
     # instrumentation -------------------------------------------------------------------------------
     def _record_extra(self, masks: OverlapMasks | None) -> None:
         record = self.timer.current
-        prefetch_seconds = self.worker.comm.take_seconds()
+        prefetch_seconds = self.worker.seconds.take_seconds()
         if record is None:
             return
         record.extra["prefetch_comm_s"] = prefetch_seconds
@@ -267,3 +266,4 @@ class PECEngine(FreeScaleEngine):
     def close(self) -> None:
         self.settle()
         self.worker.close()
+        super().close()

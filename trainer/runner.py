@@ -39,6 +39,7 @@ from freescale.trainer import bubbles
 from freescale.trainer.checkpoint import resolve_resume
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import CollateConfig, StepLoader, eval_samples, open_dataset
+from freescale.trainer.engine import Engine
 from freescale.trainer.evaluate import evaluate
 from freescale.trainer.instrument import StepRecord, clock_offsets, gather_records
 from freescale.trainer.trace import plot_timeline, write_trace
@@ -48,7 +49,7 @@ def collate_config(cfg: RunConfig) -> CollateConfig:
     return CollateConfig.for_model(cfg.model, cfg.model_extra, holdout_last=cfg.data.holdout_last, seed=cfg.data.seed)
 
 
-def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> Any:
+def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> Engine:
     """The engine ``engine.name`` (and ``engine.overlap``) selects; TorchRec is imported only for ``torchrec``."""
     if cfg.engine.name == "torchrec":
         from freescale.trainer.torchrec_engine import TorchRecEngine
@@ -143,8 +144,7 @@ class Trainer:
             gc.enable()
             gc.unfreeze()
             loader.close()
-            if hasattr(self.engine, "close"):
-                self.engine.close()
+            self.engine.close()
             if progress is not None:
                 progress.close()
         return self._finish(end)
@@ -238,7 +238,8 @@ class Trainer:
             if len(self.state.gathered) <= rank:
                 self.state.gathered.append([])
             self.state.gathered[rank].extend(records)
-        lines = [{"engine": self.engine.name, **bubbles.step_metrics(ranks)} for ranks in bubbles.analyze(gathered)]
+        tags = {"engine": self.engine.name, "transport": self.engine.transport}
+        lines = [{**tags, **bubbles.step_metrics(ranks)} for ranks in bubbles.analyze(gathered)]
         self.state.step_lines.extend(lines)
         with self.metrics_file.open("a") as handle:
             for line in lines:
@@ -271,11 +272,15 @@ class Trainer:
         records = self.state.gathered
         steps = bubbles.analyze(records)
         summary = bubbles.summarize(steps, self.cfg.logging.skip_steps)
-        title = f"bubbles: engine={self.engine.name} ({self.engine.describe()}), data={self.cfg.data.path}"
+        title = (
+            f"bubbles: engine={self.engine.name} ({self.engine.describe()}), "
+            f"transport={self.engine.transport}, data={self.cfg.data.path}"
+        )
         table = bubbles.summary_table(summary, title)
         report = {
             "engine": self.engine.name,
             "pipeline": self.engine.describe(),
+            "transport": self.engine.transport,
             "world_size": self.world_size,
             "config": self.cfg.to_dict(),
             "summary": summary,

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from freescale.trainer.comm import TimedTransport
 from freescale.trainer.config import OptimizerConfig
-from freescale.trainer.instrument import TimedComm
 from freescale.trainer.sparse_optim import SparseOptimizer, make_sparse_optimizer, sum_by_row
 
 INIT_CHUNK_ROWS = 4096
@@ -121,7 +121,7 @@ class RowWiseShardedTables:
         device: torch.device,
         seed: int,
         optimizer: OptimizerConfig,
-        comm: TimedComm,
+        comm: TimedTransport,
     ) -> None:
         dims = {spec.dim for spec in specs}
         if len(dims) != 1:
@@ -141,11 +141,11 @@ class RowWiseShardedTables:
         self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
 
     # 1. input distribution -------------------------------------------------------------------
-    def input_dist(self, features: Any, comm: TimedComm | None = None) -> DistContext:
+    def input_dist(self, features: Any, comm: TimedTransport | None = None) -> DistContext:
         """De-duplicate ids per table, send each owner the ids it holds (two all-to-alls).
 
-        ``comm`` (default: the engine's timed collectives) lets the PEC engine run this stage for
-        the next batch on its communication thread's own process group.
+        ``comm`` (default: the engine's transport) lets the PEC engine run this stage for the next
+        batch on its communication thread's own process group.
         """
         comm = comm or self.comm
         per_feature = split_features(features)
@@ -154,13 +154,11 @@ class RowWiseShardedTables:
             raise ValueError(f"features {unknown} have no table; known: {sorted(self.table_of)}")
         unique, feature_index = self._unique_per_table(per_feature)
         send_ids, send_position, counts = self._bucket_by_owner(unique)
-        recv_counts = torch.empty_like(counts.flatten())
         splits = [len(self.specs)] * self.world_size
-        comm.all_to_all("input_dist.counts", recv_counts, counts.flatten(), splits, splits)
+        recv_counts = comm.all_to_all("input_dist.counts", counts.flatten(), splits, splits)
         recv_counts = recv_counts.view(self.world_size, len(self.specs))
         send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-        recv_ids = send_ids.new_empty(sum(recv_splits))
-        comm.all_to_all("input_dist.ids", recv_ids, send_ids, recv_splits, send_splits)
+        recv_ids = comm.all_to_all("input_dist.ids", send_ids, send_splits, recv_splits)
         tables = torch.arange(len(self.specs), device=self.device).repeat(self.world_size)
         recv_table = torch.repeat_interleave(tables, recv_counts.flatten().to(self.device))
         return DistContext(feature_index, unique, send_position, send_splits, recv_splits, recv_ids, recv_table)
@@ -237,8 +235,7 @@ class RowWiseShardedTables:
     # 3. output distribution ----------------------------------------------------------------------
     def output_dist(self, ctx: DistContext, rows: torch.Tensor) -> list[torch.Tensor]:
         """Send rows back; returns per table the rows of this rank's unique ids (plain tensors)."""
-        received = rows.new_empty(sum(ctx.send_splits), self.dim)
-        self.comm.all_to_all("embedding_comm.rows", received, rows, ctx.send_splits, ctx.recv_splits)
+        received = self.comm.all_to_all("embedding_comm.rows", rows, ctx.recv_splits, ctx.send_splits)
         return [received[position] for position in ctx.send_position]
 
     @staticmethod
@@ -250,9 +247,7 @@ class RowWiseShardedTables:
     def grad_dist(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
         """Send each unique row's gradient to its owner; returns grads aligned with ``ctx.recv_ids``."""
         send = self.grad_send_buffer(ctx, unique_grads)
-        received = send.new_empty(sum(ctx.recv_splits), self.dim)
-        self.comm.all_to_all("gradient_comm.embeddings", received, send, ctx.recv_splits, ctx.send_splits)
-        return received
+        return self.comm.all_to_all("gradient_comm.embeddings", send, ctx.send_splits, ctx.recv_splits)
 
     def grad_send_buffer(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
         """The unique rows' gradients in send order (owner-major); rows without a gradient are zero."""

@@ -256,6 +256,7 @@ class TorchRecEngine:
     """TorchRec ``DistributedModelParallel`` + a standard TorchRec train pipeline."""
 
     name = "torchrec"
+    transport = "torch"  # TorchRec's own all-to-alls on torch.distributed (engine.transport does not apply)
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
@@ -300,6 +301,9 @@ class TorchRecEngine:
 
     def describe(self) -> str:
         return f"TorchRec {self.pipeline_name}, row-wise EmbeddingCollection, fused {self.cfg.optimizer.sparse}"
+
+    def settle(self) -> None:
+        """Nothing is deferred outside TorchRec's pipeline, which finishes each step's updates itself."""
 
     def checkpointer(self) -> Any:
         """Never reached: ``RunConfig`` rejects ``checkpoint.dir`` with this engine."""

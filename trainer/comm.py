@@ -1,0 +1,141 @@
+"""The trainer's one communication seam: every all-to-all it makes goes through a ``Transport``.
+
+``kernels/transport.py`` moves the bytes (``torch``: gloo/NCCL collectives; ``copy_engine``: CUDA
+copy engines, SM-free, DESIGN §6). This module adds what the trainer needs around any transport:
+a name per collective and its timing. ``TimedTransport.start`` stamps the launch, ``handle.wait()``
+the wait's start and end, and hands the three to a ``CommClock`` — the step timer on the main thread
+(so ``bubbles.analyze`` splits the wait into idle and exposed communication) or ``SideSeconds`` on
+the PEC communication thread (whose collectives are overlapped, so only their total is kept).
+
+No trainer module calls ``dist.all_to_all_single`` itself; the dense all-reduce stays a
+``torch.distributed`` collective (copy engines would not reduce) but is timed here too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from freescale.kernels.transport import (
+    TRANSPORTS,
+    Counts,
+    Transport,
+    TransportConfig,
+    TransportHandle,
+    TransportUnavailableError,
+    make_transport,
+)
+
+__all__ = [
+    "TRANSPORTS",
+    "CommClock",
+    "SideSeconds",
+    "TimedTransport",
+    "TransportUnavailableError",
+    "build_transport",
+]
+
+
+class CommClock(Protocol):
+    """Where a collective's timing goes: a clock consistent with the device's finished work, and a sink."""
+
+    def now(self) -> float: ...
+
+    def record_comm(self, name: str, launch: float, wait_start: float, wait_end: float) -> None: ...
+
+
+class SideSeconds:
+    """``CommClock`` of the PEC communication thread: adds up the seconds its collectives took.
+
+    Thread-safe (the main thread takes the total once per step). On CUDA the clock synchronizes the
+    thread's current stream, so a collective's seconds include its device work.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._seconds = 0.0
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        if self._cuda:
+            torch.cuda.current_stream().synchronize()
+        return time.perf_counter()
+
+    def record_comm(self, name: str, launch: float, wait_start: float, wait_end: float) -> None:
+        with self._lock:
+            self._seconds += wait_end - launch
+
+    def take_seconds(self) -> float:
+        """Seconds spent in collectives since the last call."""
+        with self._lock:
+            seconds, self._seconds = self._seconds, 0.0
+        return seconds
+
+
+class TimedHandle:
+    """An in-flight all-to-all whose ``wait()`` records (launch, wait start, wait end) under its name."""
+
+    def __init__(self, handle: TransportHandle, clock: CommClock, name: str, launch: float) -> None:
+        self._handle, self._clock, self._name, self._launch = handle, clock, name, launch
+
+    def wait(self) -> torch.Tensor:
+        start = self._clock.now()
+        received = self._handle.wait()
+        self._clock.record_comm(self._name, self._launch, start, self._clock.now())
+        return received
+
+
+class TimedTransport:
+    """A transport whose every collective is named and timed (the trainer's only way to communicate)."""
+
+    def __init__(self, transport: Transport, clock: CommClock, group: dist.ProcessGroup | None = None) -> None:
+        self.transport, self.clock, self.group = transport, clock, group
+
+    @property
+    def kind(self) -> str:
+        """``torch`` or ``copy_engine``: what actually moves the bytes (``auto`` resolved)."""
+        return transport_kind(self.transport)
+
+    def start(self, name: str, send: torch.Tensor, send_counts: Counts, recv_counts: Counts) -> TimedHandle:
+        """Start sending ``send_counts[r]`` rows of ``send`` to rank ``r``; ``recv_counts[s]`` arrive from ``s``."""
+        launch = self.clock.now()
+        return TimedHandle(self.transport.start(send, send_counts, recv_counts), self.clock, name, launch)
+
+    def all_to_all(self, name: str, send: torch.Tensor, send_counts: Counts, recv_counts: Counts) -> torch.Tensor:
+        """Synchronous all-to-all; returns the received rows (rank 0's first)."""
+        return self.start(name, send, send_counts, recv_counts).wait()
+
+    def all_reduce(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the group in place (a torch.distributed collective: copy engines do not add)."""
+        start = self.clock.now()
+        dist.all_reduce(tensor, group=self.group)
+        self.clock.record_comm(name, start, start, self.clock.now())
+        return tensor
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def transport_kind(transport: Transport) -> str:
+    from freescale.kernels.transport import TorchDistTransport
+
+    return "torch" if isinstance(transport, TorchDistTransport) else "copy_engine"
+
+
+def build_transport(
+    choice: str, clock: CommClock, device: torch.device, group: dist.ProcessGroup | None = None
+) -> TimedTransport:
+    """The transport ``engine.transport`` names, timed by ``clock``; collective over ``group``.
+
+    A ``copy_engine`` request that cannot run here is a one-line ``ValueError`` naming the option and
+    the reason (no CUDA, ranks on several nodes, no peer access), raised alike on every rank.
+    """
+    try:
+        transport = make_transport(TransportConfig(transport=choice), group=group, device=device)
+    except TransportUnavailableError as error:
+        raise ValueError(f"engine.transport = {choice!r}: {error}") from None
+    return TimedTransport(transport, clock, group)
