@@ -12,6 +12,8 @@ Phases, each restartable from its completion markers in the work directory:
 5. write    — read buckets in order and write MDS shards in a writer process that was started with
                the job, so importing mosaicml-streaming overlaps the scan (``writer_process``);
 6. manifest — accounting, balance report, config; written last, so its presence means "complete".
+               A local output is built in a staging directory beside it that then replaces it in one
+               rename; the output is locked for the whole job (``output``: lock, swap, overlap checks).
 
 Intermediate files are deleted as soon as they are consumed (spill files when their partition is
 built, buckets when their parts are written): besides disk, that hands their page cache to the next
