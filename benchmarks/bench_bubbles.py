@@ -78,7 +78,7 @@ class Settings:
     inbatch_negatives: int = 32
     steps: int = 0  # 0: one epoch
     seed: int = 0
-    overlap: str = "pec"  # our engine's engine.overlap (pec is the default; none isolates balancing)
+    overlap: str = "auto"  # our engine's engine.overlap (auto, the default: none on one core per rank, pec on CUDA)
 
     def __post_init__(self) -> None:
         for name in ("users", "items", "cap", "micro_batch_size", "group_size", "d_model", "num_layers"):
@@ -410,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="working directory (default: a temp dir)")
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every run (default 2)")
     parser.add_argument("--no-floor", action="store_true", help="skip the identical-batches noise-floor run")
-    parser.add_argument("--overlap", choices=["pec", "none"], default="pec", help="our engine's engine.overlap")
+    parser.add_argument(
+        "--overlap", choices=["auto", "pec", "none"], default="auto", help="our engine's engine.overlap (default auto)"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")

@@ -119,7 +119,7 @@ def train_case(case: OverlapCase, overlap: str, rank: int) -> dict[str, Any]:
     from freescale.trainer.runner import make_engine, step_seed
 
     cfg = case.run_config(overlap)
-    engine = make_engine(cfg, rank, case.world_size, torch.device("cpu"))
+    engine = make_engine(cfg, rank, case.world_size, torch.device("cpu"), cfg.engine.overlap)
     batches = iter(overlap_batches(case, rank))
     losses, extras = [], []
     try:

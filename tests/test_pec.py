@@ -113,7 +113,7 @@ def test_instrumentation_measures_the_planted_overlap_rate(pool2) -> None:
 
 
 def test_cli_runs_with_and_without_pec_learn_bitwise_the_same(tmp_path: Path) -> None:
-    """``freescale train`` end to end: 2 ranks, 50 steps, default (pec) vs ``engine.overlap=none``."""
+    """``freescale train`` end to end: 2 ranks, 50 steps, ``engine.overlap=pec`` vs ``none``."""
     prepared = prepare_tiny(tmp_path, seed=4)
     reports = {}
     for overlap in ("pec", "none"):

@@ -32,7 +32,11 @@ def tiny_dataset(tmp_path_factory) -> str:
 def run_a(tiny_dataset, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("run-a")
     config = run_toml(
-        root / "run.toml", tiny_dataset, root / "out", checkpoint={"dir": str(root / "ckpt"), "steps": [1, 15]}
+        root / "run.toml",
+        tiny_dataset,
+        root / "out",
+        checkpoint={"dir": str(root / "ckpt"), "steps": [1, 15]},
+        engine={"overlap": "pec"},  # auto would pick none here: 2 ranks share 2 cores
     )
     result = train(config, root)
     return {"root": root, "out": root / "out", "ckpt": root / "ckpt", "config": config, "stdout": result.stdout}
@@ -50,6 +54,7 @@ def test_loss_decreases_and_eval_runs(run_a) -> None:
     assert 0.0 <= evaluation["ndcg@10"] <= evaluation["hr@10"] <= 1.0
     assert "straggler%" in run_a["stdout"]  # the bubble table printed on rank 0
     assert report["transport"] == "torch" and "transport=torch" in run_a["stdout"]  # auto on CPU: torch
+    assert report["overlap"] == "pec" and "overlap=pec" in run_a["stdout"]
     steps = [json.loads(line) for line in (run_a["out"] / "metrics.jsonl").read_text().splitlines() if "loss" in line]
     assert steps and all(line["transport"] == "torch" for line in steps)
 
@@ -63,7 +68,7 @@ def test_instrumentation_parts_add_up_to_wall_time(run_a) -> None:
         measured = part["compute"] + part["data"] + part["comm"] + part["idle"]
         assert abs(measured - part["wall"]) <= 0.05 * part["wall"], part
         assert min(part["compute"], part["data"], part["comm"], part["idle"]) >= 0, part
-        # PEC (the default): routing and NOL lookups of later steps run on the worker thread
+        # PEC: routing and NOL lookups of later steps run on the worker thread
         later = {"forward", "backward", "gradient_comm", "sparse_update", "dense_update", "data"}
         first = later | {"input_dist", "embedding_lookup", "embedding_comm"}
         assert set(part["stages"]) >= (first if part["step"] == 0 else later), part

@@ -131,7 +131,7 @@ def test_nonfinite_step_updates_nothing(one_rank_group, overlap: str) -> None:
     from freescale.trainer.runner import collate_config, make_engine
 
     cfg = tiny_run_config(overlap, temperature=1e-45)  # logits overflow: the loss is NaN/inf
-    engine = make_engine(cfg, 0, 1, torch.device("cpu"))
+    engine = make_engine(cfg, 0, 1, torch.device("cpu"), cfg.engine.overlap)
     batches = iter([collate(eval_samples(8, seed=s), collate_config(cfg), s, 0) for s in range(3)])
     try:
         before = training_state(engine)

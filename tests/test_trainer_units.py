@@ -346,3 +346,22 @@ def test_every_trainer_all_to_all_goes_through_the_transport() -> None:
     root = Path(freescale.trainer.__file__).parent
     callers = sorted(p.name for p in root.glob("*.py") if "all_to_all_single(" in p.read_text())
     assert callers == [], callers
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "cores", "threads", "expected"),
+    [
+        ("auto", "cpu", 1, 1, "none"),  # the comm thread would take the compute's only core
+        ("auto", "cpu", 2, 1, "pec"),
+        ("auto", "cpu", 4, 4, "none"),
+        ("auto", "cuda", 1, 1, "pec"),  # communication runs on its own stream
+        ("pec", "cpu", 1, 1, "pec"),  # an explicit choice is kept
+        ("none", "cuda", 8, 1, "none"),
+    ],
+)
+def test_auto_overlap_is_pec_where_its_thread_has_room(
+    requested: str, device: str, cores: int, threads: int, expected: str
+) -> None:
+    from freescale.trainer.runner import overlap_choice
+
+    assert overlap_choice(requested, device, cores, threads) == expected

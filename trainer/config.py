@@ -28,7 +28,7 @@ SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
-OVERLAPS = ("pec", "none")
+OVERLAPS = ("auto", "pec", "none")
 TRANSPORTS = ("auto", "torch", "copy_engine")  # kernels.transport.TRANSPORTS, without importing torch here
 
 
@@ -162,7 +162,7 @@ class EngineConfig:
     instrument: bool = True  # per-stage timers (CUDA: synchronises at stage boundaries)
     torchrec_pipeline: str = "auto"  # auto: TrainPipelineSparseDist (runs on CPU too), see torchrec_engine
     pin_cpus: bool = False  # CPU runs: each local rank on its own slice of the host's cores
-    overlap: str = "pec"  # freescale engine: pec = prioritized embedding communication (exact); none = synchronous
+    overlap: str = "auto"  # freescale engine: pec (prioritized embedding communication, exact) | none | auto
     max_nonfinite_skips: int = 0  # steps with a NaN/inf loss or gradient skipped (no update) before the run stops
     collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
     transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
