@@ -35,9 +35,19 @@ from typing import Any
 import numpy as np
 
 from .balance_report import build_report, lower_bound_over_mean, step_max_and_imbalance
-from .balance_steps import Ranked, Steps, assign_bins, stable_group, steps_equal, steps_free
+from .balance_steps import (
+    Ranked,
+    Steps,
+    assign_bins,
+    cut_heaviest,
+    stable_group,
+    steps_equal,
+    steps_free,
+    steps_free_outliers,
+)
 
 MODES = ("equal_count", "free_count")
+FREE_OUTLIERS = ("auto", "off")
 STRATEGIES = ("planned", "within_step", "random")
 ALGORITHMS = ("lpt", "kk")
 
@@ -61,6 +71,13 @@ class BalanceConfig:
     swap iterations per step (each moves one pair between the max and the min micro-batch).
     Free-count mode fills steps to about G × ``cost_budget`` (raised to the step's largest item) and
     lets counts per micro-batch vary; ``micro_batch_size`` then only sets the default budget.
+
+    ``free_outliers="auto"``: when outlier steps of G·k samples cannot reach ``target_imbalance``
+    within ``max_outlier_fraction`` (a sample costing more than a rank's share of a whole step:
+    heavy tails, large G, few samples), the heaviest samples instead form *free-count* outlier
+    steps cut by cost (each ≥ G × its largest cost / target), also in equal_count mode; the
+    report's ``free_count_outliers`` says how many samples and steps that took. ``"off"`` keeps
+    every outlier step at G·k samples (exactly k per micro-batch in equal_count mode).
     """
 
     group_size: int = 8  # G: the largest world size planned for
@@ -74,6 +91,7 @@ class BalanceConfig:
     cost_budget: float | None = None  # free_count: per-micro-batch budget (None → k × mean cost)
     seed: int = 0
     compare_baselines: bool = True  # also plan random / within_step for the report
+    free_outliers: str = "auto"  # auto: free-count outlier steps where G·k ones cannot balance; off
 
     def __post_init__(self) -> None:
         if not _is_int(self.group_size) or self.group_size < 1:
@@ -105,6 +123,8 @@ class BalanceConfig:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if not isinstance(self.compare_baselines, bool):
             raise ValueError(f"compare_baselines must be a bool, got {self.compare_baselines!r}")
+        if self.free_outliers not in FREE_OUTLIERS:
+            raise ValueError(f"free_outliers must be one of {FREE_OUTLIERS}, got {self.free_outliers!r}")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -225,17 +245,24 @@ def _steps(ranked: Ranked, config: BalanceConfig, n_out: int, planned: bool) -> 
 def _partition(
     ranked: Ranked, steps: Steps, config: BalanceConfig, balance: bool, algorithms=None, above=1.0, probe=False
 ):
-    return assign_bins(
-        ranked,
-        steps,
-        config.group_size,
-        config.mode == "equal_count",
-        balance,
-        config.algorithms if algorithms is None else algorithms,
-        config.refine_swaps,
-        above,
-        probe,
-    )
+    """Micro-batch of every position of ``steps.items``; free-count outlier steps of an
+    equal-count plan are partitioned with the free-count kernels, the other steps with equal counts."""
+    algos = config.algorithms if algorithms is None else algorithms
+    args = (config.refine_swaps, above, probe)
+    equal = config.mode == "equal_count"
+    free = steps.free_mask()
+    if not equal or not free.any():
+        return assign_bins(ranked, steps, config.group_size, equal, balance, algos, *args)
+    bins = np.empty(steps.items.size, dtype=np.int64)
+    stats = {"lpt": 0, "kk": 0, "swaps": 0}
+    for mask, eq in ((free, False), (~free, True)):
+        if mask.any():
+            sub, pos = steps.subset(mask)
+            sub_bins, sub_stats = assign_bins(ranked, sub, config.group_size, eq, balance, algos, *args)
+            bins[pos] = sub_bins
+            for key in stats:
+                stats[key] += sub_stats[key]
+    return bins, stats
 
 
 def _outlier_candidates(costs: np.ndarray, config: BalanceConfig) -> np.ndarray:
@@ -253,9 +280,13 @@ def _outlier_candidates(costs: np.ndarray, config: BalanceConfig) -> np.ndarray:
     return np.arange(start, limit + 1, dtype=np.int64) * unit
 
 
-def _search_outliers(ranked: Ranked, config: BalanceConfig) -> tuple[int, dict]:
-    """Smallest outlier count whose plan reaches ``target_imbalance`` (max over full steps of
-    max/mean), in two bisections over the candidates.
+def _full_steps(steps: Steps) -> int:
+    return steps.n_steps - (1 if steps.partial and not steps.absorbed else 0)
+
+
+def _search(ranked: Ranked, config: BalanceConfig, cand: np.ndarray, build) -> tuple[int | None, dict]:
+    """Index of the smallest outlier count in ``cand`` whose steps (``build(n)``) reach
+    ``target_imbalance`` (max over full steps of max/mean), in two bisections; None if none does.
 
     1. Cheap: the floor lower_bound / mean of every step (no partition beats it) — O(n) per probe.
     2. Full, only if needed: LPT + swap refinement from the smallest count that passes the floor.
@@ -263,29 +294,22 @@ def _search_outliers(ranked: Ranked, config: BalanceConfig) -> tuple[int, dict]:
        changes the worst step, which its largest item bounds; the final plan keeps the better of
        LPT and KK per step, then refines.)
     """
-    g = config.group_size
-    costs = ranked.costs
-    cand = _outlier_candidates(costs, config)
-    target = config.target_imbalance
+    g, costs, target = config.group_size, ranked.costs, config.target_imbalance
+    k = config.micro_batch_size if config.mode == "equal_count" else None
     floors: dict[int, float] = {}
     fulls: dict[int, float] = {}
 
-    def full_steps(steps: Steps) -> int:
-        return steps.n_steps - (1 if steps.partial and not steps.absorbed else 0)
-
-    k = config.micro_batch_size if config.mode == "equal_count" else None
-
     def floor(i: int) -> float:
         if i not in floors:
-            steps = _steps(ranked, config, int(cand[i]), planned=True)
-            floors[i] = lower_bound_over_mean(costs, steps, g, full_steps(steps), k)
+            steps = build(int(cand[i]))
+            floors[i] = lower_bound_over_mean(costs, steps, g, _full_steps(steps), k)
         return floors[i]
 
     def worst(i: int) -> float:
         if i not in fulls:
-            steps = _steps(ranked, config, int(cand[i]), planned=True)
+            steps = build(int(cand[i]))
             bins, _ = _partition(ranked, steps, config, True, algorithms=("lpt",), above=target, probe=True)
-            fulls[i] = step_max_and_imbalance(costs, steps, bins, g, full_steps(steps))
+            fulls[i] = step_max_and_imbalance(costs, steps, bins, g, _full_steps(steps))
         return fulls[i]
 
     def smallest_passing(lo: int, test, gallop: bool) -> int | None:
@@ -310,22 +334,77 @@ def _search_outliers(ranked: Ranked, config: BalanceConfig) -> tuple[int, dict]:
                 lo = mid
         return hi
 
-    def info(reached: bool) -> dict[str, Any]:
-        return {
-            "probes": len(floors) + len(fulls),
-            "full_probes": len(fulls),
-            "target_reached": reached,
-            "max_outlier_samples": int(cand[-1]),
-            "min_outlier_samples": int(cand[0]),
-        }
-
     start = smallest_passing(0, floor, gallop=False)
-    if start is None:  # even the largest share leaves a step whose largest item is too big
-        return int(cand[-1]), info(False)
-    found = smallest_passing(start, worst, gallop=True)
-    if found is None:
-        return int(cand[-1]), info(False)
-    return int(cand[found]), info(True)
+    found = None if start is None else smallest_passing(start, worst, gallop=True)
+    info = {
+        "probes": len(floors) + len(fulls),
+        "full_probes": len(fulls),
+        "max_outlier_samples": int(cand[-1]),
+        "min_outlier_samples": int(cand[0]),
+    }
+    return found, info
+
+
+def _free_candidates(ranked: Ranked, config: BalanceConfig) -> tuple[np.ndarray, list[int]]:
+    """Outlier counts for free-count outlier steps: 0, every end of a step cut from the heaviest
+    samples (``cut_heaviest``) within ``max_outlier_fraction``, and that bound itself (an unfilled
+    last step: the most the bound allows when no whole step fits)."""
+    g = config.group_size
+    limit = int(np.floor(config.max_outlier_fraction * ranked.costs.size + 1e-9))
+    if limit < g:
+        return np.zeros(1, dtype=np.int64), []
+    desc = ranked.costs[ranked.desc[:limit]]
+    budget = _budget(ranked.costs, config) or 1.0
+    ends = cut_heaviest(desc, g, budget, config.target_imbalance, limit)
+    cand = [0, *ends]
+    if limit - cand[-1] >= g:
+        cand.append(limit)
+    return np.array(cand, dtype=np.int64), ends
+
+
+def _free_builder(ranked: Ranked, config: BalanceConfig, ends: list[int]):
+    budget = _budget(ranked.costs, config)
+    equal = config.mode == "equal_count"
+    g, k, seed, target = config.group_size, config.micro_batch_size, config.seed, config.target_imbalance
+    return lambda n: steps_free_outliers(ranked, g, k, ends, n, equal, budget, seed, target)
+
+
+def _probe_straggler(ranked: Ranked, config: BalanceConfig, steps: Steps) -> float:
+    bins, _ = _partition(ranked, steps, config, True, algorithms=("lpt",), probe=True)
+    g = config.group_size
+    step = np.repeat(np.arange(steps.n_steps), np.diff(steps.offsets))
+    loads = np.bincount(step * g + bins, weights=ranked.costs[steps.items], minlength=steps.n_steps * g)
+    return predict_straggler_pct(loads.reshape(-1, g))
+
+
+def _plan_outliers(ranked: Ranked, config: BalanceConfig) -> tuple[Steps, dict[str, Any]]:
+    """Steps of the planned strategy and the search's account.
+
+    First outlier steps of G·k samples (equal counts in equal_count mode): the smallest share that
+    reaches the target. If none does and ``free_outliers="auto"``, free-count outlier steps cut by
+    cost from the heaviest samples, again the smallest share that reaches it. If neither does
+    (a sample costs more than the bound lets any step hold), the lowest predicted straggler_pct
+    among the largest options of both."""
+    cand = _outlier_candidates(ranked.costs, config)
+    build_equal = lambda n: _steps(ranked, config, n, planned=True)  # noqa: E731
+    found, info = _search(ranked, config, cand, build_equal)
+    search: dict[str, Any] = {**info, "free_outliers_used": False, "target_reached": found is not None}
+    if found is not None or config.free_outliers == "off":
+        return build_equal(int(cand[found if found is not None else -1])), search
+    free_cand, ends = _free_candidates(ranked, config)
+    build_free = _free_builder(ranked, config, ends)
+    found_free, free_info = _search(ranked, config, free_cand, build_free)
+    search["free_outlier_search"] = free_info
+    if found_free is not None:
+        search.update(free_outliers_used=True, target_reached=True)
+        return build_free(int(free_cand[found_free])), search
+    options = [(build_equal(int(cand[-1])), False)]
+    options += [(build_free(int(n)), True) for n in free_cand[-2:] if n > 0]
+    pct = [_probe_straggler(ranked, config, steps) for steps, _ in options]
+    best = int(np.argmin(pct))
+    search["free_outliers_used"] = options[best][1]
+    search["options_straggler_pct"] = [round(p, 4) for p in pct]
+    return options[best][0], search
 
 
 def _emit(steps: Steps, bins: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -346,10 +425,10 @@ def plan_step_groups(costs: np.ndarray, config: BalanceConfig) -> BalancePlan:
     planned = config.strategy == "planned"
     ranked = Ranked.of(c, config.seed)
     search: dict[str, Any] = {}
-    n_out = 0
     if planned and c.size:
-        n_out, search = _search_outliers(ranked, config)
-    steps = _steps(ranked, config, n_out, planned)
+        steps, search = _plan_outliers(ranked, config)
+    else:
+        steps = _steps(ranked, config, 0, planned)
     bins, stats = _partition(ranked, steps, config, balance)
     order, offsets = _emit(steps, bins, g)
     plan = BalancePlan(order, offsets, g)

@@ -42,7 +42,8 @@ def step_max_and_imbalance(costs, steps: Steps, bins: np.ndarray, g: int, n_firs
 def lower_bound_over_mean(costs, steps: Steps, g: int, n_first: int, items_per_bin: int | None) -> float:
     """Max over the first ``n_first`` steps of lower_bound / (total / G), a floor on the imbalance
     any partition of those steps can reach. ``items_per_bin`` (equal-count k) adds the form
-    largest + sum of the k − 1 smallest. O(n): partitions, no sorting."""
+    largest + sum of the k − 1 smallest, except on free-count steps (``steps.is_free``). O(n):
+    partitions, no sorting."""
     if n_first <= 0:
         return 1.0
     off = steps.offsets[: n_first + 1]
@@ -52,9 +53,10 @@ def lower_bound_over_mean(costs, steps: Steps, g: int, n_first: int, items_per_b
     bound = np.maximum(largest, mean)
     if items_per_bin is not None and items_per_bin > 1:
         sizes = np.diff(off)
+        equal = ~steps.free_mask()[:n_first]
         j = items_per_bin - 2  # the k − 1 smallest are the first k − 1 after partitioning at k − 2
         for size in np.unique(sizes):
-            rows = np.flatnonzero(sizes == size)
+            rows = np.flatnonzero((sizes == size) & equal)
             if size <= j:
                 continue
             block = c[off[rows][:, None] + np.arange(size)]
@@ -133,6 +135,34 @@ def _stats(a: np.ndarray) -> dict[str, float]:
     return {"max": float(a.max()), "mean": float(a.mean())}
 
 
+def straggler_floor_pct(costs: np.ndarray, g: int) -> float:
+    """The least predicted straggler_pct of *any* plan of these samples on G ranks, counts free:
+    every step's wall is ≥ its mean rank cost and one step's wall is ≥ the costliest sample c₁, so
+    Σ wall ≥ max(total / G, c₁) and straggler_pct ≥ 1 − (total / G) / max(total / G, c₁). Above 0
+    when a single sample outweighs a rank's share of the whole dataset: no plan reaches a lower
+    figure, only more samples (or shorter ones) can."""
+    if costs.size == 0:
+        return 0.0
+    share, top = float(costs.sum()) / g, float(costs.max())
+    return 0.0 if top <= share or top <= 0 else 100.0 * (1.0 - share / top)
+
+
+def _free_count_outliers(steps: Steps, counts: np.ndarray, n: int, equal: bool) -> dict[str, Any]:
+    """Free-count outlier steps of an equal-count plan (``free_outliers="auto"``): how many steps
+    and samples lost the exactly-k guarantee, and their counts per micro-batch."""
+    free = steps.free_mask() if equal else np.zeros(steps.n_steps, dtype=bool)
+    samples = int(np.diff(steps.offsets)[free].sum()) if free.any() else 0
+    c = counts[free] if free.any() else np.zeros(0, dtype=np.int64)
+    return {
+        "steps": int(free.sum()),
+        "samples": samples,
+        "sample_share": samples / n if n else 0.0,
+        "step_groups": [int(i) for i in np.flatnonzero(free)],
+        "min_count": int(c.min()) if c.size else None,
+        "max_count": int(c.max()) if c.size else None,
+    }
+
+
 def _by_world_size(mb_costs: np.ndarray, g: int) -> dict[str, float]:
     from .balance import predict_straggler_pct
 
@@ -164,7 +194,7 @@ def build_report(
     mx = bin_costs.max(axis=1) if n_groups else np.zeros(0)
     ratio = np.where(lb > 0, mx / np.where(lb > 0, lb, 1.0), 1.0)
 
-    straggler = {"plan": round(predict_straggler_pct(bin_costs), 4)}
+    straggler = {"plan": round(predict_straggler_pct(bin_costs), 4), "floor": round(straggler_floor_pct(costs, g), 4)}
     if config.compare_baselines and not baselines:  # no samples: nothing to compare
         straggler.update(random=0.0, within_step=0.0)
     for name, (b_steps, b_bins) in baselines.items():
@@ -219,6 +249,7 @@ def build_report(
         "target_imbalance": config.target_imbalance,
         "target_reached": bool(imb[:n_full].max() <= config.target_imbalance) if n_full else True,
         "outlier_search": search,
+        "free_count_outliers": _free_count_outliers(steps, counts, int(costs.size), equal),
         "composition_bias": bias,
         "algorithm_wins": {"lpt": stats["lpt"], "kk": stats["kk"]},
         "swaps": stats["swaps"],

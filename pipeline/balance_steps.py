@@ -17,6 +17,7 @@ Everything that orders samples reuses one global cost sort (``Ranked``) and radi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -36,10 +37,25 @@ class Steps:
     partial: bool  # the last step holds the leftover samples
     leftover: int  # samples that did not fill a whole step
     absorbed: bool  # leftover joined the previous step (too few for a group of their own)
+    is_free: np.ndarray | None = None  # bool [S]: free-count outlier step in an equal-count plan
 
     @property
     def n_steps(self) -> int:
         return int(self.offsets.size - 1)
+
+    def free_mask(self) -> np.ndarray:
+        """Steps whose counts are free although the plan's mode is equal_count."""
+        return np.zeros(self.n_steps, dtype=bool) if self.is_free is None else self.is_free
+
+    def subset(self, mask: np.ndarray) -> tuple[Steps, np.ndarray]:
+        """The steps selected by ``mask`` as their own ``Steps`` and, for each of their positions,
+        the position in ``self.items`` (so per-position results scatter back)."""
+        sizes = np.diff(self.offsets)[mask]
+        starts = self.offsets[:-1][mask]
+        pos = np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(sizes.sum())
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        sub = Steps(self.items[pos], offsets, self.is_outlier[mask], False, 0, False)
+        return sub, pos.astype(np.int64)
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -89,27 +105,32 @@ def _finish(
     seed: int,
     shuffle_steps: bool,
     absorb: bool = False,
+    free: list[bool] | None = None,
 ) -> Steps:
     """Order the steps (outlier steps spread among random ones), then place the leftover samples:
     a final step group of their own, or joined to the last step when they are fewer than G (or
     ``absorb``: free-count leftovers that could not be balanced alone)."""
+    free = [False] * len(chunks) if free is None else free
     if shuffle_steps and len(chunks) > 1:
         perm = _rng(seed, 2).permutation(len(chunks))
         chunks = [chunks[i] for i in perm]
         outlier = [outlier[i] for i in perm]
+        free = [free[i] for i in perm]
     partial, absorbed = False, False
     if left.size:
         partial = True
         if not chunks or (left.size >= group_size and not absorb):
             chunks.append(left)
             outlier.append(False)
+            free.append(False)
         else:  # too few for G non-empty micro-batches: join the last step (counts differ by ≤ 1)
             chunks[-1] = np.concatenate([chunks[-1], left])
             absorbed = True
     sizes = np.array([c.size for c in chunks], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     items = np.concatenate(chunks).astype(np.int64) if chunks else np.empty(0, dtype=np.int64)
-    return Steps(items, offsets, np.array(outlier, dtype=bool), partial, int(left.size), absorbed)
+    is_free = np.array(free, dtype=bool) if any(free) else None
+    return Steps(items, offsets, np.array(outlier, dtype=bool), partial, int(left.size), absorbed, is_free)
 
 
 def _not_in(ranked: Ranked, taken: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -128,6 +149,17 @@ def steps_equal(
     the random pool: near-equal small costs keep the short last group balanced and cheap."""
     unit = group_size * k
     out = ranked.desc[: n_outlier_steps * unit]
+    chunks = [out[i * unit : (i + 1) * unit] for i in range(n_outlier_steps)]
+    rest, left = _random_equal(ranked, out, unit, cheap_leftover)
+    outlier = [True] * n_outlier_steps + [False] * len(rest)
+    return _finish(chunks + rest, outlier, left, group_size, seed, n_outlier_steps > 0)
+
+
+def _random_equal(
+    ranked: Ranked, out: np.ndarray, unit: int, cheap_leftover: bool
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Random steps of ``unit`` samples over the samples not in ``out``, and the leftover (the
+    cheapest of them with ``cheap_leftover``, else the random tail)."""
     rest = _not_in(ranked, out, ranked.perm)
     n_full = rest.size // unit
     n_left = rest.size - n_full * unit
@@ -136,10 +168,7 @@ def steps_equal(
         rest = _not_in(ranked, left, rest)
     else:
         left = rest[n_full * unit :]
-    chunks = [out[i * unit : (i + 1) * unit] for i in range(n_outlier_steps)]
-    chunks += [rest[i * unit : (i + 1) * unit] for i in range(n_full)]
-    outlier = [True] * n_outlier_steps + [False] * n_full
-    return _finish(chunks, outlier, left, group_size, seed, n_outlier_steps > 0)
+    return [rest[i * unit : (i + 1) * unit] for i in range(n_full)], left
 
 
 def _cut_free(c: np.ndarray, group_size: int, budget: float, target: float) -> tuple[list[int], int]:
@@ -187,15 +216,76 @@ def steps_free(
     unit = group_size * k
     out = ranked.desc[: n_outlier_steps * unit]
     chunks = [out[i * unit : (i + 1) * unit] for i in range(n_outlier_steps)]
-    n_out = n_outlier_steps
+    rest, left, absorb = _random_free(ranked, costs, out, group_size, budget, target)
+    outlier = [True] * n_outlier_steps + [False] * len(rest)
+    return _finish(chunks + rest, outlier, left, group_size, seed, n_outlier_steps > 0, absorb)
+
+
+def _random_free(
+    ranked: Ranked, costs: np.ndarray, out: np.ndarray, group_size: int, budget: float, target: float
+) -> tuple[list[np.ndarray], np.ndarray, bool]:
+    """Random free-count steps over the samples not in ``out``; the unfilled tail and whether it
+    must join the last step (its largest item exceeds ``target`` × its mean micro-batch cost)."""
     rest = _not_in(ranked, out, ranked.perm)
     ends, tail = _cut_free(costs[rest], group_size, budget, target)
-    chunks += [rest[s:e] for s, e in zip([0, *ends[:-1]], ends)]
-    outlier = [True] * n_out + [False] * (len(chunks) - n_out)
+    chunks = [rest[s:e] for s, e in zip([0, *ends[:-1]], ends)]
     left = rest[tail:]
     lc = costs[left]
     absorb = bool(left.size) and group_size * float(lc.max()) > target * float(lc.sum())
-    return _finish(chunks, outlier, left, group_size, seed, n_out > 0, absorb)
+    return chunks, left, absorb
+
+
+def cut_heaviest(desc_costs: np.ndarray, group_size: int, budget: float, target: float, limit: int) -> list[int]:
+    """Ends of free-count outlier steps cut from the ``limit`` heaviest samples (costs descending).
+
+    Each step starts at its largest sample c and takes the next heaviest until it holds ≥ G ×
+    max(budget, c / target): then c is at most ``target`` × the step's mean micro-batch cost, the
+    one condition under which a sample costlier than a rank's share of an ordinary step can be
+    balanced at all (its micro-batch holds it alone; the others hold many lighter samples).
+    Heaviest-first needs the fewest samples to reach that cost, which keeps the outlier share (the
+    composition bias) small. A step that would pass ``limit`` is not cut."""
+    cum = np.concatenate([[0.0], np.cumsum(desc_costs[:limit])])
+    ends: list[int] = []
+    i = 0
+    while i < limit:
+        cap = group_size * max(budget, float(desc_costs[i]) / target)
+        e = max(int(np.searchsorted(cum, cum[i] + cap * (1 - 1e-12), side="left")), i + group_size)
+        if e > limit:
+            break
+        ends.append(e)
+        i = e
+    return ends
+
+
+def steps_free_outliers(
+    ranked: Ranked,
+    group_size: int,
+    k: int,
+    ends: list[int],
+    n_free: int,
+    equal: bool,
+    budget: float,
+    seed: int,
+    target: float,
+) -> Steps:
+    """The ``n_free`` heaviest samples in free-count outlier steps ending at ``ends`` (plus one
+    unfilled step up to ``n_free`` when it passes the last end); the rest random steps of the
+    plan's mode (equal: G·k samples, the cheapest as leftover; free: filled to ≈ G × budget)."""
+    out = ranked.desc[:n_free]
+    bounds = [0, *[e for e in ends if e < n_free], n_free]
+    chunks = [out[a:b] for a, b in pairwise(bounds) if b > a]
+    if len(chunks) > 1 and chunks[-1].size < group_size:  # too few for G non-empty micro-batches
+        chunks[-2:] = [np.concatenate(chunks[-2:])]
+    n_out = len(chunks)
+    if equal:
+        rest, left = _random_equal(ranked, out, group_size * k, cheap_leftover=True)
+        absorb = False
+    else:
+        costs = ranked.costs if budget > 0 else np.ones_like(ranked.costs)
+        rest, left, absorb = _random_free(ranked, costs, out, group_size, budget if budget > 0 else 1.0, target)
+    outlier = [True] * n_out + [False] * len(rest)
+    free = list(outlier) if equal else None
+    return _finish(chunks + rest, outlier, left, group_size, seed, n_out > 0, absorb, free)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +330,10 @@ def desc_positions(ranked: Ranked, steps: Steps) -> np.ndarray:
     pos_of = np.empty(ranked.costs.size, dtype=np.int64)
     pos_of[steps.items] = np.arange(n)
     seq = ranked.desc
+    if n < ranked.costs.size:  # a subset of the samples (free-count steps of an equal-count plan)
+        inside = np.zeros(ranked.costs.size, dtype=bool)
+        inside[steps.items] = True
+        seq = seq[inside[seq]]
     return pos_of[seq[stable_group(step_of[seq])]]
 
 

@@ -95,8 +95,12 @@ def test_counts_respected(costs: np.ndarray, config: BalanceConfig) -> None:
     left = plan.report["leftover"]
     partial = left["partial_step_group"]
     full = counts[:-1] if partial else counts
+    free = np.zeros(counts.shape[0], dtype=bool)
+    free[plan.report["free_count_outliers"]["step_groups"]] = True
+    assert plan.report["free_count_outliers"]["samples"] == int(counts[free].sum())
     if config.mode == "equal_count":
-        assert np.all(full == k)  # exactly k per micro-batch in full steps
+        assert np.all(full[~free[: full.shape[0]]] == k)  # exactly k per micro-batch in full steps
+        assert np.all(counts[free] >= 1)  # free-count outlier steps: counts free, none empty
         if partial:  # a last group of its own, or the leftover absorbed into the last full group
             assert counts[-1].max() - counts[-1].min() <= 1
             assert counts[-1].sum() in (left["samples"], g * k + left["samples"])
@@ -172,6 +176,7 @@ def test_deterministic(costs: np.ndarray, config: BalanceConfig) -> None:
         ("cost_budget", float("nan")),
         ("seed", -1),
         ("compare_baselines", 1),
+        ("free_outliers", "sometimes"),
     ],
 )
 def test_validation_names_the_option(option: str, value) -> None:
@@ -260,7 +265,7 @@ def test_leftover_reported_and_planned_leftover_is_cheap() -> None:
     """G·k does not divide n: the last group is shorter (counts differ by at most one) and holds,
     for the planned strategy, the cheapest samples, so it stays balanced."""
     costs = _heavy_tailed(8 * 16 * 20 + 45, seed=3)
-    plan = plan_step_groups(costs, BalanceConfig(group_size=8, micro_batch_size=16))
+    plan = plan_step_groups(costs, BalanceConfig(group_size=8, micro_batch_size=16, free_outliers="off"))
     left = plan.report["leftover"]
     assert left["samples"] == 45 and left["partial_step_group"] and not left["absorbed_into_last_full_group"]
     assert (left["min_count"], left["max_count"]) == (5, 6)
@@ -268,6 +273,99 @@ def test_leftover_reported_and_planned_leftover_is_cheap() -> None:
     assert np.array_equal(np.sort(costs[last]), np.sort(costs)[:45])
     assert left["imbalance"] < 1.1
     # fewer than G leftover samples join the last group instead (no empty micro-batch)
-    plan = plan_step_groups(costs[: 8 * 16 * 20 + 5], BalanceConfig(group_size=8, micro_batch_size=16))
+    cfg = BalanceConfig(group_size=8, micro_batch_size=16, free_outliers="off")
+    plan = plan_step_groups(costs[: 8 * 16 * 20 + 5], cfg)
     assert plan.report["leftover"]["absorbed_into_last_full_group"]
     assert plan.report["empty_micro_batches"] == 0
+
+
+def test_free_outliers_keep_the_cheap_leftover() -> None:
+    """With free-count outlier steps the leftover is (n − free-step samples) mod G·k and still the
+    cheapest samples; here (20 steps of 128 samples) G·k outlier steps reach 14.8%, free ones < 1%."""
+    costs = _heavy_tailed(8 * 16 * 20 + 45, seed=3)
+    plan = plan_step_groups(costs, BalanceConfig(group_size=8, micro_batch_size=16))
+    rep = plan.report
+    free = rep["free_count_outliers"]
+    assert free["steps"] >= 1 and rep["outlier_search"]["free_outliers_used"]
+    assert rep["straggler_pct"]["plan"] < 1.0 and rep["target_reached"]
+    left = rep["leftover"]
+    assert left["samples"] == (costs.size - free["samples"]) % (8 * 16)
+    last = plan.order[plan.micro_batch_offsets[-9] :]
+    assert np.array_equal(np.sort(costs[last]), np.sort(costs)[: left["samples"]])
+
+
+def _pareto_tailed(n: int, seed: int = 0) -> np.ndarray:
+    """Pareto(α = 1.5) lengths from 50 (median ≈ 80), capped at 4,000: a heavier tail than the
+    lognormal, where a few samples outweigh a rank's share of a G = 256 step."""
+    lengths = np.minimum(np.round(50 * (1 + np.random.default_rng(seed).pareto(1.5, n))), 4_000)
+    return lengths**2 + 1280 * lengths
+
+
+def _lognormal_capped(n: int, seed: int = 0) -> np.ndarray:
+    lengths = np.minimum(np.exp(np.random.default_rng(seed).normal(np.log(300), 1.2, n)), 4_000).round()
+    return lengths**2 + 1280 * lengths
+
+
+@pytest.fixture(scope="module")
+def tail_plans() -> dict[tuple[str, int], tuple[np.ndarray, BalancePlan]]:
+    out = {}
+    for shape, make in (("pareto", _pareto_tailed), ("lognormal", _lognormal_capped)):
+        costs = make(50_000)
+        for g in (8, 64, 256):
+            out[shape, g] = (costs, plan_step_groups(costs, BalanceConfig(group_size=g)))
+    return out
+
+
+@pytest.mark.parametrize("shape", ["pareto", "lognormal"])
+@pytest.mark.parametrize("g", [8, 64, 256])
+def test_default_plan_under_1pct_on_heavy_tails(tail_plans, shape: str, g: int) -> None:
+    """The default plan (equal_count, k = 32) holds ≤ 1% predicted straggler_pct at G = 8, 64, 256
+    on 50k samples (6 step groups at G = 256). Before free-count outlier steps the Pareto shape
+    stayed at 63% at G = 256: no G·k outlier step fits in max_outlier_fraction = 10%."""
+    costs, plan = tail_plans[shape, g]
+    rep = plan.report
+    assert np.array_equal(np.sort(plan.order), np.arange(costs.size))  # every sample once
+    assert rep["straggler_pct"]["floor"] == 0.0  # feasible: no sample outweighs total / G
+    assert rep["straggler_pct"]["plan"] <= 1.0
+    assert predict_straggler_pct(plan_bin_costs(plan, costs, g)) <= 1.0
+    assert rep["target_reached"]  # max/mean ≤ 1.01 on every full step
+    # the composition bias stays bounded by the knob and is reported consistently
+    counts = np.diff(plan.micro_batch_offsets).reshape(-1, g)
+    outlier = rep["outlier_step_groups"]
+    free = rep["free_count_outliers"]
+    assert rep["outlier_fraction"] <= rep["max_outlier_fraction"]
+    assert rep["outlier_fraction"] * costs.size == pytest.approx(counts[outlier].sum())
+    assert set(free["step_groups"]) <= set(outlier)
+    assert free["samples"] == counts[free["step_groups"]].sum()
+    assert free["sample_share"] == pytest.approx(free["samples"] / costs.size)
+    others = np.setdiff1d(np.arange(counts.shape[0] - 1), free["step_groups"])
+    assert np.all(counts[others] == 32)  # every other full step keeps exactly k
+    if outlier:
+        assert rep["composition_bias"]["plan_outlier_steps"] > rep["composition_bias"]["random"]
+
+
+def test_free_outliers_off_keeps_the_old_plan() -> None:
+    """``free_outliers="off"`` is the previous planner: on the Pareto shape at G = 256 its G·k
+    outlier steps do not fit the bound and the plan straggles."""
+    costs = _pareto_tailed(50_000)
+    off = plan_step_groups(costs, BalanceConfig(group_size=256, free_outliers="off", compare_baselines=False))
+    assert off.report["straggler_pct"]["plan"] > 30.0
+    assert off.report["free_count_outliers"]["steps"] == 0
+    assert not off.report["outlier_search"]["free_outliers_used"]
+
+
+def test_straggler_floor_bounds_every_plan() -> None:
+    """One sample costing more than a rank's share of the whole dataset: no plan beats the floor
+    1 − (total / G) / c₁; the planner gets as close as max_outlier_fraction allows and says so."""
+    costs = np.ones(20_000)
+    costs[0] = 2_000.0  # total / G = 21,999 / 16 ≈ 1,375 < 2,000
+    floor = 100 * (1 - costs.sum() / 16 / 2_000)
+    for fraction in (0.1, 1.0):
+        cfg = BalanceConfig(group_size=16, micro_batch_size=8, max_outlier_fraction=fraction)
+        rep = plan_step_groups(costs, cfg).report
+        assert rep["straggler_pct"]["floor"] == pytest.approx(floor, abs=1e-3)
+        assert rep["straggler_pct"]["plan"] >= floor - 1e-3
+        assert not rep["target_reached"]
+        assert rep["outlier_fraction"] <= fraction
+    # with the whole dataset allowed in outlier steps the plan sits on the floor
+    assert rep["straggler_pct"]["plan"] == pytest.approx(floor, abs=0.5)
