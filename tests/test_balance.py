@@ -369,3 +369,14 @@ def test_straggler_floor_bounds_every_plan() -> None:
         assert rep["outlier_fraction"] <= fraction
     # with the whole dataset allowed in outlier steps the plan sits on the floor
     assert rep["straggler_pct"]["plan"] == pytest.approx(floor, abs=0.5)
+
+
+def test_prepare_flag_sets_free_outliers() -> None:
+    """``freescale prepare --free-outliers off`` reaches the planner; the default is auto."""
+    from freescale.tools.cli import build_parser, prepare_config_from_args
+
+    base = ["prepare", "--sources", "s.toml", "--output", "out"]
+    args = build_parser().parse_args(base)
+    assert prepare_config_from_args(args).balance.free_outliers == "auto"
+    args = build_parser().parse_args([*base, "--free-outliers", "off"])
+    assert prepare_config_from_args(args).balance.free_outliers == "off"

@@ -95,6 +95,13 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
         help="bound on the share of samples grouped by cost into outlier steps",
     )
     p.add_argument("--target-imbalance", type=float, default=None, help="max/mean goal per group")
+    p.add_argument(
+        "--free-outliers",
+        choices=["auto", "off"],
+        default=None,
+        help="auto (default): where outlier steps of G*k samples cannot balance, the heaviest samples "
+        "form free-count outlier steps (counts reported); off: every outlier step keeps G*k samples",
+    )
     p.add_argument("--refine-swaps", type=int, default=None, help="swap-refinement iterations per step")
     p.add_argument("--seed", type=int, default=0)
     _add_sample_options(p)
@@ -319,7 +326,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         "strategy": args.strategy,
         "seed": args.seed,
     }
-    for option in ("max_outlier_fraction", "target_imbalance", "refine_swaps"):
+    for option in ("max_outlier_fraction", "target_imbalance", "refine_swaps", "free_outliers"):
         if getattr(args, option) is not None:
             balance_options[option] = getattr(args, option)
     return PrepareConfig(
