@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prepare_configs import make_config
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
-from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.prepare import prepare
@@ -22,18 +22,9 @@ from freescale.pipeline.reader import PreparedDataset
 from freescale.tools.cli import main as cli_main
 
 
-def make_config(sources: str, output: str) -> PrepareConfig:
+def small_shards_config(sources: str, output: str) -> PrepareConfig:
     # a small shard size limit: several shards per part, so "the shard" in an error is a real choice
-    return PrepareConfig(
-        sources=sources,
-        output=output,
-        samples=SampleConfig(max_uih_len=512),
-        balance=BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
-        workers=1,
-        progress=False,
-        memory_limit=512 * 2**20,
-        shard_size_limit=2**16,
-    )
+    return make_config(sources, output, samples=SampleConfig(max_uih_len=512), shard_size_limit=2**16)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +37,7 @@ def tiny_sources(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def prepared(tiny_sources, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("integrity") / "ds")
-    prepare(make_config(tiny_sources, out))
+    prepare(small_shards_config(tiny_sources, out))
     return out
 
 
@@ -90,7 +81,7 @@ def test_manifest_lists_every_published_file_with_size_and_hash(prepared) -> Non
 
 
 def test_identical_runs_give_byte_identical_outputs_manifest_included(tiny_sources, prepared, tmp_path) -> None:
-    prepare(make_config(tiny_sources, str(tmp_path / "again")))
+    prepare(small_shards_config(tiny_sources, str(tmp_path / "again")))
     assert all_digests(tmp_path / "again") == all_digests(Path(prepared))
 
 

@@ -15,27 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prepare_configs import make_config
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.balance import BalanceConfig
-from freescale.pipeline.config import PrepareConfig, SampleConfig
+from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.prepare import PrepareError, prepare
 from freescale.pipeline.reader import PreparedDataset, RankReader
 
 FREESCALE = str(Path(sys.executable).parent / "freescale")
-
-
-def make_config(sources: str, output: str, **overrides) -> PrepareConfig:
-    options = {
-        "samples": SampleConfig(max_uih_len=2048),
-        "balance": BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
-        "workers": 1,
-        "progress": False,
-        "memory_limit": 512 * 2**20,
-    }
-    options.update(overrides)
-    return PrepareConfig(sources=sources, output=output, **options)
 
 
 def shard_digests(directory: str) -> dict[str, str]:

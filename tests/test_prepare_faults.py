@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prepare_configs import make_config
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -109,21 +110,6 @@ def test_remote_output_work_dir_is_private_to_the_user(tiny_sources, tmp_path, m
     os.chown(root, 12345, 12345)
     with pytest.raises(PrepareError, match="belongs to uid 12345"):
         PrepareJob(make_config(tiny_sources, "s3://bucket/prepared"))
-
-
-def make_config(sources: str, output: str, **overrides):
-    from freescale.pipeline.balance import BalanceConfig
-    from freescale.pipeline.config import PrepareConfig, SampleConfig
-
-    options = {
-        "samples": SampleConfig(max_uih_len=2048),
-        "balance": BalanceConfig(group_size=4, micro_batch_size=4, seed=1),
-        "workers": 1,
-        "progress": False,
-        "memory_limit": 512 * 2**20,
-    }
-    options.update(overrides)
-    return PrepareConfig(sources=sources, output=output, **options)
 
 
 # --------------------------------------------------------------------------- corrupt input
