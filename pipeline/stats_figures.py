@@ -169,7 +169,10 @@ def step_figures(
     if step_items is not None:
         ratios = []
         for row, items in zip(b, step_items):
-            k = items_per_bin if items_per_bin and items_per_bin * b.shape[1] <= items.size else None
+            # the k-items form holds on equal-count steps (k each, or < W absorbed leftovers), not on
+            # the planner's free-count outlier steps (many more samples, one micro-batch may hold 1)
+            equal = items_per_bin and 0 <= items.size - items_per_bin * b.shape[1] < b.shape[1]
+            k = items_per_bin if equal else None
             bound = lower_bound(items, b.shape[1], k)
             ratios.append(row.max() / bound if bound > 0 else 1.0)
         r = np.array(ratios)

@@ -380,3 +380,16 @@ def test_prepare_flag_sets_free_outliers() -> None:
     assert prepare_config_from_args(args).balance.free_outliers == "auto"
     args = build_parser().parse_args([*base, "--free-outliers", "off"])
     assert prepare_config_from_args(args).balance.free_outliers == "off"
+
+
+def test_stats_lower_bound_skips_the_k_form_on_free_steps() -> None:
+    """``freescale stats`` figures: a free-count outlier step (one micro-batch holds the one heavy
+    sample alone) is measured against the free lower bound, so max / lower_bound never drops below
+    1; the k-items form still applies to equal-count steps."""
+    from freescale.pipeline.stats_figures import step_figures
+
+    free_step = np.array([10.0] + [1.0] * 10)  # bins: [10] and ten 1s: max 10 = total / 2 = largest
+    equal_step = np.array([10.0, 1.0, 1.0, 1.0])  # k = 2: the 10 shares its bin with a 1
+    figures = step_figures(np.array([[10.0, 10.0], [11.0, 2.0]]), [free_step, equal_step], items_per_bin=2)
+    assert figures["max_over_lower_bound"]["mean"] == pytest.approx(1.0)
+    assert figures["max_over_lower_bound"]["max"] == pytest.approx(1.0)
