@@ -10,7 +10,12 @@ planned for) and how a step's samples are split into its G micro-batches:
 * ``planned`` — steps are random except for outliers: the heaviest samples (the smallest share, at
   most ``max_outlier_fraction``, that reaches ``target_imbalance``; found by bisection) fill
   cost-sorted steps, so a 21k-long sample shares its step with samples of similar cost. The
-  price is batch-composition bias in those steps, reported as ``composition_bias``.
+  price is batch-composition bias in those steps, reported as ``composition_bias``. Outlier steps
+  hold G·k samples first; when no share within the bound reaches the target that way (a sample
+  outweighs a rank's share of a whole step: heavy tails, large G), ``free_outliers="auto"`` cuts
+  them by cost instead — each at least G × its largest cost / target, counts free even in
+  equal_count mode (``free_count_outliers`` in the report). When even that cannot reach the
+  target, ``straggler_pct.floor`` says what no plan of these samples can beat.
 
 Inside a step: equal-count (exactly k samples per micro-batch) runs greedy LPT with a cardinality
 constraint and balanced Karmarkar–Karp, keeps the better per step, then swap refinement; free-count

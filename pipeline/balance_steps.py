@@ -124,6 +124,11 @@ def _finish(
             outlier.append(False)
             free.append(False)
         else:  # too few for G non-empty micro-batches: join the last step (counts differ by ≤ 1)
+            ordinary = [i for i, o in enumerate(outlier) if not o]
+            if ordinary and ordinary[-1] != len(chunks) - 1:  # keep outlier steps within their bound
+                j = ordinary[-1]
+                for seq in (chunks, outlier, free):
+                    seq.append(seq.pop(j))
             chunks[-1] = np.concatenate([chunks[-1], left])
             absorbed = True
     sizes = np.array([c.size for c in chunks], dtype=np.int64)

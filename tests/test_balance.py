@@ -60,6 +60,7 @@ configs = st.builds(
     algorithms=st.sampled_from([("lpt",), ("kk",), ("lpt", "kk")]),
     refine_swaps=st.sampled_from([0, 4]),
     seed=st.integers(0, 3),
+    free_outliers=st.sampled_from(["auto", "off"]),
 )
 
 
@@ -393,3 +394,26 @@ def test_stats_lower_bound_skips_the_k_form_on_free_steps() -> None:
     figures = step_figures(np.array([[10.0, 10.0], [11.0, 2.0]]), [free_step, equal_step], items_per_bin=2)
     assert figures["max_over_lower_bound"]["mean"] == pytest.approx(1.0)
     assert figures["max_over_lower_bound"]["max"] == pytest.approx(1.0)
+
+
+def test_outlier_share_never_exceeds_the_bound() -> None:
+    """Fewer than G leftover samples join an ordinary step, not an outlier step, so the samples in
+    outlier steps never exceed max_outlier_fraction (here 72 of 234 > 30% before), and free-count
+    steps are always outlier steps."""
+    costs = np.round(np.random.default_rng(2).lognormal(0, 2.5, 234), 3)
+    cfg = BalanceConfig(group_size=3, micro_batch_size=2, max_outlier_fraction=0.3, seed=1)
+    plan = plan_step_groups(costs, cfg)
+    rep = plan.report
+    assert rep["leftover"]["absorbed_into_last_full_group"] and rep["free_count_outliers"]["steps"] > 0
+    assert rep["outlier_fraction"] <= 0.3
+    assert plan.n_step_groups - 1 not in rep["outlier_step_groups"]
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        n, g, k = int(rng.integers(0, 300)), int(rng.integers(1, 9)), int(rng.integers(1, 6))
+        fraction = float(rng.choice([0.1, 0.3, 1.0]))
+        mode = ["equal_count", "free_count"][int(rng.integers(2))]
+        cfg = BalanceConfig(group_size=g, micro_batch_size=k, mode=mode, max_outlier_fraction=fraction)
+        rep = plan_step_groups(np.round((rng.pareto(1.1, n) + 1) ** 2, 3), cfg).report
+        assert rep["outlier_fraction"] <= fraction + 1e-12
+        assert set(rep["free_count_outliers"]["step_groups"]) <= set(rep["outlier_step_groups"])
+        assert rep["straggler_pct"]["plan"] >= rep["straggler_pct"]["floor"] - 1e-3
