@@ -252,7 +252,10 @@ def test_launcher_refuses_what_ranks_would_trip_over(tiny_dataset, tmp_path, cap
     from freescale.tools.cli import main as cli_main
 
     cases = [
-        ({}, ["--nproc", "3"], "--nproc 3 does not divide the group size 4"),
+        ({}, ["--nproc", "3"], "world size 3 (--nproc x --nnodes) does not divide the group size 4"),
+        ({}, ["--nproc", "1", "--nnodes", "3", "--rdzv-endpoint", "h:1"], "world size 3 (--nproc x --nnodes)"),
+        ({}, ["--nproc", "1", "--nnodes", "2"], "--rdzv-endpoint must be HOST:PORT of node 0"),
+        ({}, ["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in [0, 2)"),
         ({"data": {"path": str(tmp_path / "missing")}}, [], "missing does not exist"),
         ({"data": {"max_steps": 1.5}}, [], "data.max_steps must be an integer, got 1.5"),
         ({"checkpoint": {"dir": str(tmp_path / "c"), "resume": str(tmp_path / "c" / "x")}}, [], "no .metadata"),

@@ -3,8 +3,12 @@
 The config is validated in the launching process first, so a typo fails in a second with a message
 naming the option instead of after N ranks have imported torch. Children get ``PYTHONSAFEPATH=1``
 (the working directory is not put on ``sys.path``: from the repository root the ``datasets/`` folder
-would shadow Hugging Face's package) and ``OMP_NUM_THREADS`` = ``engine.threads``. For several nodes
-run torchrun yourself: ``torchrun --nnodes … -m freescale.trainer --config run.toml``.
+would shadow Hugging Face's package) and ``OMP_NUM_THREADS`` = ``engine.threads``.
+
+Several machines: run the same command on each with ``--nnodes N --node-rank R --rdzv-endpoint
+HOST:PORT`` (``Nodes``): torchrun's c10d rendezvous, hosted by node 0's agent (``is_host``), so the
+endpoint must be an address of node 0 that every node reaches. Ranks are numbered by the rendezvous;
+which machine holds rank 0 does not change the training (data and table shards follow the rank).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from freescale.trainer.config import RunConfig
@@ -54,13 +59,53 @@ def rank_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]:
-    """The torchrun command line that starts ``nproc`` ranks on this machine."""
+@dataclass(frozen=True)
+class Nodes:
+    """Where the job's machines meet: ``nnodes`` machines, this one ``node_rank``, c10d at ``rdzv_endpoint``."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""  # HOST:PORT of node 0, needed with nnodes > 1
+    rdzv_id: str = "freescale"
+    local_addr: str = ""  # this node's address for its ranks' connections (default: from its hostname)
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"--rdzv-endpoint must be HOST:PORT of node 0 with --nnodes {self.nnodes}, "
+                    f"got {self.rdzv_endpoint!r}"
+                )
+        if not self.rdzv_id or not self.rdzv_id.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"--rdzv-id must be letters, digits, '-' or '_', got {self.rdzv_id!r}")
+
+    def torchrun_args(self) -> list[str]:
+        if self.nnodes == 1:
+            return ["--standalone"]
+        host = "1" if self.node_rank == 0 else "0"
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.rdzv_endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            f"--rdzv-conf=is_host={host}",  # node 0 hosts the store; the others only connect
+            *([f"--local-addr={self.local_addr}"] if self.local_addr else []),
+        ]
+
+
+def torchrun_command(config: str, nproc: int, overrides: list[str], nodes: Nodes | None = None) -> list[str]:
+    """The torchrun command line that starts ``nproc`` ranks on this machine (of ``nodes``)."""
     command = [
         sys.executable,
         "-m",
         "freescale.trainer.lifetime",  # torch.distributed.run tied to this process (lifetime.py)
-        "--standalone",
+        *(nodes or Nodes()).torchrun_args(),
         f"--nproc-per-node={nproc}",
         "-m",
         "freescale.trainer",
@@ -72,25 +117,33 @@ def torchrun_command(config: str, nproc: int, overrides: list[str]) -> list[str]
     return command
 
 
-def check_before_start(cfg: RunConfig, nproc: int) -> None:
+def check_before_start(cfg: RunConfig, world_size: int) -> None:
     """What every rank would trip over, checked once here: a one-line error instead of N tracebacks."""
     from freescale.pipeline.manifest import read_manifest
     from freescale.trainer.checkpoint import resolve_resume
 
     manifest = read_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
     group = int(manifest["layout"]["group_size"])
-    if group % nproc:
+    if group % world_size:
         divisors = [w for w in range(1, group + 1) if group % w == 0]
         raise ValueError(
-            f"--nproc {nproc} does not divide the group size {group} of {cfg.data.path} "
-            f"(balanced world sizes: {divisors}; or prepare again with --group-size)"
+            f"the world size {world_size} (--nproc x --nnodes) does not divide the group size {group} of "
+            f"{cfg.data.path} (balanced world sizes: {divisors}; or prepare again with --group-size)"
         )
     if cfg.checkpoint.dir:
         resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)  # exists, finished, trusted
 
 
-def launch(config: str, nproc: int = 1, device: str | None = None, overrides: list[str] | None = None) -> int:
-    """Validate ``config`` (+ overrides), then run torchrun and return its exit status."""
+def launch(
+    config: str,
+    nproc: int = 1,
+    device: str | None = None,
+    overrides: list[str] | None = None,
+    nodes: Nodes | None = None,
+) -> int:
+    """Validate ``config`` (+ overrides), then run torchrun (this machine's part of ``nodes``) and
+    return its exit status."""
+    nodes = nodes or Nodes()
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
     overrides = list(overrides or [])
@@ -102,6 +155,6 @@ def launch(config: str, nproc: int = 1, device: str | None = None, overrides: li
 
         if torch.cuda.device_count() < nproc:
             raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices, {torch.cuda.device_count()} visible")
-    check_before_start(cfg, nproc)
+    check_before_start(cfg, nproc * nodes.nnodes)
     env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
-    return run_group(torchrun_command(config, nproc, overrides), env)
+    return run_group(torchrun_command(config, nproc, overrides, nodes), env)
