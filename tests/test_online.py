@@ -9,9 +9,12 @@ really moves samples (checked through the per-step ``balancer.*`` counters).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from online_check import OnlineCase, _serve_online, differences
 from pec_check import RankPool
+from train_cli import prepare_tiny, run_toml, train
 
 from freescale.trainer.config import EngineConfig
 
@@ -116,3 +119,32 @@ def test_balancer_option_is_validated() -> None:
         EngineConfig(balancer="offline")
     with pytest.raises(ValueError, match=r"engine\.balancer"):
         EngineConfig(name="torchrec", balancer="online")
+
+
+def test_cli_online_run_matches_none_and_logs_the_balancer(tmp_path) -> None:
+    """``freescale train`` end to end, 2 ranks, 20 steps of randomly batched data (an offline-planned
+    dataset is already balanced, so the balancer would move nothing): losses within 1e-5, fields logged."""
+    prepared = prepare_tiny(tmp_path, seed=6, strategy="random")
+    lines = {}
+    for balancer in ("none", "online"):
+        out = tmp_path / balancer
+        config = run_toml(
+            tmp_path / f"{balancer}.toml",
+            prepared,
+            out,
+            data={"max_steps": 20},
+            eval={"max_users": 0},
+            engine={"balancer": balancer},
+        )
+        train(config, tmp_path)
+        lines[balancer] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = {b: [line for line in lines[b] if "step" in line and "loss" in line] for b in lines}
+    assert len(steps["online"]) == len(steps["none"]) == 20
+    for a, b in zip(steps["none"], steps["online"]):
+        if a["loss"] is None:  # an empty step (no targets anywhere) is empty in both
+            assert b["loss"] is None and b.get("empty")
+        else:
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert "balancer_dispatch_ms" in b and "balancer_dispatch_ms" not in a
+        assert b["balancer_imbalance_after"] <= b["balancer_imbalance_before"] + 1e-12
+    assert sum(line["balancer_moved"] for line in steps["online"]) > 0
