@@ -180,3 +180,6 @@ def test_cli_online_run_matches_none_and_logs_the_balancer(tmp_path) -> None:
         assert "balancer_dispatch_ms" in b and "balancer_dispatch_ms" not in a
         assert b["balancer_imbalance_after"] <= b["balancer_imbalance_before"] + 1e-12
     assert sum(line["balancer_moved"] for line in steps["online"]) > 0
+    summary = json.loads((tmp_path / "online" / "bubbles.json").read_text())["summary"]
+    assert summary["balancer"]["balancer_imbalance_after"] < summary["balancer"]["balancer_imbalance_before"]
+    assert "balancer" not in json.loads((tmp_path / "none" / "bubbles.json").read_text())["summary"]

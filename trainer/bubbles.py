@@ -184,6 +184,14 @@ def balancer_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     return out
 
 
+def summarize_balancer(steps: list[list[RankStep]]) -> dict[str, Any]:
+    """``{"balancer": means over steps of balancer_metrics}`` for online-balanced runs, else ``{}``."""
+    per_step = [m for m in (balancer_metrics(ranks) for ranks in steps) if m]
+    if not per_step:
+        return {}
+    return {"balancer": {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}}
+
+
 def step_loss(ranks: list[RankStep]) -> dict[str, Any]:
     """The step's loss: the mean over ranks that had targets. Why: a micro-batch without targets
     (tail step groups of two-event samples) reports loss 0.0 without training; counted in, it pulls
@@ -252,6 +260,7 @@ def summarize(steps: list[list[RankStep]], skip_steps: int = 0) -> dict[str, Any
         "per_rank": per_rank,
         "stage_ms": dict(stage_ms),
         "embedding_comm": summarize_embedding_comm(kept),
+        **summarize_balancer(kept),
         "per_step": {
             key: [step_metrics(s)[key] for s in kept]
             for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")
