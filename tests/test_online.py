@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,9 @@ from online_check import OnlineCase, _serve_online, differences
 from pec_check import RankPool
 from train_cli import prepare_tiny, run_toml, train
 
+from freescale.pipeline.cost import CostModel
 from freescale.trainer.config import EngineConfig
+from freescale.trainer.online import balancer_cost_model
 
 pytestmark = pytest.mark.slow
 
@@ -183,3 +186,14 @@ def test_cli_online_run_matches_none_and_logs_the_balancer(tmp_path) -> None:
     summary = json.loads((tmp_path / "online" / "bubbles.json").read_text())["summary"]
     assert summary["balancer"]["balancer_imbalance_after"] < summary["balancer"]["balancer_imbalance_before"]
     assert "balancer" not in json.loads((tmp_path / "none" / "bubbles.json").read_text())["summary"]
+
+
+def test_the_balancer_costs_samples_like_prepare(tmp_path) -> None:
+    cfg = OnlineCase().run_config("online")
+    assert balancer_cost_model(cfg) == CostModel.from_model(cfg.model)
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"a": 2.0, "b": 3.0, "c": 1.0}))
+    cfg.engine = EngineConfig(balancer="online", balancer_cost_model=str(path))
+    assert balancer_cost_model(cfg).cost(np.array([10])).tolist() == [231.0]
+    with pytest.raises(ValueError, match=r"engine\.balancer_cost_model"):
+        EngineConfig(balancer_cost_model=str(path))

@@ -168,6 +168,7 @@ class EngineConfig:
     collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
     transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
     balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/online.py)
+    balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -187,6 +188,10 @@ class EngineConfig:
             raise ValueError(
                 "engine.transport 'copy_engine' needs engine.device 'cuda' (copy engines are GPU DMA engines); "
                 "use 'auto' or 'torch'"
+            )
+        if self.balancer_cost_model and self.balancer != "online":
+            raise ValueError(
+                f"engine.balancer_cost_model is used only with engine.balancer 'online', got {self.balancer!r}"
             )
         if self.balancer != "none" and self.name == "torchrec":
             raise ValueError(

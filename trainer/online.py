@@ -6,11 +6,11 @@ whose step calls the same method) and with any ``engine.transport``: every excha
 ``TimedTransport.all_to_all``. The three stages, after the embedding communication:
 
 1. *Costs and placement* (``balance_exchange``, ``balance_place``): two small all-to-alls tell every
-   rank each rank's (samples, negatives) counts and every sample's length; the cost is
-   ``CostModel.from_model(cfg.model)`` — the model ``prepare`` plans with — of the sample's length
-   as trained (after holdout and truncation). ``balancer.place_samples`` (the planner's ``lpt_free``)
-   then gives every rank the same placement; a rank computes what it will receive from it, so no
-   count is exchanged twice.
+   rank each rank's (samples, negatives) counts and every sample's length; the cost is the model
+   ``prepare`` plans with (``CostModel.from_model(cfg.model)``, or the calibrated file named by
+   ``engine.balancer_cost_model``) of the sample's length as trained (after holdout and truncation).
+   ``balancer.place_samples`` (the planner's ``lpt_free``) then gives every rank the same placement;
+   a rank computes what it will receive from it, so no count is exchanged twice.
 2. *Dispatch* (``dispatch``): a sample moves as one unit of ``kernels.dispatch_jagged`` rows, one row
    per position: its input item row, input action row and target row (``3d`` floats, the
    differentiable part) and the input timestamp and target id (int64 bits carried as two float32
@@ -128,12 +128,19 @@ def unbits(values: torch.Tensor) -> torch.Tensor:
     return values.contiguous().view(torch.int64).view(-1)
 
 
+def balancer_cost_model(cfg: RunConfig) -> CostModel:
+    """The cost model ``prepare`` plans with: ``engine.balancer_cost_model`` (a calibrated file, as
+    passed to ``prepare --cost-model``) or, by default, the analytic model of ``[model]``."""
+    path = cfg.engine.balancer_cost_model
+    return CostModel.from_file(path) if path else CostModel.from_model(cfg.model)
+
+
 class OnlineBalancing:
     """Mixin over ``FreeScaleEngine``/``PECEngine``: ``forward_backward`` on the balanced placement."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         super().__init__(cfg, rank, world_size, device)  # type: ignore[call-arg]
-        self.cost_model = CostModel.from_model(cfg.model)
+        self.cost_model = balancer_cost_model(cfg)
         self._overhead: dict[str, float] = {}
 
     def describe(self) -> str:
