@@ -162,14 +162,15 @@ def _free_port() -> int:
 class RankPool:
     """``world_size`` long-lived gloo processes that train cases on request."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, serve: Any = _serve) -> None:
+        """``serve(rank, world_size, port, tasks, results)``: the loop each process runs (online_check has its own)."""
         context = mp.get_context("spawn")
         self.world_size = world_size
         self.results = context.Queue()
         self.tasks = [context.Queue() for _ in range(world_size)]
         port = _free_port()
         self.processes = [
-            context.Process(target=_serve, args=(rank, world_size, port, self.tasks[rank], self.results), daemon=True)
+            context.Process(target=serve, args=(rank, world_size, port, self.tasks[rank], self.results), daemon=True)
             for rank in range(world_size)
         ]
         for process in self.processes:

@@ -61,7 +61,7 @@ def losses(out: Path) -> dict[int, float]:
     return {line["step"]: line["loss"] for line in lines if "loss" in line}
 
 
-def prepare_tiny(root: Path, seed: int = 3) -> str:
+def prepare_tiny(root: Path, seed: int = 3, strategy: str = "planned") -> str:
     """Generate the ``tiny`` preset (Markov structure) under ``root`` and prepare it for 2 or 4 ranks."""
     generate(preset("tiny", seed=seed, markov_prob=0.5), str(root / "src"))
     out = str(root / "prepared")
@@ -71,7 +71,7 @@ def prepare_tiny(root: Path, seed: int = 3) -> str:
             output=out,
             samples=SampleConfig(max_uih_len=64),
             model=ModelConfig(**MODEL),
-            balance=BalanceConfig(group_size=4, micro_batch_size=8, seed=1),
+            balance=BalanceConfig(group_size=4, micro_batch_size=8, seed=1, strategy=strategy),
             workers=1,
             progress=False,
             memory_limit=512 * 2**20,

@@ -162,6 +162,36 @@ def embedding_comm_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     return out
 
 
+BALANCER_PARTS = ("exchange", "placement", "dispatch", "combine")
+
+
+def balancer_metrics(ranks: list[RankStep]) -> dict[str, Any]:
+    """The online balancer's per-step fields (``engine.balancer = "online"``; none otherwise).
+
+    Overheads are the mean over ranks of each part's milliseconds; the imbalances (max / mean rank
+    cost under the cost model, home vs balanced placement) are the same on every rank; ``moved``
+    counts the samples computed away from home.
+    """
+    if not any("balancer.imbalance_before" in r.extra for r in ranks):
+        return {}
+    out: dict[str, Any] = {
+        f"balancer_{part}_ms": sum(r.extra.get(f"balancer.{part}_ms", 0.0) for r in ranks) / len(ranks)
+        for part in BALANCER_PARTS
+    }
+    out["balancer_imbalance_before"] = ranks[0].extra["balancer.imbalance_before"]
+    out["balancer_imbalance_after"] = ranks[0].extra["balancer.imbalance_after"]
+    out["balancer_moved"] = int(sum(r.extra.get("balancer.moved", 0.0) for r in ranks))
+    return out
+
+
+def summarize_balancer(steps: list[list[RankStep]]) -> dict[str, Any]:
+    """``{"balancer": means over steps of balancer_metrics}`` for online-balanced runs, else ``{}``."""
+    per_step = [m for m in (balancer_metrics(ranks) for ranks in steps) if m]
+    if not per_step:
+        return {}
+    return {"balancer": {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}}
+
+
 def step_loss(ranks: list[RankStep]) -> dict[str, Any]:
     """The step's loss: the mean over ranks that had targets. Why: a micro-batch without targets
     (tail step groups of two-event samples) reports loss 0.0 without training; counted in, it pulls
@@ -201,6 +231,7 @@ def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
         "rank_ms": [1000.0 * r.wall for r in ranks],
         "rank_idle_ms": [1000.0 * r.idle for r in ranks],
         **embedding_comm_metrics(ranks),
+        **balancer_metrics(ranks),
     }
 
 
@@ -229,6 +260,7 @@ def summarize(steps: list[list[RankStep]], skip_steps: int = 0) -> dict[str, Any
         "per_rank": per_rank,
         "stage_ms": dict(stage_ms),
         "embedding_comm": summarize_embedding_comm(kept),
+        **summarize_balancer(kept),
         "per_step": {
             key: [step_metrics(s)[key] for s in kept]
             for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")

@@ -29,6 +29,7 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
 OVERLAPS = ("auto", "pec", "none")
+BALANCERS = ("none", "online")
 TRANSPORTS = ("auto", "torch", "copy_engine")  # kernels.transport.TRANSPORTS, without importing torch here
 
 
@@ -166,6 +167,8 @@ class EngineConfig:
     max_nonfinite_skips: int = 0  # steps with a NaN/inf loss or gradient skipped (no update) before the run stops
     collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
     transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
+    balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/online.py)
+    balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -174,6 +177,7 @@ class EngineConfig:
         _choice("engine.torchrec_pipeline", self.torchrec_pipeline, TORCHREC_PIPELINES)
         _choice("engine.overlap", self.overlap, OVERLAPS)
         _choice("engine.transport", self.transport, TRANSPORTS)
+        _choice("engine.balancer", self.balancer, BALANCERS)
         _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
         _check(self.seed >= 0, "engine.seed", "must be >= 0", self.seed)
         _check(self.max_nonfinite_skips >= 0, "engine.max_nonfinite_skips", "must be >= 0", self.max_nonfinite_skips)
@@ -184,6 +188,15 @@ class EngineConfig:
             raise ValueError(
                 "engine.transport 'copy_engine' needs engine.device 'cuda' (copy engines are GPU DMA engines); "
                 "use 'auto' or 'torch'"
+            )
+        if self.balancer_cost_model and self.balancer != "online":
+            raise ValueError(
+                f"engine.balancer_cost_model is used only with engine.balancer 'online', got {self.balancer!r}"
+            )
+        if self.balancer != "none" and self.name == "torchrec":
+            raise ValueError(
+                f"engine.balancer {self.balancer!r} applies to the freescale engine; "
+                "engine.name 'torchrec' has no online balancer (leave engine.balancer = 'none')"
             )
         if self.transport != "auto" and self.name == "torchrec":
             raise ValueError(

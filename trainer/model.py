@@ -187,9 +187,25 @@ def sampled_softmax_loss(
     """Mean next-item cross entropy of each query against its positive and the shared negatives."""
     if queries.shape[0] == 0:
         return queries.sum() * 0.0 + negatives.sum() * 0.0
+    return sampled_softmax_terms(queries, positives, negatives, target_ids, negative_ids, temperature).mean()
+
+
+def sampled_softmax_terms(
+    queries: torch.Tensor,
+    positives: torch.Tensor,
+    negatives: torch.Tensor,
+    target_ids: torch.Tensor,
+    negative_ids: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """Per-position cross entropy (``sampled_softmax_loss`` before the mean).
+
+    Why separate: the online balancer (``online.py``) weights each position by its *home*
+    micro-batch's size, wherever it is computed, so it needs the terms, not the local mean.
+    """
     q = F.normalize(queries, dim=-1)
     positive = (q * F.normalize(positives, dim=-1)).sum(-1, keepdim=True)
     negative = q @ F.normalize(negatives, dim=-1).T
     negative = negative.masked_fill(target_ids[:, None] == negative_ids[None, :], float("-inf"))
     logits = torch.cat([positive, negative], dim=1) / temperature
-    return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+    return torch.logsumexp(logits, dim=1) - logits[:, 0]

@@ -86,6 +86,11 @@ def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device
         from freescale.trainer.torchrec_engine import TorchRecEngine
 
         return TorchRecEngine(cfg, rank, world_size, device)
+    if cfg.engine.balancer == "online":
+        from freescale.trainer.online import OnlineEngine, OnlinePECEngine
+
+        online = OnlinePECEngine if overlap == "pec" else OnlineEngine
+        return online(cfg, rank, world_size, device)
     if overlap == "pec":
         from freescale.trainer.pec import PECEngine
 
