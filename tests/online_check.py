@@ -2,7 +2,7 @@
 
 ``OnlineCase`` describes steps of heavy-tailed sample lengths (lognormal, or an explicit per-step,
 per-rank schedule for the edge cases); ``case_batches`` turns them into each rank's micro-batches
-with random item/action ids, uniform and in-batch negatives. ``_serve_online`` is the loop the
+with random item/action ids, uniform and in-batch negatives. ``train_online_modes`` is the task the
 ``pec_check.RankPool`` processes run: each task trains the case once per mode (``none``,
 ``online``, ``pec``, ``pec+online``) from the same seed, optionally stopping at ``resume_at``,
 saving a checkpoint and continuing in a fresh engine. ``differences`` compares two modes within a
@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from pec_check import training_state
 
 from freescale.pipeline.cost import ModelConfig
@@ -148,20 +147,9 @@ def train_online_case(case: OnlineCase, mode: str, rank: int) -> dict[str, Any]:
         engine.close()
 
 
-def _serve_online(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        while (task := tasks.get()) is not None:
-            case, modes = task
-            try:
-                results.put((rank, {mode: train_online_case(OnlineCase(**case), mode, rank) for mode in modes}))
-            except BaseException as error:  # reported to the caller, which fails the comparison
-                results.put((rank, error))
-                raise
-    finally:
-        dist.destroy_process_group()
+def train_online_modes(case: dict[str, Any], modes: tuple[str, ...], rank: int) -> dict[str, Any]:
+    """One task of ``pec_check.RankPool(train=train_online_modes)``: ``case`` in each mode on this rank."""
+    return {mode: train_online_case(OnlineCase(**case), mode, rank) for mode in modes}
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:

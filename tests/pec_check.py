@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -137,15 +138,23 @@ def train_case(case: OverlapCase, overlap: str, rank: int) -> dict[str, Any]:
         engine.close()
 
 
-def _serve(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> None:
+def train_modes(case: dict[str, Any], overlaps: tuple[str, ...], rank: int) -> dict[str, Any]:
+    """One task of ``RankPool``: ``case`` trained with each overlap on this rank."""
+    return {overlap: train_case(OverlapCase(**case), overlap, rank) for overlap in overlaps}
+
+
+def serve(
+    rank: int, world_size: int, port: int, tasks: Any, results: Any, train: Callable[..., dict] = train_modes
+) -> None:
+    """A ``RankPool`` process: join the gloo group, then ``train(case, modes, rank)`` each task until ``None``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         while (task := tasks.get()) is not None:
-            case, overlaps = task
+            case, modes = task
             try:
-                results.put((rank, {overlap: train_case(OverlapCase(**case), overlap, rank) for overlap in overlaps}))
+                results.put((rank, train(case, modes, rank)))
             except BaseException as error:  # reported to the caller, which fails the comparison
                 results.put((rank, error))
                 raise
@@ -162,15 +171,17 @@ def _free_port() -> int:
 class RankPool:
     """``world_size`` long-lived gloo processes that train cases on request."""
 
-    def __init__(self, world_size: int, serve: Any = _serve) -> None:
-        """``serve(rank, world_size, port, tasks, results)``: the loop each process runs (online_check has its own)."""
+    def __init__(self, world_size: int, train: Callable[..., dict] = train_modes) -> None:
+        """``train(case, modes, rank)``: what each process runs per task (``online_check`` passes its own)."""
         context = mp.get_context("spawn")
         self.world_size = world_size
         self.results = context.Queue()
         self.tasks = [context.Queue() for _ in range(world_size)]
         port = _free_port()
         self.processes = [
-            context.Process(target=serve, args=(rank, world_size, port, self.tasks[rank], self.results), daemon=True)
+            context.Process(
+                target=serve, args=(rank, world_size, port, self.tasks[rank], self.results, train), daemon=True
+            )
             for rank in range(world_size)
         ]
         for process in self.processes:

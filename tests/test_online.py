@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from online_check import OnlineCase, _serve_online, differences
+from online_check import OnlineCase, differences, train_online_modes
 from pec_check import RankPool
 from train_cli import prepare_tiny, run_toml, train
 
@@ -28,14 +28,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pool2():
-    pool = RankPool(2, serve=_serve_online)
+    pool = RankPool(2, train=train_online_modes)
     yield pool
     pool.close()
 
 
 @pytest.fixture(scope="module")
 def pool4():
-    pool = RankPool(4, serve=_serve_online)
+    pool = RankPool(4, train=train_online_modes)
     yield pool
     pool.close()
 
