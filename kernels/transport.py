@@ -112,6 +112,7 @@ class Transport(ABC):
 
     rank: int
     world_size: int
+    concurrent: bool = False  # several exchanges may be in flight at once (started in the same order everywhere)
 
     @abstractmethod
     def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
@@ -152,6 +153,8 @@ class TorchDistTransport(Transport):
     multi-dim rows and zero-row splits), so the default is one collective; ``p2p=True`` uses
     isend/irecv pairs instead, for backends that lack it.
     """
+
+    concurrent = True  # torch.distributed orders collectives by issue order; gloo/NCCL run them concurrently
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, p2p: bool = False) -> None:
         if not dist.is_available() or not dist.is_initialized():

@@ -161,6 +161,8 @@ class CopyEngineTransport(Transport):
     docstring for the protocol and for why NCCL's copy-engine collectives are not used.
     """
 
+    concurrent = False  # one staging buffer per rank: one exchange in flight at a time
+
     def __init__(self, group: dist.ProcessGroup | None = None, *, device: torch.device | None = None,
                  capacity_bytes: int = 64 << 20, copy_out: bool = True) -> None:  # fmt: skip
         reason = copy_engine_unavailable_reason(group, device)

@@ -13,7 +13,7 @@ import torch
 
 from freescale.pipeline.cost import ModelConfig
 from freescale.tools.cli import main as cli_main
-from freescale.trainer.bubbles import analyze, step_metrics, summarize, summary_table
+from freescale.trainer.bubbles import RankStep, analyze, balancer_metrics, step_metrics, summarize, summary_table
 from freescale.trainer.config import ModelExtraConfig, RunConfig
 from freescale.trainer.data import CollateConfig, collate
 from freescale.trainer.engine import batch_features, batch_loss
@@ -26,7 +26,7 @@ from freescale.trainer.jagged import (
     padded_sum_of_squares,
 )
 from freescale.trainer.model import SequentialTransducer
-from freescale.trainer.sharded import init_rows, shard_bounds, split_features
+from freescale.trainer.sharded import append_notes, init_rows, shard_bounds, split_features, split_notes
 from freescale.trainer.sparse_optim import LazyAdam, RowWiseAdagrad, sum_by_row
 
 
@@ -219,6 +219,45 @@ def test_bubble_split_of_a_known_straggler() -> None:
     assert "straggler%" in summary_table(summary, "t")
 
 
+def test_balancer_overhead_leaves_out_waiting_for_other_ranks() -> None:
+    """The dispatch collective is the step's first sync point after placement: a rank that gets there
+    early waits for the other's straggling, which is not the balancer's cost (straggler_pct has it)."""
+
+    def rank_step(rank: int, dispatch_ms: float, waited_s: float) -> RankStep:
+        extra = {"balancer.imbalance_before": 1.5, "balancer.imbalance_after": 1.0, "balancer.moved": 1.0,
+                 "balancer.dispatch_ms": dispatch_ms, "balancer.combine_ms": 1.0}  # fmt: skip
+        return RankStep(rank=rank, step=0, wall=0.1, compute=0.0, data=0.0, comm=0.0, idle=waited_s, untimed=0.0,
+                        samples=1, loss=0.0, cost=0.0, stages={}, idle_by_name={"balancer.dispatch": waited_s},
+                        extra=extra)  # fmt: skip
+
+    metrics = balancer_metrics([rank_step(0, 7.0, 0.005), rank_step(1, 2.0, 0.0)])
+    assert metrics["balancer_dispatch_ms"] == pytest.approx(2.0)  # (7 - 5 + 2) / 2
+    assert metrics["balancer_combine_ms"] == pytest.approx(1.0)
+    assert metrics["balancer_wait_ms"] == pytest.approx(2.5)
+    assert metrics["balancer_moved"] == 2
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("note_length", [0, 1, 4])
+def test_routing_notes_travel_with_the_ids_and_come_apart_again(world: int, note_length: int) -> None:
+    """``append_notes`` / ``split_notes`` across an emulated all-to-all: every destination gets its ids
+    in source order and every source's note, whatever the (possibly empty) splits."""
+    rng = np.random.default_rng(world * 10 + note_length)
+    splits = [rng.integers(0, 4, world).tolist() for _ in range(world)]  # splits[s][d]: ids s sends d
+    ids = [torch.from_numpy(rng.integers(0, 1000, sum(sp))) for sp in splits]
+    notes = [torch.arange(note_length, dtype=torch.int64) + 100 * s for s in range(world)]
+    sent = [append_notes(ids[s], splits[s], notes[s]) for s in range(world)]
+    for d in range(world):
+        chunks = []
+        for s in range(world):
+            start = sum(splits[s][:d]) + d * note_length
+            chunks.append(sent[s][start : start + splits[s][d] + note_length])
+        got_ids, got_notes = split_notes(torch.cat(chunks), [sp[d] for sp in splits], [note_length] * world)
+        expected = [ids[s][sum(splits[s][:d]) : sum(splits[s][: d + 1])] for s in range(world)]
+        assert torch.equal(got_ids, torch.cat(expected))
+        assert len(got_notes) == world and all(torch.equal(a, b) for a, b in zip(got_notes, notes))
+
+
 def test_ranking_metrics_and_popularity_baseline() -> None:
     metrics = metrics_from_ranks(np.array([0, 1, 9, 10, 500]), k=10)
     assert metrics["hr@10"] == pytest.approx(3 / 5)
@@ -269,6 +308,7 @@ def write_config(path: Path, **tables: dict) -> str:
         ({"engine": {"max_nonfinite_skips": -1}}, "engine.max_nonfinite_skips"),
         ({"engine": {"name": "torchrec", "max_nonfinite_skips": 2}}, "engine.max_nonfinite_skips must be 0"),
         ({"engine": {"transport": "nvlink"}}, "engine.transport"),
+        ({"engine": {"balancer": "online", "balancer_min_gain": 1.0}}, "engine.balancer_min_gain must be in"),
         ({"engine": {"transport": "copy_engine"}}, "engine.transport 'copy_engine' needs engine.device 'cuda'"),
         ({"engine": {"name": "torchrec", "transport": "torch"}}, "engine.transport 'torch' applies to the freescale"),
     ],

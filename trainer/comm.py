@@ -34,6 +34,7 @@ __all__ = [
     "TRANSPORTS",
     "CommClock",
     "SideSeconds",
+    "TimedHandle",
     "TimedTransport",
     "TransportUnavailableError",
     "build_transport",
@@ -94,6 +95,11 @@ class TimedTransport:
 
     def __init__(self, transport: Transport, clock: CommClock, group: dist.ProcessGroup | None = None) -> None:
         self.transport, self.clock, self.group = transport, clock, group
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether several exchanges may be in flight at once (torch: yes; copy engines: one at a time)."""
+        return getattr(self.transport, "concurrent", False)
 
     @property
     def kind(self) -> str:

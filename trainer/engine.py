@@ -34,12 +34,12 @@ import torch
 import torch.distributed as dist
 
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
-from freescale.trainer.comm import build_transport
+from freescale.trainer.comm import TimedTransport, build_transport
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
 from freescale.trainer.instrument import StepTimer
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
-from freescale.trainer.sharded import DistContext, JaggedIds, RowWiseShardedTables, TableSpec
+from freescale.trainer.sharded import DistContext, JaggedIds, PendingInputDist, RowWiseShardedTables, TableSpec
 from freescale.trainer.sparse_optim import make_dense_optimizer
 
 FEATURES = ("item", "action", "neg")
@@ -158,13 +158,26 @@ class FreeScaleEngine:
         )
         self.dense_optimizer = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
         self.nonfinite = False  # the last step had a NaN/inf loss or gradient on some rank: nothing was updated
+        self._routing: tuple[Batch, PendingInputDist] | None = None  # next micro-batch, its routing in flight
 
     # the step ----------------------------------------------------------------------------------
     def step(self, batches: Iterator[Batch]) -> None:
-        """Read this rank's next micro-batch (the ``data`` stage) and train on it."""
+        """Read this rank's next micro-batch (the ``data`` stage) and train on it.
+
+        TorchRec's pipeline schedule (``TrainPipelineSparseDist``), where the transport allows two
+        exchanges in flight: the following micro-batch is read now, its ids counts all-to-all runs
+        during this step's forward and backward and its ids all-to-all during this step's gradient
+        communication, so the next step starts with its routing done. Routing is pure bookkeeping
+        of ids: the math is the synchronous step's, bit for bit.
+        """
         with self.timer.stage("data", "data"):
-            batch = next(batches).to(self.device)
-        self.train_step(batch)
+            if self._routing is None:
+                batch, pending = next(batches).to(self.device), None
+            else:
+                (batch, pending), self._routing = self._routing, None
+            following = next(batches, None) if self.comm.concurrent else None
+            following = following.to(self.device) if following is not None else None
+        self.train_step(batch, pending, following)
 
     def describe(self) -> str:
         return "row-wise sharded tables, explicit all-to-alls, flat dense all-reduce"
@@ -172,20 +185,33 @@ class FreeScaleEngine:
     def checkpointer(self) -> FreeScaleCheckpointer:
         return FreeScaleCheckpointer(self)
 
-    def train_step(self, batch: Batch) -> float:
-        """One synchronous step on this rank's micro-batch (already on the device); returns the local loss."""
+    def train_step(
+        self, batch: Batch, pending: PendingInputDist | None = None, following: Batch | None = None
+    ) -> float:
+        """One step on this rank's micro-batch (already on the device); returns the local loss.
+
+        ``pending``: this batch's input distribution, started during the previous step; ``following``:
+        the next micro-batch, whose input distribution this step starts (see ``step``).
+        """
         stage = self.timer.stage
         with stage("input_dist", "comm"):
-            ctx = self.tables.input_dist(batch_features(batch))
+            ctx = (pending or self.start_routing(batch)).finish()
         with stage("embedding_lookup", "compute"):
             owned_rows = self.tables.lookup(ctx)
         with stage("embedding_comm", "comm"):
             unique_rows = self.tables.output_dist(ctx, owned_rows)
+        if following is not None:
+            with stage("input_dist", "comm"):
+                ahead = self.start_routing(following)
+            self._routing = (following, ahead)
         loss, unique_grads = self.forward_backward(batch, ctx, unique_rows)
         local_bad = has_nonfinite(loss, unique_grads)
         with stage("gradient_comm", "comm"):
-            owner_grads = self.tables.grad_dist(ctx, unique_grads)
+            if following is not None:
+                ahead.route()
+            in_flight = self.tables.start_grad_dist(ctx, unique_grads)
             self._all_reduce_dense_grads(local_bad)
+            owner_grads = in_flight.wait()
         if self.nonfinite:
             self.dense_optimizer.zero_grad(set_to_none=True)
             return self.finish_record(batch, loss)
@@ -194,6 +220,15 @@ class FreeScaleEngine:
         with stage("dense_update", "compute"):
             self.dense_update()
         return self.finish_record(batch, loss)
+
+    def start_routing(self, batch: Batch, comm: TimedTransport | None = None) -> PendingInputDist:
+        """Start ``batch``'s input distribution (on ``comm``, default the engine's transport), with
+        the note ``routing_note`` gives riding along."""
+        return self.tables.start_input_dist(batch_features(batch), comm, self.routing_note(batch))
+
+    def routing_note(self, batch: Batch) -> torch.Tensor | None:
+        """What every rank should learn about ``batch`` with its routing (the online balancer's lengths)."""
+        return None
 
     def forward_backward(
         self, batch: Batch, ctx: DistContext, unique_rows: list[torch.Tensor]
@@ -227,7 +262,10 @@ class FreeScaleEngine:
         """Apply every pending update (synchronous engine: none are ever pending)."""
 
     def close(self) -> None:
-        """Release the transport (collective for the copy-engine transport's shared buffers)."""
+        """Finish a routing still in flight, release the transport (collective for copy engines)."""
+        if self._routing is not None:
+            self._routing[1].finish()
+            self._routing = None
         self.comm.close()
 
     def _all_reduce_dense_grads(self, local_bad: bool = False) -> None:

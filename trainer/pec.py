@@ -44,7 +44,7 @@ import torch
 
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
-from freescale.trainer.engine import FreeScaleEngine, batch_features, has_nonfinite
+from freescale.trainer.engine import FreeScaleEngine, has_nonfinite
 from freescale.trainer.overlap import CommWorker, OverlapMasks, adopt, exchange_masks, masked_all_to_all
 from freescale.trainer.sharded import DistContext
 from freescale.trainer.sparse_optim import sum_by_row
@@ -121,7 +121,7 @@ class PECEngine(FreeScaleEngine):
         stage = self.timer.stage
         if self._ahead is None:
             with stage("input_dist", "comm"):
-                ctx = self.tables.input_dist(batch_features(batch))
+                ctx = self.start_routing(batch).finish()
             with stage("embedding_lookup", "compute"):
                 owned = self.tables.lookup(ctx)
             with stage("embedding_comm", "comm"):
@@ -167,7 +167,7 @@ class PECEngine(FreeScaleEngine):
         """
         comm = self.worker.comm
         try:
-            ctx = self.tables.input_dist(batch_features(batch), comm=comm)
+            ctx = self.start_routing(batch, comm).finish()
             masks = exchange_masks(self.tables, now, ctx, comm)
             rows = self.tables.lookup(ctx)
             state = self.tables.state_rows(ctx, masks.ol_recv)

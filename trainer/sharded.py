@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from freescale.trainer.comm import TimedTransport
+from freescale.trainer.comm import TimedHandle, TimedTransport
 from freescale.trainer.config import OptimizerConfig
 from freescale.trainer.sparse_optim import SparseOptimizer, make_sparse_optimizer, sum_by_row
 
@@ -108,6 +108,85 @@ class DistContext:
     recv_splits: list[int]  # ids received from each rank
     recv_ids: torch.Tensor  # ids this rank owns and was asked for, src-major then table
     recv_table: torch.Tensor  # their table
+    notes: list[torch.Tensor] | None = None  # per source rank, the int64 note it sent along (see start_input_dist)
+
+
+class PendingInputDist:
+    """An input distribution in flight (``RowWiseShardedTables.start_input_dist``)."""
+
+    def __init__(
+        self,
+        tables: RowWiseShardedTables,
+        comm: TimedTransport,
+        feature_index: dict[str, tuple[int, torch.Tensor]],
+        unique: list[torch.Tensor],
+        send_position: list[torch.Tensor],
+        send_ids: torch.Tensor,
+        counts: torch.Tensor,
+        note: torch.Tensor,
+        counts_handle: TimedHandle,
+    ) -> None:
+        self.tables, self.comm = tables, comm
+        self.feature_index, self.unique, self.send_position = feature_index, unique, send_position
+        self.send_ids, self.counts, self.note = send_ids, counts, note  # send_ids carry the note per destination
+        self._counts_handle: TimedHandle | None = counts_handle
+        self._ids_handle: TimedHandle | None = None
+        self._recv_counts: torch.Tensor | None = None
+        self._note_lengths: torch.Tensor | None = None
+        self._splits: tuple[list[int], list[int]] = ([], [])
+        self._ctx: DistContext | None = None
+
+    def route(self) -> PendingInputDist:
+        """Wait for the counts, start the ids all-to-all (no-op when already routed)."""
+        if self._counts_handle is not None:
+            tables = self.tables
+            received = self._counts_handle.wait().view(tables.world_size, len(tables.specs) + 1)
+            self._counts_handle = None
+            self._recv_counts, self._note_lengths = received[:, :-1], received[:, -1]
+            send_splits, recv_splits = self.counts.sum(1).tolist(), self._recv_counts.sum(1).tolist()
+            note = self.note.numel()
+            with_notes = [n + note for n in send_splits], (received.sum(1)).tolist()
+            self._ids_handle = self.comm.start("input_dist.ids", self.send_ids, *with_notes)
+            self._splits = (send_splits, recv_splits)
+        return self
+
+    def finish(self) -> DistContext:
+        """Wait for the ids; the step's routing context (idempotent)."""
+        self.route()
+        if self._ctx is None:
+            assert self._ids_handle is not None and self._recv_counts is not None
+            tables = self.tables
+            recv_ids, notes = split_notes(self._ids_handle.wait(), self._splits[1], self._note_lengths.tolist())
+            table_ids = torch.arange(len(tables.specs), device=tables.device).repeat(tables.world_size)
+            recv_table = torch.repeat_interleave(table_ids, self._recv_counts.flatten().to(tables.device))
+            send_splits, recv_splits = self._splits
+            self._ctx = DistContext(
+                self.feature_index, self.unique, self.send_position, send_splits, recv_splits, recv_ids, recv_table,
+                notes if self.note.numel() or any(n.numel() for n in notes) else None,
+            )  # fmt: skip
+        return self._ctx
+
+
+def append_notes(send_ids: torch.Tensor, splits: list[int], note: torch.Tensor) -> torch.Tensor:
+    """The ids send buffer with ``note`` after each destination's ids (one copy, no per-rank loop)."""
+    if not note.numel():
+        return send_ids
+    w, n = len(splits), note.numel()
+    device = send_ids.device
+    owner = source_ranks(splits, device)
+    out = torch.empty(send_ids.numel() + w * n, dtype=torch.int64, device=device)
+    out[torch.arange(send_ids.numel(), device=device) + owner * n] = send_ids
+    ends = torch.cumsum(torch.tensor(splits, device=device), 0) + torch.arange(w, device=device) * n
+    out[(ends[:, None] + torch.arange(n, device=device)).flatten()] = note.repeat(w)
+    return out
+
+
+def split_notes(received: torch.Tensor, id_counts: list[int], note_counts: list[int]) -> tuple[torch.Tensor, list]:
+    """(received ids, per source its note) of a buffer laid out by ``append_notes``."""
+    if not any(note_counts):
+        return received, [received.new_zeros(0) for _ in id_counts]
+    pieces = torch.split(received, [c for pair in zip(id_counts, note_counts) for c in pair])
+    return torch.cat(pieces[0::2]), list(pieces[1::2])
 
 
 class RowWiseShardedTables:
@@ -141,27 +220,44 @@ class RowWiseShardedTables:
         self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
 
     # 1. input distribution -------------------------------------------------------------------
-    def input_dist(self, features: Any, comm: TimedTransport | None = None) -> DistContext:
+    def input_dist(
+        self, features: Any, comm: TimedTransport | None = None, note: torch.Tensor | None = None
+    ) -> DistContext:
         """De-duplicate ids per table, send each owner the ids it holds (two all-to-alls).
 
         ``comm`` (default: the engine's transport) lets the PEC engine run this stage for the next
-        batch on its communication thread's own process group.
+        batch on its communication thread's own process group; ``note``: see ``start_input_dist``.
+        """
+        return self.start_input_dist(features, comm, note).route().finish()
+
+    def start_input_dist(
+        self, features: Any, comm: TimedTransport | None = None, note: torch.Tensor | None = None
+    ) -> PendingInputDist:
+        """The input distribution in three resumable parts, so a step can run it for the next batch
+        while it computes the current one (TorchRec's pipeline schedule): this call buckets the ids
+        and *starts* the counts all-to-all; ``route()`` waits for the counts and starts the ids
+        all-to-all; ``finish()`` waits for the ids. Every rank must make the three calls in the same
+        order relative to its other collectives on ``comm``.
+
+        ``note``: a small int64 vector every rank receives from this one with its routing (in
+        ``DistContext.notes``, per source): the online balancer's sample lengths travel this way
+        instead of in collectives of their own. Its length rides as one more column of the counts.
         """
         comm = comm or self.comm
+        note = torch.zeros(0, dtype=torch.int64, device=self.device) if note is None else note.to(self.device)
         per_feature = split_features(features)
         unknown = sorted(set(per_feature) - set(self.table_of))
         if unknown:
             raise ValueError(f"features {unknown} have no table; known: {sorted(self.table_of)}")
         unique, feature_index = self._unique_per_table(per_feature)
         send_ids, send_position, counts = self._bucket_by_owner(unique)
-        splits = [len(self.specs)] * self.world_size
-        recv_counts = comm.all_to_all("input_dist.counts", counts.flatten(), splits, splits)
-        recv_counts = recv_counts.view(self.world_size, len(self.specs))
-        send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-        recv_ids = comm.all_to_all("input_dist.ids", send_ids, send_splits, recv_splits)
-        tables = torch.arange(len(self.specs), device=self.device).repeat(self.world_size)
-        recv_table = torch.repeat_interleave(tables, recv_counts.flatten().to(self.device))
-        return DistContext(feature_index, unique, send_position, send_splits, recv_splits, recv_ids, recv_table)
+        splits = [len(self.specs) + 1] * self.world_size
+        header = torch.cat([counts, counts.new_full((self.world_size, 1), note.numel())], dim=1)
+        counts_handle = comm.start("input_dist.counts", header.flatten(), splits, splits)
+        send_ids = append_notes(send_ids, counts.sum(1).tolist(), note.to(torch.int64))
+        return PendingInputDist(
+            self, comm, feature_index, unique, send_position, send_ids, counts, note, counts_handle
+        )
 
     def _unique_per_table(self, per_feature: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
         grouped: list[list[str]] = [[] for _ in self.specs]
@@ -246,8 +342,12 @@ class RowWiseShardedTables:
     # 5. gradient distribution --------------------------------------------------------------------
     def grad_dist(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
         """Send each unique row's gradient to its owner; returns grads aligned with ``ctx.recv_ids``."""
+        return self.start_grad_dist(ctx, unique_grads).wait()
+
+    def start_grad_dist(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> TimedHandle:
+        """``grad_dist`` started, not waited: the engine runs the dense all-reduce while it is in flight."""
         send = self.grad_send_buffer(ctx, unique_grads)
-        return self.comm.all_to_all("gradient_comm.embeddings", send, ctx.send_splits, ctx.recv_splits)
+        return self.comm.start("gradient_comm.embeddings", send, ctx.send_splits, ctx.recv_splits)
 
     def grad_send_buffer(self, ctx: DistContext, unique_grads: list[torch.Tensor | None]) -> torch.Tensor:
         """The unique rows' gradients in send order (owner-major); rows without a gradient are zero."""
