@@ -52,6 +52,7 @@ class OnlineCase:
     sparse_lr: float = 0.01
     resume_at: int = 0  # > 0: checkpoint after this many steps and continue in a new engine
     checkpoint_dir: str = ""
+    min_gain: float = 0.0  # engine.balancer_min_gain: 0 so every move LPT finds is exercised (default 2%)
 
     def run_config(self, mode: str) -> RunConfig:
         return RunConfig(
@@ -72,6 +73,7 @@ class OnlineCase:
                 seed=self.seed,
                 overlap="pec" if "pec" in mode else "none",
                 balancer="online" if "online" in mode else "none",
+                balancer_min_gain=self.min_gain if "online" in mode else EngineConfig.balancer_min_gain,
             ),
         )
 

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.balance_algos import (
+    _lpt,
     _nearest_pairs,
     kk_equal,
     kk_free,
@@ -72,6 +73,16 @@ def test_lpt_matches_sequential_definition(data) -> None:
                 assert counts.min() >= 1
             if m:
                 assert loads.max() <= x[s, :m].sum() / g + x[s, 0] + 1e-9
+
+
+@SETTINGS
+@given(data=rows(width_max=80))
+def test_lpt_free_of_one_step_is_the_batched_kernel(data) -> None:
+    """The plain-Python one-step path (the online balancer's) gives the batched kernel's exact bins."""
+    g, x, sizes = data
+    for row, m in zip(x, sizes):
+        one = row[None, : int(m)]
+        np.testing.assert_array_equal(lpt_free(one, g), _lpt(one, g, None, False))
 
 
 @SETTINGS

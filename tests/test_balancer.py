@@ -101,6 +101,25 @@ def test_more_ranks_than_samples_leaves_ranks_empty() -> None:
     assert imbalance(rank_loads(costs, dest, 4)) == pytest.approx(3.0 / (5.0 / 4))
 
 
+def test_min_gain_keeps_a_nearly_balanced_step_home() -> None:
+    costs = np.array([10.0, 10.0, 10.0, 9.0, 9.0, 10.5])
+    homes = np.array([0, 0, 0, 1, 1, 1])  # loads 30 / 28.5: LPT reaches 29.5, 1.7% below 30
+    assert not np.array_equal(place_samples(costs, homes, 2), homes)
+    np.testing.assert_array_equal(place_samples(costs, homes, 2, min_gain=0.02), homes)
+    skewed = np.array([0, 0, 0, 0, 0, 1])  # loads 48 / 10.5: any gain threshold below 38% still moves
+    assert not np.array_equal(place_samples(costs, skewed, 2, min_gain=0.3), skewed)
+
+
+@SETTINGS
+@given(steps(), st.floats(0.0, 0.5))
+def test_min_gain_moves_only_for_a_gain_above_it(step, min_gain) -> None:
+    costs, homes, world = step
+    dest = place_samples(costs, homes, world, min_gain)
+    if costs.size and not np.array_equal(dest, homes):
+        home_max = rank_loads(costs, homes, world).max()
+        assert rank_loads(costs, dest, world).max() < home_max * (1 - min_gain)
+
+
 def test_bad_input_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="equal-length"):
         place_samples(np.ones(3), np.zeros(2, dtype=np.int64), 2)

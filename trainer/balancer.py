@@ -11,9 +11,9 @@ Why the extra steps around LPT:
 * LPT numbers its bins 0..W-1 in an order that has nothing to do with where samples already are.
   Bins are interchangeable, so they are relabelled onto ranks greedily by the cost each bin would
   keep at home (largest first, ties by bin then rank): moving fewer bytes without touching the bound.
-* If LPT's maximum load is not below the home placement's, the step keeps its home placement: an
-  already balanced step (or one whose straggler is a single sample nobody can split) moves nothing,
-  and the result is never worse than not balancing.
+* If LPT's maximum load is not below the home placement's (by more than ``min_gain`` of it), the
+  step keeps its home placement: an already balanced step (or one whose straggler is a single
+  sample nobody can split) moves nothing, and the result is never worse than not balancing.
 
 Bound (Graham's list scheduling, which LPT is): ``max load ≤ total / W + max cost``; with the
 home fallback also ``max load ≤ home max load``. tests/test_balancer.py checks both with hypothesis.
@@ -62,10 +62,13 @@ def label_bins(bins: np.ndarray, homes: np.ndarray, costs: np.ndarray, world_siz
     return label
 
 
-def place_samples(costs: np.ndarray, homes: np.ndarray, world_size: int) -> np.ndarray:
+def place_samples(costs: np.ndarray, homes: np.ndarray, world_size: int, min_gain: float = 0.0) -> np.ndarray:
     """Destination rank of every sample of the step (same input on every rank → same output).
 
     ``costs``: float per sample, ``homes``: int home rank per sample, both in global order.
+    ``min_gain``: move samples only when LPT lowers the step's maximum rank cost by more than this
+    share of it (``engine.balancer_min_gain``): a step that is already nearly balanced — planned
+    data — is not worth a dispatch and a combine.
     """
     costs = np.asarray(costs, dtype=np.float64)
     homes = np.asarray(homes, dtype=np.int64)
@@ -77,6 +80,6 @@ def place_samples(costs: np.ndarray, homes: np.ndarray, world_size: int) -> np.n
         return homes.copy()
     bins = lpt_bins(costs, world_size)
     home_max = rank_loads(costs, homes, world_size).max()
-    if rank_loads(costs, bins, world_size).max() >= home_max:
+    if rank_loads(costs, bins, world_size).max() >= home_max * (1.0 - min_gain):
         return homes.copy()
     return label_bins(bins, homes, costs, world_size)[bins]

@@ -46,6 +46,7 @@ class RankStep:
     stages: dict[str, float]
     positions: int = 0  # targets trained on (0: an empty micro-batch, its loss means nothing)
     comm_by_name: dict[str, float] = field(default_factory=dict)  # exposed comm seconds per collective name
+    idle_by_name: dict[str, float] = field(default_factory=dict)  # seconds waiting for other ranks, per name
     extra: dict[str, float] = field(default_factory=dict)  # the engine's counters (StepRecord.extra)
 
     def parts_total(self) -> float:
@@ -73,6 +74,7 @@ def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
     """Split one rank's step into compute / data / comm / idle / untimed."""
     waits = idle = 0.0
     comm_by_name: dict[str, float] = defaultdict(float)
+    idle_by_name: dict[str, float] = defaultdict(float)
     for i, comm in enumerate(record.comms):
         blocked = max(0.0, comm.wait_end - comm.wait_start)
         waits += blocked
@@ -81,6 +83,7 @@ def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
             waited_for_others = min(blocked, max(0.0, min(comm.wait_end, max_launch[i]) - comm.wait_start))
         idle += waited_for_others
         comm_by_name[comm.name] += blocked - waited_for_others
+        idle_by_name[comm.name] += waited_for_others
     stages: dict[str, float] = defaultdict(float)
     data = 0.0
     for span in record.stages:
@@ -104,6 +107,7 @@ def split_rank_step(record: StepRecord, max_launch: list[float]) -> RankStep:
         stages=dict(stages),
         positions=record.positions,
         comm_by_name=dict(comm_by_name),
+        idle_by_name=dict(idle_by_name),
         extra=dict(record.extra),
     )
 
@@ -168,16 +172,23 @@ BALANCER_PARTS = ("exchange", "placement", "dispatch", "combine")
 def balancer_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     """The online balancer's per-step fields (``engine.balancer = "online"``; none otherwise).
 
-    Overheads are the mean over ranks of each part's milliseconds; the imbalances (max / mean rank
-    cost under the cost model, home vs balanced placement) are the same on every rank; ``moved``
-    counts the samples computed away from home.
+    Overheads are the mean over ranks of each part's milliseconds *less the time its collective
+    waited for slower ranks* (``balancer_wait_ms``): that wait is straggling the step has anyway —
+    without the balancer it would be spent at the next collective — and ``straggler_pct`` counts it.
+    So a part's overhead is the balancer's own compute plus its exposed communication. The
+    imbalances (max / mean rank cost under the cost model, home vs balanced placement) are the same
+    on every rank; ``moved`` counts the samples computed away from home.
     """
     if not any("balancer.imbalance_before" in r.extra for r in ranks):
         return {}
-    out: dict[str, Any] = {
-        f"balancer_{part}_ms": sum(r.extra.get(f"balancer.{part}_ms", 0.0) for r in ranks) / len(ranks)
-        for part in BALANCER_PARTS
-    }
+    world = len(ranks)
+    out: dict[str, Any] = {}
+    for part in BALANCER_PARTS:
+        elapsed = sum(r.extra.get(f"balancer.{part}_ms", 0.0) for r in ranks) / world
+        waited = 1000.0 * sum(r.idle_by_name.get(f"balancer.{part}", 0.0) for r in ranks) / world
+        out[f"balancer_{part}_ms"] = max(0.0, elapsed - waited)
+    out["balancer_wait_ms"] = 1000.0 * sum(v for r in ranks for n, v in r.idle_by_name.items()
+                                           if n.startswith("balancer.")) / world  # fmt: skip
     out["balancer_imbalance_before"] = ranks[0].extra["balancer.imbalance_before"]
     out["balancer_imbalance_after"] = ranks[0].extra["balancer.imbalance_after"]
     out["balancer_moved"] = int(sum(r.extra.get("balancer.moved", 0.0) for r in ranks))

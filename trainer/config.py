@@ -169,6 +169,7 @@ class EngineConfig:
     transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
     balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/online.py)
     balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
+    balancer_min_gain: float = 0.02  # online balancer: move samples only if the step's max rank cost drops > 2%
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -189,6 +190,8 @@ class EngineConfig:
                 "engine.transport 'copy_engine' needs engine.device 'cuda' (copy engines are GPU DMA engines); "
                 "use 'auto' or 'torch'"
             )
+        _check(0.0 <= self.balancer_min_gain < 1.0, "engine.balancer_min_gain", "must be in [0, 1)",
+               self.balancer_min_gain)  # fmt: skip
         if self.balancer_cost_model and self.balancer != "online":
             raise ValueError(
                 f"engine.balancer_cost_model is used only with engine.balancer 'online', got {self.balancer!r}"

@@ -5,20 +5,25 @@ composes with ``engine.overlap = "none"`` (``OnlineEngine``) and ``"pec"`` (``On
 whose step calls the same method) and with any ``engine.transport``: every exchange below is a
 ``TimedTransport.all_to_all``. The three stages, after the embedding communication:
 
-1. *Costs and placement* (``balance_exchange``, ``balance_place``): two small all-to-alls tell every
-   rank each rank's (samples, negatives) counts and every sample's length; the cost is the model
-   ``prepare`` plans with (``CostModel.from_model(cfg.model)``, or the calibrated file named by
-   ``engine.balancer_cost_model``) of the sample's length as trained (after holdout and truncation).
-   ``balancer.place_samples`` (the planner's ``lpt_free``) then gives every rank the same placement;
-   a rank computes what it will receive from it, so no count is exchanged twice.
-2. *Dispatch* (``dispatch``): a sample moves as one unit of ``kernels.dispatch_jagged`` rows, one row
-   per position: its input item row, input action row and target row (``3d`` floats, the
-   differentiable part) and the input timestamp and target id (int64 bits carried as two float32
-   each). Each home also sends its negatives (rows and ids) once to every rank that received at least
-   one of its samples. The destination makes the received floats leaves, runs the model and the loss.
-3. *Combine* (``combine``): the leaves' gradients go back through the transport and
-   ``combine_jagged`` into home order; the negatives' gradients and each home's partial loss ride
-   back in one more all-to-all and are summed at home in source-rank order. ``torch.autograd.backward``
+1. *Costs and placement* (``balance_exchange``, ``balance_place``): every rank's (samples,
+   negatives) counts and every sample's length reach every rank as the *note* of its routing
+   (``routing_note``, carried by the input distribution's own two all-to-alls: no collective of
+   the balancer's own, and with the engine's pipelined routing it arrives during the previous step);
+   the cost is the model ``prepare`` plans with (``CostModel.from_model(cfg.model)``, or the
+   calibrated file named by ``engine.balancer_cost_model``) of the sample's length as trained
+   (after holdout and truncation). ``balancer.place_samples`` (the planner's ``lpt_free``) then
+   gives every rank the same placement; a rank computes what it will receive from it, so no count
+   is exchanged twice. A step whose placement moves nothing (already balanced, e.g. planned data)
+   runs the engine's ordinary forward/backward: no dispatch, no combine.
+2. *Dispatch* (``dispatch``, one all-to-all): a sample moves as one unit of
+   ``kernels.dispatch_jagged`` rows, one row per position: its input item row, input action row and
+   target row (``3d`` floats, the differentiable part) and the input timestamp and target id (int64
+   bits carried as two float32 each). After a destination's units, each home sends its negatives
+   (rows and ids, padded to the units' width) once to every rank that received one of its samples.
+   The destination makes the received floats leaves, runs the model and the loss.
+3. *Combine* (``combine``, one all-to-all): the leaves' gradients go back through the transport and
+   ``combine_jagged`` into home order; each source's negatives' gradients and its partial loss ride
+   in the same message and are summed at home in source-rank order. ``torch.autograd.backward``
    from the home unit tensors reaches the unique-row leaves, and the step continues as usual
    (``grad_dist``, dense all-reduce, sparse and dense updates).
 
@@ -48,7 +53,7 @@ kernels by default (same interface); nothing here needs a GPU to import or run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +86,10 @@ class StepPlan:
     @property
     def world_size(self) -> int:
         return int(self.samples.size)
+
+    def moves(self) -> bool:
+        """Whether any sample of the step is computed away from home."""
+        return bool((self.dest != self.homes).any())
 
     def mine(self) -> slice:
         start = int(self.samples[: self.rank].sum())
@@ -128,6 +137,17 @@ def unbits(values: torch.Tensor) -> torch.Tensor:
     return values.contiguous().view(torch.int64).view(-1)
 
 
+def interleave(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``first[0], second[0], first[1], second[1], …`` as one buffer (two payloads per peer, one collective)."""
+    return torch.cat([part for pair in zip(first, second) for part in pair])
+
+
+def deinterleave(buffer: torch.Tensor, first: list[int], second: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``interleave`` given the row counts of each part: (all first parts, all second parts)."""
+    pieces = torch.split(buffer, [n for pair in zip(first, second) for n in pair])
+    return torch.cat(pieces[0::2]), torch.cat(pieces[1::2])
+
+
 def balancer_cost_model(cfg: RunConfig) -> CostModel:
     """The cost model ``prepare`` plans with: ``engine.balancer_cost_model`` (a calibrated file, as
     passed to ``prepare --cost-model``) or, by default, the analytic model of ``[model]``."""
@@ -151,10 +171,13 @@ class OnlineBalancing:
         self, batch: Batch, ctx: DistContext, unique_rows: list[torch.Tensor]
     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Balance, compute the placed samples, send gradients home; returns (home loss, row grads)."""
+        plan = self._timed("exchange", "balance_exchange", "compute", self._exchange, ctx)
+        plan = self._timed("placement", "balance_place", "compute", self._place, plan)
+        if not plan.moves():  # every rank sees the same plan: all keep their samples, nothing is sent
+            self._record_balance(plan)
+            return super().forward_backward(batch, ctx, unique_rows)  # type: ignore[misc]
         self.model.train()
         leaves = [rows.requires_grad_() for rows in unique_rows]
-        plan = self._timed("exchange", "balance_exchange", "comm", self._exchange, batch)
-        plan = self._timed("placement", "balance_place", "compute", self._place, plan)
         with self.timer.stage("forward", "compute"):
             rows = self.tables.feature_rows(ctx, leaves)
             units = torch.cat([rows["item"][batch.input_index], rows["action"][batch.input_index],
@@ -184,22 +207,28 @@ class OnlineBalancing:
         return result
 
     # 1. costs and placement ------------------------------------------------------------------------
-    def _exchange(self, batch: Batch) -> StepPlan:
-        """Every rank's (samples, negatives) counts, then every sample's positions (two all-to-alls)."""
-        w = self.world_size
-        mine = torch.tensor([batch.num_samples, int(batch.negative_ids.numel())], dtype=torch.int64)
-        counts = self.comm.all_to_all("balancer.counts", mine.to(self.device).repeat(w), [2] * w, [2] * w)
-        counts = counts.view(w, 2).cpu().numpy()
-        positions = (batch.lengths - 1).to(torch.int64)
-        n = batch.num_samples
-        got = self.comm.all_to_all("balancer.lengths", positions.repeat(w), [n] * w, counts[:, 0].tolist())
-        positions_all = got.cpu().numpy()
-        homes = np.repeat(np.arange(w), counts[:, 0])
-        return StepPlan(counts[:, 0], counts[:, 1], positions_all, homes, homes.copy(), self.rank)
+    def routing_note(self, batch: Batch) -> torch.Tensor:
+        """(samples, negatives, positions of each sample): every rank learns them with the routing,
+        so the balancer's exchange costs no collective of its own (and, with the engine's pipelined
+        routing, arrives during the previous step)."""
+        head = torch.tensor([batch.num_samples, int(batch.negative_ids.numel())], dtype=torch.int64)
+        return torch.cat([head, (batch.lengths.cpu() - 1).to(torch.int64)])
+
+    def _exchange(self, ctx: DistContext) -> StepPlan:
+        """The step's global view from the notes every rank sent with its routing."""
+        if ctx.notes is None:
+            raise RuntimeError("online balancer: the routing carried no notes (start_routing was bypassed)")
+        notes = [note.cpu().numpy() for note in ctx.notes]
+        samples = np.array([note[0] for note in notes], dtype=np.int64)
+        negatives = np.array([note[1] for note in notes], dtype=np.int64)
+        positions_all = np.concatenate([note[2:] for note in notes]).astype(np.int64)
+        homes = np.repeat(np.arange(self.world_size), samples)
+        return StepPlan(samples, negatives, positions_all, homes, homes.copy(), self.rank)
 
     def _place(self, plan: StepPlan) -> StepPlan:
         """The same placement on every rank (``balancer.place_samples`` on the sample costs)."""
-        plan.dest = place_samples(self.sample_costs(plan.positions), plan.homes, self.world_size)
+        costs = self.sample_costs(plan.positions)
+        plan.dest = place_samples(costs, plan.homes, self.world_size, self.cfg.engine.balancer_min_gain)
         return plan
 
     def sample_costs(self, positions: np.ndarray) -> np.ndarray:
@@ -210,7 +239,8 @@ class OnlineBalancing:
     def _dispatch(
         self, batch: Batch, units: torch.Tensor, negatives: torch.Tensor, plan: StepPlan
     ) -> tuple[Received, DispatchPlan]:
-        """Send each sample's unit rows to its rank and each home's negatives to its samples' ranks."""
+        """One all-to-all: each sample's unit rows to its rank, then (to every rank that got one of
+        them) this home's negatives, padded to the unit rows' width."""
         w, d = self.world_size, self.tables.dim
         dest = torch.from_numpy(plan.dest[plan.mine()]).to(self.device)
         payload = torch.cat(
@@ -218,26 +248,29 @@ class OnlineBalancing:
         )
         sent = dispatch_jagged(JaggedRows(payload, (batch.lengths - 1).to(self.device)), dest, w)
         route = sent.plan
-        values = self.comm.all_to_all(
-            "balancer.dispatch", sent.buffer.values, route.value_counts.tolist(), plan.value_counts_from()
-        )
-        targets, sources = plan.targets(), plan.sources()
         own = torch.cat([negatives.detach(), bits(batch.negative_ids)], dim=1)
+        own = torch.nn.functional.pad(own, (0, payload.shape[1] - own.shape[1]))
+        unit_counts = route.value_counts.tolist()
         k = int(plan.negatives[self.rank])
-        negs = self.comm.all_to_all(
-            "balancer.negatives",
-            own.repeat(int(targets.sum()), 1),
-            [k if t else 0 for t in targets],
-            [int(n) if s else 0 for n, s in zip(plan.negatives, sources)],
+        negative_counts = [k if t else 0 for t in plan.targets()]
+        send = interleave(torch.split(sent.buffer.values, unit_counts), [own[:n] for n in negative_counts])
+        from_units = plan.value_counts_from()
+        from_negatives = [int(n) if got else 0 for n, got in zip(plan.negatives, plan.sources())]
+        received = self.comm.all_to_all(
+            "balancer.dispatch",
+            send,
+            [a + b for a, b in zip(unit_counts, negative_counts)],
+            [a + b for a, b in zip(from_units, from_negatives)],
         )
-        received = Received(
+        values, negs = deinterleave(received, from_units, from_negatives)
+        received_rows = Received(
             units=values[:, : 3 * d].clone().requires_grad_(),
             timestamps=unbits(values[:, 3 * d : 3 * d + 2]),
             target_ids=unbits(values[:, 3 * d + 2 :]),
             negatives=negs[:, :d].clone().requires_grad_(),
-            negative_ids=unbits(negs[:, d:]),
+            negative_ids=unbits(negs[:, d : d + 2]),
         )
-        return received, route
+        return received_rows, route
 
     def _placed_loss(self, got: Received, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss of the samples placed here, one group per home: (sum of partials, each home's partial).
@@ -275,39 +308,43 @@ class OnlineBalancing:
     def _combine(
         self, got: Received, partials: torch.Tensor, plan: StepPlan, route: DispatchPlan, k_home: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Gradients of the units (home order), of the home's negatives, and the home's loss."""
-        grads = got.units.grad if got.units.grad is not None else torch.zeros_like(got.units)
-        back = self.comm.all_to_all("balancer.combine", grads, plan.value_counts_from(), route.value_counts.tolist())
-        unit_grads = combine_jagged(JaggedRows(back, route.send_lengths), route).values
-        negative_grads, loss = self._combine_negatives(got, partials, plan, k_home)
-        return unit_grads, negative_grads, loss
+        """Gradients of the units (home order), of the home's negatives, and the home's loss.
 
-    def _combine_negatives(
-        self, got: Received, partials: torch.Tensor, plan: StepPlan, k_home: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each home's negative gradients plus one row carrying its partial loss, summed at home in rank order."""
+        One all-to-all back: to each source, the gradients of its units, then of its negatives and
+        one row carrying its partial loss (padded to the units' width); summed at home in source
+        rank order, so every rank adds the same terms in the same order.
+        """
         d = self.tables.dim
-        grads = got.negatives.grad if got.negatives.grad is not None else torch.zeros_like(got.negatives)
-        pieces, send_counts, k0, i = [], [], 0, 0
-        for s, present in enumerate(plan.sources()):
+        unit_grads = got.units.grad if got.units.grad is not None else torch.zeros_like(got.units)
+        neg_grads = got.negatives.grad if got.negatives.grad is not None else torch.zeros_like(got.negatives)
+        from_units = plan.value_counts_from()
+        sources = plan.sources()
+        negative_blocks, k0, i = [], 0, 0
+        for s, present in enumerate(sources):
             if not present:
-                send_counts.append(0)
+                negative_blocks.append(neg_grads.new_zeros(0, 3 * d))
                 continue
             k = int(plan.negatives[s])
-            loss_row = torch.zeros(1, d, device=self.device)
+            loss_row = neg_grads.new_zeros(1, d)
             loss_row[0, 0] = partials[i]
-            pieces += [grads[k0 : k0 + k], loss_row]
-            send_counts.append(k + 1)
+            block = torch.cat([neg_grads[k0 : k0 + k], loss_row])
+            negative_blocks.append(torch.nn.functional.pad(block, (0, 2 * d)))
             k0, i = k0 + k, i + 1
-        send = torch.cat(pieces) if pieces else torch.zeros(0, d, device=self.device)
-        recv_counts = [k_home + 1 if t else 0 for t in plan.targets()]
-        blocks = self.comm.all_to_all("balancer.combine_negatives", send, send_counts, recv_counts)
+        send = interleave(torch.split(unit_grads, from_units), negative_blocks)
+        send_counts = [a + b.shape[0] for a, b in zip(from_units, negative_blocks)]
+        to_units = route.value_counts.tolist()
+        to_negatives = [k_home + 1 if t else 0 for t in plan.targets()]
+        back = self.comm.all_to_all(
+            "balancer.combine", send, send_counts, [a + b for a, b in zip(to_units, to_negatives)]
+        )
+        values, blocks = deinterleave(back, to_units, to_negatives)
+        home_unit_grads = combine_jagged(JaggedRows(values, route.send_lengths), route).values
         negative_grads = torch.zeros(k_home, d, device=self.device)
         loss = torch.zeros((), device=self.device)
-        for block in blocks.view(-1, k_home + 1, d):
-            negative_grads = negative_grads + block[:k_home]
+        for block in blocks.view(-1, k_home + 1, 3 * d):
+            negative_grads = negative_grads + block[:k_home, :d]
             loss = loss + block[k_home, 0]
-        return negative_grads, loss
+        return home_unit_grads, negative_grads, loss
 
     # instrumentation ---------------------------------------------------------------------------------
     def _record_balance(self, plan: StepPlan) -> None:
@@ -317,8 +354,8 @@ class OnlineBalancing:
         if record is None:
             return
         costs = self.sample_costs(plan.positions)
-        for key, ms in overhead.items():
-            record.extra[f"balancer.{key}_ms"] = ms
+        for key in ("exchange", "placement", "dispatch", "combine"):  # 0 ms: the step did not need it
+            record.extra[f"balancer.{key}_ms"] = overhead.get(key, 0.0)
         record.extra["balancer.imbalance_before"] = imbalance(rank_loads(costs, plan.homes, self.world_size))
         record.extra["balancer.imbalance_after"] = imbalance(rank_loads(costs, plan.dest, self.world_size))
         record.extra["balancer.moved"] = float((plan.dest[plan.mine()] != self.rank).sum())
