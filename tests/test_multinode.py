@@ -11,71 +11,25 @@ test skips with that reason otherwise, and removes its namespaces (and so the ve
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import shutil
-import subprocess
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from train_cli import FREESCALE, losses, prepare_tiny, run_toml, train
 
+from freescale.tools.hosts import Host, HostsUnavailableError, train_on_hosts
+from freescale.tools.hosts import two_hosts as build_two_hosts
+
 pytestmark = pytest.mark.slow
-
-
-@dataclass(frozen=True)
-class Host:
-    namespace: str
-    interface: str
-    address: str
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-def _remove(namespaces: list[str]) -> None:
-    for name in namespaces:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 @pytest.fixture
 def two_hosts() -> Iterator[list[Host]]:
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
-        pytest.skip("building two hosts needs root, iproute2 (ip netns, veth) and unshare")
-    tag = uuid.uuid4().hex[:6]
-    subnet = f"10.213.{int(tag, 16) % 250 + 1}"
-    hosts = [Host(f"fs{tag}{side}", f"v{tag}{side}", f"{subnet}.{n}") for n, side in ((1, "a"), (2, "b"))]
     try:
-        for host in hosts:
-            _ip("netns", "add", host.namespace)
-        _ip("link", "add", hosts[0].interface, "type", "veth", "peer", "name", hosts[1].interface)
-        for host in hosts:
-            _ip("link", "set", host.interface, "netns", host.namespace)
-            _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
-            _ip("-n", host.namespace, "link", "set", host.interface, "up")
-            _ip("-n", host.namespace, "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as error:
-        _remove([host.namespace for host in hosts])
-        pytest.skip(f"cannot build network namespaces here: {error.stderr.strip()}")
-    try:
-        yield hosts
-    finally:
-        _remove([host.namespace for host in hosts])
-
-
-def _node(host: Host, rank: int, endpoint: str, config: str, cwd: Path) -> subprocess.Popen:
-    """One host's ``freescale train``: in its network namespace, with a /dev/shm of its own (separate
-    machines do not share mosaicml-streaming's shared memory: both nodes' rank 0 would claim it)."""
-    train = [FREESCALE, "train", "--config", config, "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank)]
-    train += ["--rdzv-endpoint", endpoint, "--rdzv-id", "twohosts", "--local-addr", host.address]
-    private_shm = f"mount -t tmpfs tmpfs /dev/shm && exec {shlex.join(train)}"
-    command = ["ip", "netns", "exec", host.namespace, "unshare", "--mount", "sh", "-c", private_shm]
-    env = dict(os.environ, GLOO_SOCKET_IFNAME=host.interface)
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with build_two_hosts() as hosts:
+            yield hosts
+    except HostsUnavailableError as error:
+        pytest.skip(str(error))
 
 
 def test_two_hosts_train_bitwise_like_one_host(two_hosts: list[Host], tmp_path: Path) -> None:
@@ -84,17 +38,8 @@ def test_two_hosts_train_bitwise_like_one_host(two_hosts: list[Host], tmp_path: 
     one_host = run_toml(tmp_path / "one.toml", prepared, tmp_path / "one", **common)
     train(one_host, tmp_path)
     two = run_toml(tmp_path / "two.toml", prepared, tmp_path / "two", **common)
-    endpoint = f"{two_hosts[0].address}:29531"
-    nodes = [_node(host, rank, endpoint, two, tmp_path) for rank, host in enumerate(two_hosts)]
-    outputs = []
-    for node in nodes:
-        try:
-            outputs.append(node.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for other in nodes:
-                other.kill()
-            outputs.append(node.communicate()[0])
-    assert [node.returncode for node in nodes] == [0, 0], "\n---\n".join(out[-3000:] for out in outputs)
+    results = train_on_hosts(two_hosts, [FREESCALE], two, str(tmp_path), "twohosts", timeout_s=300)
+    assert [code for code, _ in results] == [0, 0], "\n---\n".join(out[-3000:] for _, out in results)
     expected, got = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(got) == 20 and list(got.values()) == list(expected.values())  # bitwise, PEC on
     report = json.loads((tmp_path / "two" / "bubbles.json").read_text())
