@@ -162,12 +162,15 @@ def full_group_steps(dataset: Any, group_size: int) -> int:
     return full * (group_size // 2)
 
 
-def write_config(path: Path, s: Settings, data: str, out: Path, steps: int) -> str:
+def write_config(
+    path: Path, s: Settings, data: str, out: Path, steps: int, engine_extra: dict[str, Any] | None = None
+) -> str:
+    """The run TOML of one arm; ``engine_extra``: more ``[engine]`` options (bench_online's balancer)."""
     tables = {
         "model": s.model_table(),
         "model_extra": {"num_items": s.items, "num_actions": 8, "inbatch_negatives": s.inbatch_negatives},
         "data": {"path": data, "max_steps": steps, "prefetch": 0},
-        "engine": {"threads": 1, "seed": s.seed, "pin_cpus": True, "overlap": s.overlap},
+        "engine": {"threads": 1, "seed": s.seed, "pin_cpus": True, "overlap": s.overlap, **(engine_extra or {})},
         "eval": {"max_users": 0},
         "logging": {
             "out_dir": str(out),
@@ -226,12 +229,23 @@ def identical_rank(argv: list[str]) -> int:
     return rank_main(argv)
 
 
-def one_run(s: Settings, work: Path, data: dict[str, Any], engine: str, variant: str, repeat: int, steps: int):
-    """Train one (engine, variant) once and return its summary row."""
+def one_run(
+    s: Settings,
+    work: Path,
+    data: dict[str, Any],
+    engine: str,
+    variant: str,
+    repeat: int,
+    steps: int,
+    engine_extra: dict[str, Any] | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """Train one (engine, variant) once and return its summary row (``label``: the row's name)."""
     strategy = "planned" if variant == "identical" else variant
-    name = f"{engine}/{variant}"
-    out = work / "runs" / f"{engine}-{variant}-{repeat}"
-    config = write_config(work / f"{engine}-{variant}.toml", s, data["datasets"][strategy]["path"], out, steps)
+    name = label or f"{engine}/{variant}"
+    slug = name.replace("/", "-").replace("+", "-")
+    out = work / "runs" / f"{slug}-{repeat}"
+    config = write_config(work / f"{slug}.toml", s, data["datasets"][strategy]["path"], out, steps, engine_extra)
     seconds = train(config, engine, work, identical=variant == "identical")
     report = json.loads((out / "bubbles.json").read_text())
     summary = report["summary"]
@@ -263,6 +277,7 @@ def one_run(s: Settings, work: Path, data: dict[str, Any], engine: str, variant:
         if variant == "identical"
         else data["datasets"][strategy]["predicted_straggler_pct_w2"],
         "timeline": str(out / "timeline.png"),
+        **({"balancer": summary["balancer"]} if summary.get("balancer") else {}),
     }
 
 
