@@ -12,7 +12,8 @@ the sample lengths through the same code the product runs:
   online balancer's own placement: the planner's ``lpt_free`` per step); its all-to-alls (lengths,
   dispatch, combine) are charged to the critical path;
 * ``plan`` — the offline planner ``pipeline.balance.plan_step_groups`` with G = W (what ``prepare
-  --group-size W`` would write), or a prepared dataset's own plan when W divides its G;
+  --group-size W`` would write) over at least ``PLAN_MIN_STEPS`` steps of samples, or a prepared
+  dataset's own plan when W divides its G;
 * ``plan_online`` — the plan, then the online placement on each of its steps.
 
 Communication per step (per rank, bytes from the rank's looked-up ids; ``NetworkModel`` times each
@@ -43,6 +44,9 @@ from freescale.trainer.sim_inputs import LengthSource, OwnLayout
 SCHEMA_VERSION = 1
 ID_BYTES = 8
 JITTER_SOLVE_STEPS = 4096
+# The planner's outlier budget (max_outlier_fraction) is a share of the samples it plans: a pool of a
+# few steps would hide what it does over an epoch, so it always plans at least this many steps.
+PLAN_MIN_STEPS = 64
 
 
 # ------------------------------------------------------------------------------------------ compute
@@ -252,7 +256,8 @@ def build_arm(arm: str, w: int, source: LengthSource, cfg: SimConfig, cost: Samp
         label, resampled = f"dataset's own {layout.strategy} layout (G={layout.group_size})", False
     else:
         rng = np.random.default_rng([cfg.seed, w, 3])
-        lengths, resampled = source.draw(n_steps * w * k, rng)
+        pool_steps = n_steps if base == "random" else max(n_steps, PLAN_MIN_STEPS)
+        lengths, resampled = source.draw(pool_steps * w * k, rng)
         seconds = cost.seconds(lengths)
         if base == "random":
             step, rank = random_steps(n_steps, w, k)
