@@ -112,6 +112,8 @@ def test_network_model_by_hand() -> None:
     # ring all-reduce: 2 (W-1)/W bytes over the NIC; latency 2·(1 µs·log2 4 + 10 µs·log2 2)
     assert net.all_reduce(1e9) == pytest.approx(2 * (2 * 1e-6 + 10e-6) + 2 * 7 / 8)
     assert NetworkModel(NetworkConfig(), 1).all_reduce(1e9) == 0.0
+    measured = NetworkModel(NetworkConfig(all_reduce_latency_us=700.0, intra_bandwidth_gbytes_s=1.0), 2)
+    assert measured.all_reduce(1e6) == pytest.approx(700e-6 + 1e-3)
 
 
 def test_pec_leaves_the_overlap_share_on_the_critical_path() -> None:

@@ -91,6 +91,8 @@ class NetworkConfig:
     goes over the intra-node link, the rest over its NIC, in parallel; the slowest rank sets the
     time. ``overlap_slowdown``: compute overlapped with communication runs this much slower while
     the communication lasts (SM-based NCCL kernels: the paper reports 10–40%; copy engines: 0).
+    ``all_reduce_latency_us`` replaces the all-reduce's derived latency where it was measured
+    (gloo's CPU all-reduce costs several all-to-all latencies).
     """
 
     ranks_per_node: int = 8
@@ -100,9 +102,12 @@ class NetworkConfig:
     inter_bandwidth_gbytes_s: float = 25.0
     per_peer_latency_us: float = 0.0
     overlap_slowdown: float = 0.0
+    all_reduce_latency_us: float | None = None  # None: the tree formula of NetworkModel.all_reduce
 
     def __post_init__(self) -> None:
         _positive_int(self.ranks_per_node, "network.ranks_per_node")
+        if self.all_reduce_latency_us is not None:
+            _positive(self.all_reduce_latency_us, "network.all_reduce_latency_us", allow_zero=True)
         for name in ("intra_latency_us", "inter_latency_us", "per_peer_latency_us", "overlap_slowdown"):
             _positive(getattr(self, name), f"network.{name}", allow_zero=True)
         for name in ("intra_bandwidth_gbytes_s", "inter_bandwidth_gbytes_s"):
