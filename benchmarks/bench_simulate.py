@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_bubbles import Settings, full_group_steps, make_data, one_run
+from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
 from measure import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_simulate.json"
@@ -48,6 +48,7 @@ TARGET_PP = 3.0
 SKIP_STEPS = 2  # bench_bubbles' logging.skip_steps: warm-up steps left out of the measured figures
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # payload bytes per rank
 REPS = 30
+VALIDATED = ("random/none", "planned/none", "random/pec", "planned/pec")
 
 
 # ------------------------------------------------------------------------------------------ gloo
@@ -112,16 +113,16 @@ def measure_gloo() -> dict[str, Any]:
     }
 
 
-def insitu_network(bubbles: Path, payload: dict[str, float], gloo: dict[str, Any]) -> dict[str, Any]:
+def insitu_network(bubbles: list[Path], payload: dict[str, float], gloo: dict[str, Any]) -> dict[str, Any]:
     """Latency + bandwidth of the trainer's own collectives, fitted to the noise-floor run's exposed
     comm per collective name (``comm_by_name``, seconds per rank and step, warm-up left out) against
     the bytes each carries per rank. On this host a collective inside a training step costs several
     times what it costs between two idle processes (``measure_gloo``): scheduling on a shared core,
     not bytes. The all-reduce keeps its own latency (gloo's CPU ring)."""
-    report = json.loads(bubbles.read_text())
     totals: dict[str, float] = {}
     n = 0
-    for rank_step in report["rank_steps"]:
+    rank_steps = [x for path in bubbles for x in json.loads(path.read_text())["rank_steps"]]
+    for rank_step in rank_steps:
         if rank_step["step"] < SKIP_STEPS:
             continue
         n += 1
@@ -265,14 +266,16 @@ def project(rate: float) -> dict[str, Any]:
     from freescale.trainer.sim_inputs import parse_distribution
     from freescale.trainer.simulate import simulate
 
-    profile = HardwareProfile.load("h100_nvlink_ib400")
+    profile = HardwareProfile.load("h100_nvlink_ib400")  # the default profile, named to say so
     cfg = SimConfig(
         compute=profile.compute,
         network=profile.network,
         jitter=profile.jitter,
         workload=WorkloadConfig(micro_batch_size=32, steps=16, batch_overlap_rate=rate),
     )
-    return simulate(cfg, parse_distribution("lognormal:median=300,sigma=1.2,cap=21000"))
+    report = simulate(cfg, parse_distribution("lognormal:median=300,sigma=1.2,cap=21000"))
+    report["profile"] = {"name": profile.name, "path": profile.path, "description": profile.description}
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON path (default benchmarks/results/bench_simulate.json; none with --quick)")
     parser.add_argument("--work", help="working directory (default: a temp dir)")
     parser.add_argument("--projection-overlap-rate", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every run (default 2)")
     args = parser.parse_args(argv)
     s = Settings(users=200, items=2_000, cap=300, median=40.0) if args.quick else Settings()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
+    repeats = 1 if args.quick else max(1, args.repeats)
     with tempfile.TemporaryDirectory(prefix="bench_simulate-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -300,8 +305,16 @@ def main(argv: list[str] | None = None) -> int:
         s = replace(s, steps=steps)
         facts = data_facts(data["datasets"]["planned"]["path"], s.group_size, steps)
         params = dense_params(s)
-        print("== measure: noise floor, then random/planned x none/pec (interleaved)")
-        floor = one_run(replace(s, overlap="none"), work, data, "freescale", "identical", 0, steps)
+        print(f"== measure: noise floor and random/planned x none/pec, {repeats} interleaved repeat(s)")
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ("identical/none", *VALIDATED)}
+        for repeat in range(repeats):  # interleaved: load drift on a shared host hits every run alike
+            for name in runs:
+                variant, overlap = name.split("/")
+                sub = work / overlap
+                sub.mkdir(exist_ok=True)
+                runs[name].append(one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps))
+        measured = {name: pool(rows) for name, rows in runs.items()}
+        floor = measured.pop("identical/none")
         calib = calibration(s, data, floor, steps)
         unique = facts["unique_fraction"] * (facts["rank0_events"] + s.num_negatives)
         payload = {
@@ -311,15 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             "gradient_comm.embeddings": 4.0 * s.d_model * unique,
             "gradient_comm.dense": 4.0 * params,
         }
-        net = insitu_network(work / "runs" / "freescale-identical-0" / "bubbles.json", payload, gloo)
-        measured: dict[str, dict[str, Any]] = {}
-        for overlap in ("none", "pec"):
-            for variant in ("random", "planned"):
-                sub = work / overlap
-                sub.mkdir(exist_ok=True)
-                measured[f"{variant}/{overlap}"] = one_run(
-                    replace(s, overlap=overlap), sub, data, "freescale", variant, 0, steps
-                )
+        floors = [work / "none" / "runs" / f"freescale-identical-{r}" / "bubbles.json" for r in range(repeats)]
+        net = insitu_network(floors, payload, gloo)
         print("== predict")
         rows = []
         for name, m in measured.items():
@@ -345,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "settings": asdict(s),
             "steps_per_run": steps,
+            "repeats": repeats,
+            "measured_by_repeat": {
+                name: {k: [r[k] for r in rows] for k in ("straggler_pct", "exposed_comm_pct", "step_ms")}
+                for name, rows in runs.items()
+            },
             "calibration": {
                 "gloo_idle": gloo,
                 "network_in_training": net,
@@ -381,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if out is not None:
         write_result(out, report)
-        print(f"wrote {out}")
+        from freescale.trainer.sim_report import write_plot
+
+        write_plot(projection, out.with_suffix(".png"))  # the projection: bubbles against W per arm
+        print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -54,6 +54,7 @@ def config(cost: str, **overrides) -> SimConfig:
         "world_sizes": (2, 4, 8),
         "compute": ComputeConfig(cost_model=cost),
         "network": FREE,
+        "jitter": JitterConfig(),  # no jitter unless a test asks for it
         "workload": WorkloadConfig(micro_batch_size=4, steps=8, embedding_dim=16, num_layers=1, negatives=8),
     }
     options.update(overrides)
@@ -204,6 +205,12 @@ def test_jitter_solved_from_a_noise_floor_reproduces_it(seconds_per_event) -> No
 def test_shipped_profiles_load_and_cite_their_numbers() -> None:
     names = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
     assert "h100_nvlink_ib400" in names
+    default = HardwareProfile.load("h100_nvlink_ib400")  # SimConfig's defaults are the default profile's
+    assert (SimConfig().compute, SimConfig().network, SimConfig().jitter) == (
+        default.compute,
+        default.network,
+        default.jitter,
+    )
     for name in names:
         profile = HardwareProfile.load(name)
         assert profile.network.ranks_per_node >= 1 and profile.compute.peak_tflops

@@ -20,6 +20,7 @@ from typing import Any
 ARMS = ("random", "online", "plan", "plan_online")
 OVERLAPS = ("none", "pec")
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = "h100_nvlink_ib400"
 
 
 def _positive(value: Any, option: str, allow_zero: bool = False) -> float:
@@ -95,6 +96,7 @@ class NetworkConfig:
     (gloo's CPU all-reduce costs several all-to-all latencies).
     """
 
+    # generic defaults for scripted use; the shipped profiles set (and cite) real values
     ranks_per_node: int = 8
     intra_latency_us: float = 10.0
     intra_bandwidth_gbytes_s: float = 100.0
@@ -239,9 +241,10 @@ class SimConfig:
     arms: tuple[str, ...] = ARMS
     overlaps: tuple[str, ...] | None = None  # None: none, and pec when a batch_overlap_rate is given
     seed: int = 0
-    compute: ComputeConfig = field(default_factory=lambda: ComputeConfig(peak_tflops=1.0))
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    jitter: JitterConfig = field(default_factory=JitterConfig)
+    # defaults: the shipped default profile (the CLI's --profile), so no number here lacks a source
+    compute: ComputeConfig = field(default_factory=lambda: HardwareProfile.load(DEFAULT_PROFILE).compute)
+    network: NetworkConfig = field(default_factory=lambda: HardwareProfile.load(DEFAULT_PROFILE).network)
+    jitter: JitterConfig = field(default_factory=lambda: HardwareProfile.load(DEFAULT_PROFILE).jitter)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
 
     def __post_init__(self) -> None:

@@ -11,7 +11,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PROFILE = "h100_nvlink_ib400"
+from freescale.trainer.sim_config import DEFAULT_PROFILE
+
 JSON_NAME = "simulate.json"
 PLOT_NAME = "simulate.png"
 
