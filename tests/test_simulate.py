@@ -332,3 +332,21 @@ def test_write_plot_and_summary_from_a_distribution(tmp_path) -> None:
     # planning beats random batching at scale (DESIGN §4's quick model: ≈0% vs > 80%)
     assert find(report, 64, "plan")["straggler_pct"] < 5 < 50 < find(report, 64, "random")["straggler_pct"]
     assert Path(out / "simulate.png").exists()
+
+
+def test_a_user_profile_file_changes_only_what_it_says(tmp_path, capsys) -> None:
+    """A copy of the H100 profile with a 4x slower NIC: multi-node W pay more exposed comm, one node
+    (W <= 8 ranks) predicts exactly the same."""
+    text = (PROFILE_DIR / "h100_nvlink_ib400.toml").read_text()
+    slow = tmp_path / "slow_nic.toml"
+    slow.write_text(text.replace("inter_bandwidth_gbytes_s = 50.0", "inter_bandwidth_gbytes_s = 12.5"))
+    reports = {}
+    for name, profile in (("h100", "h100_nvlink_ib400"), ("slow", str(slow))):
+        out = tmp_path / name
+        argv = ["simulate", "lognormal:median=100,sigma=1.0,cap=2000", "--out", str(out), "--profile", profile]
+        assert cli_main([*argv, "--world-sizes", "8,64", "--steps", "4", "--arms", "random,plan", "--quiet"]) == 0
+        reports[name] = json.loads((out / "simulate.json").read_text())
+    assert reports["slow"]["profile"]["path"] == str(slow)
+    for arm in ("random", "plan"):
+        assert find(reports["slow"], 8, arm) == find(reports["h100"], 8, arm)
+        assert find(reports["slow"], 64, arm)["exposed_comm_pct"] > find(reports["h100"], 64, arm)["exposed_comm_pct"]
