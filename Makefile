@@ -29,6 +29,7 @@ bench: setup
 	$(PY) benchmarks/bench_bubbles.py
 	$(PY) benchmarks/bench_pec.py
 	$(PY) benchmarks/bench_online.py
+	$(PY) benchmarks/bench_simulate.py
 	$(PY) benchmarks/bench_quality.py
 
 clean:

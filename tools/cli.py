@@ -1,4 +1,4 @@
-"""The ``freescale`` command line: ``generate``, ``prepare``, ``inspect``, ``bench``, ``demo``.
+"""The ``freescale`` command line: ``generate``, ``prepare``, ``inspect``, ``bench``, ``demo``, ``simulate``.
 
 Each subcommand is a thin layer over a library call, so everything the CLI does can be scripted.
 Errors a user can fix (bad options, bad input, an existing dataset) print one clear line and exit
@@ -230,6 +230,27 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    from freescale.trainer.sim_report import add_arguments
+
+    add_arguments(
+        sub.add_parser(
+            "simulate",
+            help="predict straggler / exposed-comm bubbles at W ranks from sample lengths (no cluster needed)",
+            description="Trace-driven bubble simulator (DESIGN §9): sample lengths + per-sample cost + "
+            "network model + jitter -> predicted straggler_pct, exposed_comm_pct, bubble_pct, step time "
+            "and samples/s per world size for random batching, online balancing, the offline plan and "
+            "plan + online, with overlap none or pec. Writes simulate.json and simulate.png to --out.",
+        )
+    )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from freescale.trainer.sim_report import run
+
+    return run(args)
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
@@ -271,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"freescale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo, _add_stats, _add_train)
-    for add in (*commands, _add_calibrate):
+    for add in (*commands, _add_calibrate, _add_simulate):
         add(sub)
     return parser
 
@@ -503,6 +524,7 @@ COMMANDS = {
     "calibrate": cmd_calibrate,
     "stats": cmd_stats,
     "train": cmd_train,
+    "simulate": cmd_simulate,
 }
 
 

@@ -1,0 +1,403 @@
+"""Validation of ``freescale simulate`` against measured 2-rank CPU runs, then the paper's setting.
+
+One run, on this host:
+
+1. **Calibrate** (inputs the simulator is allowed to see): the data and cost model of
+   ``bench_bubbles`` (heavy-tailed lognormal lengths, a cost model fitted here by
+   ``freescale.trainer.calibrate``); gloo all-to-all and all-reduce times between two pinned
+   processes at several sizes, fitted to latency + bytes / bandwidth; the *noise-floor* run (every
+   rank trains rank 0's micro-batch, ``bench_bubbles``' ``identical`` variant): its
+   ``straggler_pct`` sets the jitter, its forward+backward time against the cost model's prediction
+   for the same micro-batches sets ``compute.scale``, and the rest of its busy time the per-step
+   overhead; the data's ``batch_overlap_rate`` and distinct-id share (DESIGN §2, on the run's own
+   global batches).
+2. **Measure** (the targets, never shown to the simulator): ``freescale train --nproc 2`` on the
+   random and the planned dataset, ``engine.overlap = none`` and ``pec``, interleaved.
+3. **Predict** each with ``simulate`` on the dataset's own layout at W = 2, over the same steps.
+   Target: every predicted ``straggler_pct`` and ``exposed_comm_pct`` within 3 percentage points.
+4. **Project** the paper's setting on the shipped H100 profile: 256 ranks (and 2…1024), UIH
+   lengths lognormal(median 300, σ 1.2, cap 21,000) as in DESIGN §4, the repository's default model
+   (d_model 256, 4 layers, 128 negatives: the paper's production model is not public), an assumed
+   ``batch_overlap_rate`` of 0.1. Random batching, online balancing and the offline plan side by side.
+
+Not validated here: the 2-host runs with a ``tc``-capped link (``bench_network.py``, another part of
+issue 17) — the simulator's inter-node path has no measured counterpart yet.
+
+    flock /tmp/freescale-bench.lock python benchmarks/bench_simulate.py        # ~5 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
+from measure import write_result
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_simulate.json"
+TARGET_PP = 3.0
+SKIP_STEPS = 2  # bench_bubbles' logging.skip_steps: warm-up steps left out of the measured figures
+SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # payload bytes per rank
+REPS = 30
+VALIDATED = ("random/none", "planned/none", "random/pec", "planned/pec")
+
+
+# ------------------------------------------------------------------------------------------ gloo
+def comm_rank(rank: int, port: int, queue: Any) -> None:
+    """One of two pinned gloo processes timing all_to_all_single and all_reduce per payload size."""
+    import torch
+    import torch.distributed as dist
+
+    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    out = {}
+    for nbytes in SIZES:
+        x = torch.ones(nbytes // 4)
+        y = torch.empty_like(x)
+        times = {"all_to_all": [], "all_reduce": []}
+        for _ in range(REPS):
+            dist.barrier()
+            t = time.perf_counter()
+            dist.all_to_all_single(y, x)
+            times["all_to_all"].append(time.perf_counter() - t)
+            dist.barrier()
+            t = time.perf_counter()
+            dist.all_reduce(x)
+            times["all_reduce"].append(time.perf_counter() - t)
+        out[nbytes] = {k: float(np.median(v)) for k, v in times.items()}
+    if rank == 0:
+        queue.put(out)
+    dist.destroy_process_group()
+
+
+def measure_gloo() -> dict[str, Any]:
+    """Median times per size and the latency + bytes/bandwidth fit the simulator's model uses:
+    all-to-all ``α + (payload/2)/bw`` (half a rank's payload crosses to the other rank), all-reduce
+    ``2α + bytes/bw``."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=comm_rank, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    times = queue.get(timeout=300)
+    for p in procs:
+        p.join()
+    sizes = np.array(SIZES, dtype=np.float64)
+    a2a = np.array([times[n]["all_to_all"] for n in SIZES])
+    ar = np.array([times[n]["all_reduce"] for n in SIZES])
+    (beta, alpha), *_ = np.linalg.lstsq(np.stack([sizes / 2, np.ones_like(sizes)], 1), a2a, rcond=None)
+    (beta_ar, alpha_ar), *_ = np.linalg.lstsq(np.stack([sizes, 2 * np.ones_like(sizes)], 1), ar, rcond=None)
+    return {
+        "bytes": list(SIZES),
+        "all_to_all_s": a2a.tolist(),
+        "all_reduce_s": ar.tolist(),
+        "all_to_all_fit": {"latency_us": 1e6 * max(alpha, 0.0), "bandwidth_gbytes_s": 1e-9 / beta},
+        "all_reduce_fit": {"latency_us": 1e6 * max(alpha_ar, 0.0), "bandwidth_gbytes_s": 1e-9 / beta_ar},
+    }
+
+
+def insitu_network(bubbles: list[Path], payload: dict[str, float], gloo: dict[str, Any]) -> dict[str, Any]:
+    """Latency + bandwidth of the trainer's own collectives, fitted to the noise-floor run's exposed
+    comm per collective name (``comm_by_name``, seconds per rank and step, warm-up left out) against
+    the bytes each carries per rank. On this host a collective inside a training step costs several
+    times what it costs between two idle processes (``measure_gloo``): scheduling on a shared core,
+    not bytes. The all-reduce keeps its own latency (gloo's CPU ring)."""
+    totals: dict[str, float] = {}
+    n = 0
+    rank_steps = [x for path in bubbles for x in json.loads(path.read_text())["rank_steps"]]
+    for rank_step in rank_steps:
+        if rank_step["step"] < SKIP_STEPS:
+            continue
+        n += 1
+        for name, seconds in rank_step["comm_by_name"].items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    per = {name: totals.get(name, 0.0) / max(n, 1) for name in payload}
+    a2a = [name for name in payload if name != "gradient_comm.dense"]
+    x = np.array([payload[name] / 2 for name in a2a])  # half a rank's payload crosses at W = 2
+    y = np.array([per[name] for name in a2a])
+    (beta, alpha), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
+    if beta <= 0:  # the bytes do not show through the latency: keep the idle-process bandwidth
+        beta = 1e-9 / gloo["all_to_all_fit"]["bandwidth_gbytes_s"]
+        alpha = float(np.mean(y - beta * x))
+    dense = per["gradient_comm.dense"] - 0.5 * payload["gradient_comm.dense"] * beta * 2
+    return {
+        "seconds_by_collective": per,
+        "payload_bytes": payload,
+        "latency_us": 1e6 * max(float(alpha), 0.0),
+        "bandwidth_gbytes_s": 1e-9 / float(beta),
+        "all_reduce_latency_us": 1e6 * max(float(dense), 0.0),
+    }
+
+
+# ------------------------------------------------------------------------------------------ data facts
+def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
+    """DESIGN's ``batch_overlap_rate`` of the item table over the run's consecutive global batches
+    (W = 2), the share of a micro-batch's item ids that are distinct (what ``input_dist`` sends) and
+    the mean events of rank 0's micro-batches (what every rank trains in the noise-floor run)."""
+    from freescale.pipeline.reader import PreparedDataset
+
+    ds = PreparedDataset(path)
+    rates, unique, events = [], 0, 0
+    rank0 = [sum(int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(s, 0, 2))) for s in range(steps)]
+    previous: set[int] | None = None
+    for s in range(steps):
+        batch: set[int] = set()
+        for rank in range(2):
+            ids = [int(i) for sample in ds.micro_batch(ds.micro_batch_index(s, rank, 2)) for i in sample["item_ids"]]
+            unique += len(set(ids))
+            events += len(ids)
+            batch |= set(ids)
+        if previous is not None and batch:
+            rates.append(len(batch & previous) / len(batch))
+        previous = batch
+    return {
+        "batch_overlap_rate": float(np.mean(rates)),
+        "unique_fraction": unique / max(events, 1),
+        "rank0_events": float(np.mean(rank0[SKIP_STEPS:])),
+    }
+
+
+def dense_params(s: Settings) -> int:
+    from freescale.pipeline.cost import ModelConfig
+    from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.model import SequentialTransducer
+
+    model = SequentialTransducer(ModelConfig(**s.model_table()), ModelExtraConfig(num_items=s.items, num_actions=8))
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+# ------------------------------------------------------------------------------------------ simulate
+def own_source(path: str, steps: int):
+    """The dataset's own layout over the measured steps (warm-up and the trailing partial group cut)."""
+    from freescale.trainer.sim_inputs import OwnLayout, read_prepared
+
+    source = read_prepared(path)
+    layout = source.layout
+    lo, hi = 2 * SKIP_STEPS, 2 * steps  # micro-batches of steps [SKIP_STEPS, steps) at W = 2
+    offsets = layout.offsets[lo : hi + 1]
+    lengths = layout.lengths[offsets[0] : offsets[-1]]
+    source.layout = OwnLayout(lengths, offsets - offsets[0], layout.group_size, layout.strategy)
+    source.values = lengths
+    return source
+
+
+def calibration(s: Settings, data: dict[str, Any], floor: dict[str, Any], steps: int) -> dict[str, Any]:
+    """``compute.scale`` and ``step_overhead_s`` from the noise-floor run: it trained rank 0's
+    micro-batch of each planned step on both ranks."""
+    from freescale.pipeline.cost import CostModel
+    from freescale.pipeline.reader import PreparedDataset
+
+    cost = CostModel.from_file(data["cost_path"])
+    per_mb = float(cost.details.get("per_micro_batch_s", 0.0))
+    ds = PreparedDataset(data["datasets"]["planned"]["path"])
+    predicted = []
+    for step in range(SKIP_STEPS, steps):
+        m = ds.micro_batch_index(step, 0, 2)
+        lengths = np.array([int(x["length"]) for x in ds.micro_batch(m)])
+        predicted.append(float(cost.cost(lengths).sum()) + per_mb)
+    measured_fb = 1e-3 * (floor["stage_ms"]["forward"] + floor["stage_ms"]["backward"])
+    busy = 1e-3 * floor["step_ms"] * (floor["compute_pct"] + floor["data_pct"]) / 100.0
+    return {
+        "scale": measured_fb / float(np.mean(predicted)),
+        "step_overhead_s": max(0.0, busy - measured_fb),
+        "predicted_forward_backward_s": float(np.mean(predicted)),
+        "measured_forward_backward_s": measured_fb,
+        "noise_floor_pct": floor["straggler_pct"],
+    }
+
+
+def predict(s: Settings, data, calib, net, facts, params, variant: str, overlap: str, steps: int) -> dict:
+    from freescale.trainer.sim_config import ComputeConfig, JitterConfig, NetworkConfig, SimConfig, WorkloadConfig
+    from freescale.trainer.simulate import find, simulate
+
+    cfg = SimConfig(
+        world_sizes=(2,),
+        arms=("random",) if variant == "random" else ("plan",),
+        overlaps=(overlap,),
+        compute=ComputeConfig(
+            cost_model=data["cost_path"], scale=calib["scale"], step_overhead_s=calib["step_overhead_s"]
+        ),
+        network=NetworkConfig(
+            ranks_per_node=2,
+            intra_latency_us=net["latency_us"],
+            intra_bandwidth_gbytes_s=net["bandwidth_gbytes_s"],
+            inter_latency_us=net["latency_us"],
+            inter_bandwidth_gbytes_s=net["bandwidth_gbytes_s"],
+            all_reduce_latency_us=net["all_reduce_latency_us"],
+            # The in-training collective time on this host is waiting (scheduling, the peer), not CPU
+            # work that would slow the compute it overlaps: gloo copies a few hundred KB per step.
+            overlap_slowdown=0.0,
+        ),
+        jitter=JitterConfig(noise_floor_pct=calib["noise_floor_pct"], noise_floor_world_size=2),
+        workload=WorkloadConfig(
+            micro_batch_size=s.micro_batch_size,
+            embedding_dim=s.d_model,
+            num_layers=s.num_layers,
+            negatives=s.num_negatives,
+            unique_fraction=facts["unique_fraction"],
+            dense_params=params,
+            batch_overlap_rate=facts["batch_overlap_rate"],
+        ),
+    )
+    report = simulate(cfg, own_source(data["datasets"][variant]["path"], steps))
+    return find(report, 2, cfg.arms[0], overlap)
+
+
+def project(rate: float) -> dict[str, Any]:
+    """The paper's setting on the shipped H100 profile (see the module docstring)."""
+    from freescale.trainer.sim_config import HardwareProfile, SimConfig, WorkloadConfig
+    from freescale.trainer.sim_inputs import parse_distribution
+    from freescale.trainer.simulate import simulate
+
+    profile = HardwareProfile.load("h100_nvlink_ib400")  # the default profile, named to say so
+    cfg = SimConfig(
+        compute=profile.compute,
+        network=profile.network,
+        jitter=profile.jitter,
+        workload=WorkloadConfig(micro_batch_size=32, steps=16, batch_overlap_rate=rate),
+    )
+    report = simulate(cfg, parse_distribution("lognormal:median=300,sigma=1.2,cap=21000"))
+    report["profile"] = {"name": profile.name, "path": profile.path, "description": profile.description}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (figures mean nothing)")
+    parser.add_argument("--out", help="JSON path (default benchmarks/results/bench_simulate.json; none with --quick)")
+    parser.add_argument("--work", help="working directory (default: a temp dir)")
+    parser.add_argument("--projection-overlap-rate", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every run (default 2)")
+    args = parser.parse_args(argv)
+    s = Settings(users=200, items=2_000, cap=300, median=40.0) if args.quick else Settings()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    started = time.perf_counter()
+    repeats = 1 if args.quick else max(1, args.repeats)
+    with tempfile.TemporaryDirectory(prefix="bench_simulate-") as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print("== calibrate: data, cost model, gloo collectives")
+        data = make_data(s, work)
+        data["cost_path"] = str(work / "cost.json")
+        gloo = measure_gloo()
+        from freescale.pipeline.reader import PreparedDataset
+
+        steps = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
+        if args.quick:
+            steps = min(steps, 8)
+        s = replace(s, steps=steps)
+        facts = data_facts(data["datasets"]["planned"]["path"], s.group_size, steps)
+        params = dense_params(s)
+        print(f"== measure: noise floor and random/planned x none/pec, {repeats} interleaved repeat(s)")
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ("identical/none", *VALIDATED)}
+        for repeat in range(repeats):  # interleaved: load drift on a shared host hits every run alike
+            for name in runs:
+                variant, overlap = name.split("/")
+                sub = work / overlap
+                sub.mkdir(exist_ok=True)
+                runs[name].append(one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps))
+        measured = {name: pool(rows) for name, rows in runs.items()}
+        floor = measured.pop("identical/none")
+        calib = calibration(s, data, floor, steps)
+        unique = facts["unique_fraction"] * (facts["rank0_events"] + s.num_negatives)
+        payload = {
+            "input_dist.counts": 2 * 8.0,
+            "input_dist.ids": 8.0 * unique,
+            "embedding_comm.rows": 4.0 * s.d_model * unique,
+            "gradient_comm.embeddings": 4.0 * s.d_model * unique,
+            "gradient_comm.dense": 4.0 * params,
+        }
+        floors = [work / "none" / "runs" / f"freescale-identical-{r}" / "bubbles.json" for r in range(repeats)]
+        net = insitu_network(floors, payload, gloo)
+        print("== predict")
+        rows = []
+        for name, m in measured.items():
+            variant, overlap = name.split("/")
+            p = predict(s, data, calib, net, facts, params, variant, overlap, steps)
+            row = {"run": name, "measured": {}, "predicted": {}, "error_pp": {}}
+            for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct"):
+                row["measured"][key] = m[key]
+                row["predicted"][key] = p[key]
+                row["error_pp"][key] = p[key] - m[key]
+            row["measured"]["step_ms"], row["predicted"]["step_ms"] = m["step_ms"], 1e3 * p["step_s"]
+            row["measured"]["samples_per_s"], row["predicted"]["samples_per_s"] = m["samples_per_s"], p["samples_per_s"]
+            rows.append(row)
+        worst = max(abs(r["error_pp"][k]) for r in rows for k in ("straggler_pct", "exposed_comm_pct"))
+        print("== project: the paper's setting on h100_nvlink_ib400")
+        projection = project(args.projection_overlap_rate)
+        at256 = {
+            f"{r['arm']}/{r['overlap']}": {k: r[k] for k in ("straggler_pct", "exposed_comm_pct", "bubble_pct")}
+            | {"step_ms": 1e3 * r["step_s"], "samples_per_s": r["samples_per_s"]}
+            for r in projection["rows"]
+            if r["world_size"] == 256
+        }
+        report = {
+            "settings": asdict(s),
+            "steps_per_run": steps,
+            "repeats": repeats,
+            "measured_by_repeat": {
+                name: {k: [r[k] for r in rows] for k in ("straggler_pct", "exposed_comm_pct", "step_ms")}
+                for name, rows in runs.items()
+            },
+            "calibration": {
+                "gloo_idle": gloo,
+                "network_in_training": net,
+                "data": facts,
+                "dense_params": params,
+                **calib,
+            },
+            "validation": rows,
+            "worst_error_pp": worst,
+            "target": f"every predicted straggler_pct and exposed_comm_pct within {TARGET_PP:g} pp of measured",
+            "target_met": worst <= TARGET_PP,
+            "not_validated": "2-host runs over a tc-capped link (bench_network.py): no measured counterpart yet",
+            "projection": {
+                "setting": "h100_nvlink_ib400, lognormal(300, 1.2, cap 21000), d_model 256 x 4 layers, "
+                f"k = 32, batch_overlap_rate {args.projection_overlap_rate} (assumed)",
+                "at_256_ranks": at256,
+                "rows": projection["rows"],
+            },
+            "runtime_s": round(time.perf_counter() - started, 1),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        }
+    print(f"{'run':18} {'straggler% meas/pred':>22} {'exp_comm% meas/pred':>22} {'ms/step meas/pred':>20}")
+    for r in rows:
+        m, p = r["measured"], r["predicted"]
+        print(
+            f"{r['run']:18} {m['straggler_pct']:10.2f} / {p['straggler_pct']:8.2f} "
+            f"{m['exposed_comm_pct']:10.2f} / {p['exposed_comm_pct']:8.2f} {m['step_ms']:9.1f} / {p['step_ms']:7.1f}"
+        )
+    print(f"worst error {worst:.2f} pp; target (<= {TARGET_PP:g} pp) met: {report['target_met']}")
+    print("projection at 256 ranks:")
+    for name, v in at256.items():
+        print(f"  {name:18} straggler {v['straggler_pct']:6.2f}%  exposed comm {v['exposed_comm_pct']:6.2f}%  "
+              f"bubble {v['bubble_pct']:6.2f}%  {v['samples_per_s']:12.0f} samples/s")  # fmt: skip
+    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    if out is not None:
+        write_result(out, report)
+        from freescale.trainer.sim_report import write_plot
+
+        write_plot(projection, out.with_suffix(".png"))  # the projection: bubbles against W per arm
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
