@@ -207,8 +207,11 @@ class WorkloadConfig:
     negatives: int = 128
     dense_params: int | None = None
     batch_overlap_rate: float | None = None
+    balancer_min_gain: float = 0.02  # the trainer's engine.balancer_min_gain
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.balancer_min_gain < 1.0:
+            raise ValueError(f"workload.balancer_min_gain must be in [0, 1), got {self.balancer_min_gain!r}")
         for name in ("micro_batch_size", "steps", "embedding_dim", "num_layers", "bytes_per_element"):
             _positive_int(getattr(self, name), f"workload.{name}")
         u = _positive(self.unique_fraction, "workload.unique_fraction")

@@ -9,16 +9,19 @@ the sample lengths through the same code the product runs:
 * ``random`` — random batching, k samples per rank (or a prepared ``--strategy random`` dataset's
   own micro-batches);
 * ``online`` — the same random steps, samples re-placed by ``trainer.balancer.place_samples`` (the
-  online balancer's own placement: the planner's ``lpt_free`` per step); its all-to-alls (lengths,
-  dispatch, combine) are charged to the critical path;
+  online balancer's own placement: the planner's ``lpt_free`` per step, ``workload.balancer_min_gain``
+  as in the trainer); its dispatch and combine all-to-alls are charged to the critical path on steps
+  that move samples (the lengths ride the routing, which costs nothing extra);
 * ``plan`` — the offline planner ``pipeline.balance.plan_step_groups`` with G = W (what ``prepare
   --group-size W`` would write) over at least ``PLAN_MIN_STEPS`` steps of samples, or a prepared
   dataset's own plan when W divides its G;
 * ``plan_online`` — the plan, then the online placement on each of its steps.
 
 Communication per step (per rank, bytes from the rank's looked-up ids; ``NetworkModel`` times each
-collective): ``overlap = none`` puts the id and row all-to-alls, the embedding-gradient all-to-all
-and the dense all-reduce on the critical path. ``pec`` leaves the OL share (``batch_overlap_rate``)
+collective): ``overlap = none`` runs TorchRec's schedule as the trainer does — the next step's id
+routing (counts and ids all-to-alls) one step ahead, exposed only where it outlasts the compute —
+and puts the row all-to-all and the embedding-gradient all-to-all (in flight during the dense
+all-reduce: the longer of the two counts) on the critical path. ``pec`` leaves the OL share (``batch_overlap_rate``)
 of the embedding gradients and the dense all-reduce there; the rest (routing, ids, rows, NOL
 gradients) runs one step ahead and is exposed only where it outlasts the previous step's compute.
 
@@ -215,14 +218,16 @@ def _work(step, rank, lengths, seconds, cost: SampleCost, n_steps: int, w: int, 
     return StepWork(compute, lookup, samples, moved, source)
 
 
-def _online(step: np.ndarray, home: np.ndarray, seconds: np.ndarray, n_steps: int, w: int) -> np.ndarray:
+def _online(
+    step: np.ndarray, home: np.ndarray, seconds: np.ndarray, n_steps: int, w: int, min_gain: float = 0.0
+) -> np.ndarray:
     """Destination of every sample: ``place_samples`` per step on (costs, homes) in home order."""
     order = np.lexsort((home, step))
     bounds = np.searchsorted(step[order], np.arange(n_steps + 1))
     dest = np.empty_like(home)
     for s in range(n_steps):
         idx = order[bounds[s] : bounds[s + 1]]
-        dest[idx] = place_samples(seconds[idx], home[idx], w)
+        dest[idx] = place_samples(seconds[idx], home[idx], w, min_gain)
     return dest
 
 
@@ -270,7 +275,7 @@ def build_arm(arm: str, w: int, source: LengthSource, cfg: SimConfig, cost: Samp
             lengths, seconds = lengths[order], seconds[order]
             label = "planner (G = W)"
     if arm in ("online", "plan_online"):
-        dest = _online(step, rank, seconds, n_steps, w)
+        dest = _online(step, rank, seconds, n_steps, w, cfg.workload.balancer_min_gain)
         work = _work(step, dest, lengths, seconds, cost, n_steps, w, label + " + online placement", home=rank)
         return work, resampled
     return _work(step, rank, lengths, seconds, cost, n_steps, w, label), resampled
@@ -289,13 +294,13 @@ def time_steps(
     dense = net.all_reduce(wl.dense_bytes)
     counts = net.all_to_all(np.full((n_steps, w), float(w * ID_BYTES)))
     balancer = np.zeros(n_steps)
-    if work.moved_events is not None:  # lengths exchange (two small all-to-alls), dispatch, combine
-        tiny = net.all_to_all(np.full((n_steps, w), float(w * ID_BYTES)))
-        moved = net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes)
-        balancer = 2 * tiny + 2 * moved
-    if overlap == "none":
-        critical = counts + net.all_to_all(unique * ID_BYTES) + 2 * net.all_to_all(rows) + dense + balancer
-        background = np.zeros(n_steps)
+    if work.moved_events is not None:  # dispatch and combine, on steps that move samples (lengths ride the routing)
+        moves = work.moved_events.sum(axis=1) > 0
+        balancer = 2 * net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes) * moves
+    if overlap == "none":  # TorchRec's schedule: the next step's routing runs during this step's compute
+        grads = net.all_to_all(rows)
+        critical = net.all_to_all(rows) + np.maximum(grads, dense) + balancer  # grads in flight during the all-reduce
+        background = counts + net.all_to_all(unique * ID_BYTES)
     else:
         rate = float(wl.batch_overlap_rate or 0.0)
         critical = net.all_to_all(rate * rows) + dense + balancer
