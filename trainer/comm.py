@@ -90,6 +90,17 @@ class TimedHandle:
         return received
 
 
+class _ReduceHandle(TransportHandle):
+    """A torch.distributed all-reduce in flight, behind the transport handle interface."""
+
+    def __init__(self, work: dist.Work, tensor: torch.Tensor) -> None:
+        self._work, self._tensor, self.recv_counts = work, tensor, []
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        return self._tensor
+
+
 class TimedTransport:
     """A transport whose every collective is named and timed (the trainer's only way to communicate)."""
 
@@ -117,10 +128,18 @@ class TimedTransport:
 
     def all_reduce(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place (a torch.distributed collective: copy engines do not add)."""
-        start = self.clock.now()
-        dist.all_reduce(tensor, group=self.group)
-        self.clock.record_comm(name, start, start, self.clock.now())
-        return tensor
+        return self.start_all_reduce(name, tensor).wait()
+
+    def start_all_reduce(self, name: str, tensor: torch.Tensor) -> TimedHandle:
+        """``all_reduce`` started, not waited: ``wait()`` returns ``tensor`` summed in place.
+
+        Why: the synchronous engine keeps its embedding-gradient all-to-all and the dense all-reduce
+        in flight together and waits the all-to-all first, so the wait for gradient bytes still on
+        the wire is booked as embedding communication, not as the all-reduce's.
+        """
+        launch = self.clock.now()
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        return TimedHandle(_ReduceHandle(work, tensor), self.clock, name, launch)
 
     def close(self) -> None:
         self.transport.close()

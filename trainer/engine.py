@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
-from freescale.trainer.comm import TimedTransport, build_transport
+from freescale.trainer.comm import TimedHandle, TimedTransport, build_transport
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
 from freescale.trainer.instrument import StepTimer
@@ -210,8 +210,9 @@ class FreeScaleEngine:
             if following is not None:
                 ahead.route()
             in_flight = self.tables.start_grad_dist(ctx, unique_grads)
-            self._all_reduce_dense_grads(local_bad)
+            reduced = self._start_dense_all_reduce(local_bad)
             owner_grads = in_flight.wait()
+            self._finish_dense_all_reduce(*reduced)
         if self.nonfinite:
             self.dense_optimizer.zero_grad(set_to_none=True)
             return self.finish_record(batch, loss)
@@ -274,11 +275,17 @@ class FreeScaleEngine:
         The last element carries this rank's non-finite verdict; afterwards every rank sets the same
         ``self.nonfinite`` (some rank said so, or a summed dense gradient is NaN/inf).
         """
+        self._finish_dense_all_reduce(*self._start_dense_all_reduce(local_bad))
+
+    def _start_dense_all_reduce(self, local_bad: bool) -> tuple[TimedHandle, list[torch.nn.Parameter]]:
         params = list(self.model.parameters())
         grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         verdict = torch.tensor([1.0 if local_bad else 0.0], dtype=grads[0].dtype, device=grads[0].device)
         flat = torch.cat([*grads, verdict])
-        self.comm.all_reduce("gradient_comm.dense", flat)
+        return self.comm.start_all_reduce("gradient_comm.dense", flat), params
+
+    def _finish_dense_all_reduce(self, handle: TimedHandle, params: list[torch.nn.Parameter]) -> None:
+        flat = handle.wait()
         self.nonfinite = bool(flat[-1] > 0) or not bool(torch.isfinite(flat[:-1]).all())
         flat = flat[:-1] / self.world_size
         offset = 0
