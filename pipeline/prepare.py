@@ -61,6 +61,7 @@ from freescale.pipeline.manifest import (
 from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
@@ -73,7 +74,7 @@ TARGET_ROWS_PER_TASK = 4_000_000
 ENCODED_BYTES_PER_EVENT = 24
 
 
-WORK_LAYOUT = 6  # bump when spill, bucket, plan or marker formats or the read-task plan change
+WORK_LAYOUT = 7  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 
 
@@ -199,12 +200,16 @@ class PrepareJob:
         removed_items = self._kcore()
         plan_info = self._plan(removed_items)
         sample_records = self._build_buckets(removed_items, users_record["features"], plan_info)
+        vocabularies = merge_partition_ids(str(self.work / "samples"), self._n_partitions)
         self._write(plan_info, bool(users_record["features"]))
+        manifest = build_manifest(self, scan_summary, users_record, sample_records, plan_info)
+        manifest["tables"] = {
+            table: {"size": vocab.size, "file": vocabulary_file(table), "ids": "exact: row r holds raw id vocab[r]"}
+            for table, vocab in vocabularies.items()
+        }
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
-        manifest = json.loads(
-            json.dumps(build_manifest(self, scan_summary, users_record, sample_records, plan_info), default=str)
-        )
-        self._publish(manifest, plan_info["offsets"], scan_summary, users_record)
+        manifest = json.loads(json.dumps(manifest, default=str))
+        self._publish(manifest, plan_info["offsets"], scan_summary, users_record, vocabularies)
         shutil.rmtree(self.work, ignore_errors=True)
         return manifest
 
@@ -523,8 +528,15 @@ class PrepareJob:
         storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 
     def _publish(
-        self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary, users: dict[str, Any]
+        self,
+        manifest: dict[str, Any],
+        offsets: np.ndarray,
+        summary: scan.ScanSummary,
+        users: dict[str, Any],
+        vocabularies: dict[str, Vocabulary],
     ) -> None:
+        for table, vocab in vocabularies.items():
+            storage.write_bytes(storage.join(self.target, vocabulary_file(table)), vocab.to_bytes())
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(offsets, np.int64))
         storage.write_bytes(storage.join(self.target, OFFSETS_NAME), buffer.getvalue())
@@ -532,7 +544,8 @@ class PrepareJob:
         for reason, rows in users.get("examples", {}).items():
             examples.setdefault(f"users:{reason}", rows)
         storage.write_bytes(storage.join(self.target, QUARANTINE_NAME), quarantine_lines(examples).encode())
-        manifest["files"] = published_files(self.target)  # every file above, sized and hashed
+        vocab_files = [vocabulary_file(table) for table in vocabularies]
+        manifest["files"] = published_files(self.target, vocab_files)  # every file above, sized and hashed
         storage.write_bytes(
             storage.join(self.target, MANIFEST_NAME),
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
