@@ -22,7 +22,7 @@ from freescale.trainer.data import CollateConfig, collate, split_query
 from freescale.trainer.evaluate import evaluate
 from freescale.trainer.launch import check_table_sizes
 from freescale.trainer.protocol import BestTracker, TableSizeError, resolve_tables
-from tests.train_cli import FREESCALE, prepare_tiny, run_toml, train
+from tests.train_cli import FREESCALE, MODEL, prepare_tiny, run_toml, train
 
 
 @settings(max_examples=60, deadline=None)
@@ -166,6 +166,7 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
         tmp_path / "run.toml",
         data,
         tmp_path / "out",
+        model={**MODEL, "max_uih_len": 32},  # below prepare's 64: the run counts what it cuts
         model_extra={"num_items": 0, "num_actions": 0},
         data={"max_steps": 40},
         optimizer={"dense_lr": 0.003, "sparse_lr": 0.02},
@@ -185,6 +186,8 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
     users = protocol["validation"]["users"]
     assert users == protocol["test"]["users"] > 150  # every evaluable user of the tiny preset
     assert report["training"]["ids"] == "exact" and report["training"]["num_items"] > 0
+    assert report["training"]["events_truncated_by_model_max_uih_len"] > 0
+    assert "model.max_uih_len 32 < prepare --max-uih-len 64" in result.stdout
     assert f"best checkpoint: {protocol['best_checkpoint']}" in result.stdout
     import subprocess
 
@@ -199,3 +202,34 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
         assert {k: v for k, v in again[split].items() if k not in drop} == {
             k: v for k, v in protocol[split].items() if k not in drop
         }
+
+
+def test_full_softmax_scores_each_target_against_every_item_row():
+    """``loss = "full_softmax"``: the negatives are the whole catalogue, and the shared-negatives loss
+    with the target's own row masked is then exactly cross entropy over all rows."""
+    import torch.nn.functional as F
+
+    from freescale.trainer.data import draw_negatives
+    from freescale.trainer.model import sampled_softmax_loss
+
+    cfg = CollateConfig(
+        num_items=40, num_actions=1, max_len=64, num_negatives=8, inbatch_negatives=4, full_softmax=True
+    )
+    targets = np.array([3, 7, 7, 39])
+    negatives = draw_negatives(targets, cfg, step=5, rank=1)
+    assert negatives.tolist() == list(range(40))  # no sampling, no in-batch duplicates
+    torch.manual_seed(0)
+    table, queries = torch.randn(40, 8), torch.randn(4, 8)
+    ids = torch.from_numpy(targets)
+    loss = sampled_softmax_loss(queries, table[ids], table, ids, torch.from_numpy(negatives), 0.1)
+    logits = F.normalize(queries, dim=-1) @ F.normalize(table, dim=-1).T / 0.1
+    assert torch.allclose(loss, F.cross_entropy(logits, ids), atol=1e-5)
+    assert RunConfig.from_dict({"data": {"path": "x"}, "model_extra": {"loss": "full_softmax"}}).model_extra.loss
+
+
+def test_events_beyond_model_max_uih_len_are_counted():
+    sample = {"item_ids": np.arange(10), "actions": np.zeros(10, np.int64), "timestamps": np.arange(10),
+              "length": 10, "window": 0, "cost": 1.0, "user_id": 0}  # fmt: skip
+    cfg = CollateConfig(num_items=10, num_actions=1, max_len=5, num_negatives=1, inbatch_negatives=0)
+    batch = collate([sample], cfg, step=0, rank=0)
+    assert batch.truncated == 3 and batch.lengths.tolist() == [5]  # 10 - 2 held out - 5 kept

@@ -283,7 +283,7 @@ class LoggingConfig:
 
     out_dir: str = "runs/default"
     log_every: int = 10  # steps per flush (bubble metrics need a gather across ranks)
-    progress: bool = True
+    progress: bool = True  # rank 0 draws a progress bar, on a terminal only (set false for logs)
     trace_steps: int = 20  # steps in the Chrome/Perfetto trace
     timeline_steps: int = 4  # steps drawn in timeline.png
     skip_steps: int = 2  # warm-up steps left out of the run summary

@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -292,8 +293,8 @@ class Trainer:
         return float(elapsed) >= self.cfg.data.max_seconds
 
     def _progress(self, start: int, end: int) -> Any:
-        if self.rank != 0 or not self.cfg.logging.progress:
-            return None
+        if self.rank != 0 or not self.cfg.logging.progress or not sys.stderr.isatty():
+            return None  # a bar redrawn into a log file floods it: bars only on a terminal
         from tqdm import tqdm
 
         return tqdm(total=end - start, initial=0, desc=f"train {self.engine.name}", unit="step", leave=False)
