@@ -233,3 +233,40 @@ def test_events_beyond_model_max_uih_len_are_counted():
     cfg = CollateConfig(num_items=10, num_actions=1, max_len=5, num_negatives=1, inbatch_negatives=0)
     batch = collate([sample], cfg, step=0, rank=0)
     assert batch.truncated == 3 and batch.lengths.tolist() == [5]  # 10 - 2 held out - 5 kept
+
+
+def _figures(protocol: dict[str, Any]) -> dict[str, Any]:
+    """A protocol report without wall times and checkpoint paths (they differ between runs)."""
+    strip = {"seconds", "best_checkpoint", "history", "evaluations"}
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if k not in strip}
+        return value
+
+    return clean(protocol)
+
+
+def test_a_resumed_run_keeps_the_best_validation_of_before_the_resume(tmp_path: Path):
+    data = prepare_tiny(tmp_path)
+    common = {
+        "model_extra": {"num_items": 0, "num_actions": 0},
+        "optimizer": {"dense_lr": 0.003, "sparse_lr": 0.02},
+        "eval": {"every": 10},
+    }
+    whole = run_toml(tmp_path / "a.toml", data, tmp_path / "a", data={"max_steps": 40}, **common)
+    train(whole, tmp_path)
+    first = run_toml(
+        tmp_path / "b.toml", data, tmp_path / "b", data={"max_steps": 20}, checkpoint={"dir": str(tmp_path / "ck")},
+        **common,
+    )  # fmt: skip
+    train(first, tmp_path)
+    resumed = run_toml(
+        tmp_path / "c.toml", data, tmp_path / "b", data={"max_steps": 40},
+        checkpoint={"dir": str(tmp_path / "ck"), "resume": "latest"}, **common,
+    )  # fmt: skip
+    train(resumed, tmp_path)
+    expected = json.loads((tmp_path / "a" / "bubbles.json").read_text())["protocol"]
+    got = json.loads((tmp_path / "b" / "bubbles.json").read_text())["protocol"]
+    assert got["evaluations"] == expected["evaluations"] == 4
+    assert _figures(got) == _figures(expected)

@@ -203,6 +203,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
             keep_metrics_before(self.metrics_file, start)
+        if start:
+            self._restore_tracker(start)
         loader = StepLoader(
             self.dataset, self.world_size, self.rank, start, end, self.collate_cfg, self.cfg.data.prefetch
         )
@@ -373,9 +375,28 @@ class Trainer:
                 self.tracker.best_checkpoint = self._save_best(step)
         if self.rank == 0:
             line = {"step": step, "eval": result, "best": improved}
+            if improved and self.cfg.eval.validation:  # kept for the final report and for resume
+                line["test_of_best"] = self.tracker.best_test
+                line["best_checkpoint"] = self.tracker.best_checkpoint
             self.state.evals.append(line)
             with self.metrics_file.open("a") as handle:
                 handle.write(json.dumps(line) + "\n")
+
+    def _restore_tracker(self, start: int) -> None:
+        """A resumed run continues the best-validation selection: the evaluations up to ``start`` come
+        back from rank 0's ``metrics.jsonl`` (one broadcast, so every rank decides alike)."""
+        lines: list[dict[str, Any]] = []
+        if self.rank == 0 and self.metrics_file.exists():
+            records = [json.loads(text) for text in self.metrics_file.read_text().splitlines()]
+            lines = [record for record in records if "eval" in record and record["step"] <= start]
+        box = [lines]
+        dist.broadcast_object_list(box, src=0)
+        for line in box[0]:
+            if self.tracker.offer(line["step"], line["eval"]):
+                self.tracker.best_test = line.get("test_of_best", line["eval"])
+                self.tracker.best_checkpoint = line.get("best_checkpoint")
+        if self.rank == 0:
+            self.state.evals.extend(box[0])
 
     def _save_best(self, step: int) -> str:
         """The model of the best validation so far, as ``checkpoint.dir/best/step_N`` (older ones removed)."""
