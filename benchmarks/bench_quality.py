@@ -167,15 +167,17 @@ def train(config: str, cwd: Path, steps_per_epoch: int) -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]], k: int, popular: dict[str, dict[str, Any]]) -> None:
     hr, ndcg = f"hr@{k}", f"ndcg@{k}"
-    head = f"{'model':30} {'val ' + hr:>10} {'val ' + ndcg:>11} {'test ' + hr:>11} {'test ' + ndcg:>12}"
+    head = f"{'model':32} {'val ' + hr:>10} {'val ' + ndcg:>11} {'test ' + hr:>11} {'test ' + ndcg:>12}"
     print(head + f" {'epochs→best':>12} {'wall s':>7} {'test ndcg vs popular':>21}")
     for row in rows:
         val, test = row["validation"], row["test"]
-        ratio = test[ndcg] / popular["test"][ndcg] if popular["test"][ndcg] else float("nan")
-        cells = [f"{val[hr]:10.4f}", f"{val[ndcg]:11.4f}", f"{test[hr]:11.4f}", f"{test[ndcg]:12.4f}"]
+        known = test[ndcg] is not None and popular["test"][ndcg]
+        ratio = f"{test[ndcg] / popular['test'][ndcg]:20.2f}x" if known else f"{'-':>21}"
+        figures = [(val[hr], 10), (val[ndcg], 11), (test[hr], 11), (test[ndcg], 12)]
+        cells = [f"{v:{w}.4f}" if v is not None else f"{'-':>{w}}" for v, w in figures]
         epochs = f"{row['epochs_to_best']:12.1f}" if row.get("epochs_to_best") is not None else f"{'-':>12}"
         wall = f"{row['seconds']:7.1f}" if row.get("seconds") is not None else f"{'-':>7}"
-        print(f"{row['model']:30} {' '.join(cells)} {epochs} {wall} {ratio:20.2f}x")
+        print(f"{row['model']:32} {' '.join(cells)} {epochs} {wall} {ratio}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         popular = popularity(data, s.k)
         rows.append({"model": "most popular", **popular})
         items = PreparedDataset(data).table_sizes()["item"]
-        chance = {"protocol": "full", f"hr@{s.k}": s.k / items, f"ndcg@{s.k}": float("nan")}
+        chance = {"protocol": "full", f"hr@{s.k}": s.k / items, f"ndcg@{s.k}": None}
         rows.append({"model": "random", "validation": chance, "test": chance})
     print_table(rows, s.k, popular)
     report = {
