@@ -200,16 +200,18 @@ class PrepareJob:
         removed_items = self._kcore()
         plan_info = self._plan(removed_items)
         sample_records = self._build_buckets(removed_items, users_record["features"], plan_info)
-        vocabularies = merge_partition_ids(str(self.work / "samples"), self._n_partitions)
+        features = users_record["features"]
+        vocabularies = merge_partition_ids(str(self.work / "samples"), self._n_partitions, features)
         self._write(plan_info, bool(users_record["features"]))
         manifest = build_manifest(self, scan_summary, users_record, sample_records, plan_info)
         manifest["tables"] = {
-            table: {"size": vocab.size, "file": vocabulary_file(table), "ids": "exact: row r holds raw id vocab[r]"}
+            table: {"size": vocab.size, "file": vocabulary_file(table, features), "ids": "exact: row r = vocab[r]"}
             for table, vocab in vocabularies.items()
         }
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
         manifest = json.loads(json.dumps(manifest, default=str))
-        self._publish(manifest, plan_info["offsets"], scan_summary, users_record, vocabularies)
+        files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
+        self._publish(manifest, plan_info["offsets"], scan_summary, users_record, files)
         shutil.rmtree(self.work, ignore_errors=True)
         return manifest
 
@@ -535,8 +537,10 @@ class PrepareJob:
         users: dict[str, Any],
         vocabularies: dict[str, Vocabulary],
     ) -> None:
-        for table, vocab in vocabularies.items():
-            storage.write_bytes(storage.join(self.target, vocabulary_file(table)), vocab.to_bytes())
+        """Write the offsets, quarantine and vocabulary files (``vocabularies``: by path), then the
+        manifest with every file's hash, then (local output) swap the dataset in."""
+        for name, vocab in vocabularies.items():
+            storage.write_bytes(storage.join(self.target, name), vocab.to_bytes())
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(offsets, np.int64))
         storage.write_bytes(storage.join(self.target, OFFSETS_NAME), buffer.getvalue())
@@ -544,8 +548,7 @@ class PrepareJob:
         for reason, rows in users.get("examples", {}).items():
             examples.setdefault(f"users:{reason}", rows)
         storage.write_bytes(storage.join(self.target, QUARANTINE_NAME), quarantine_lines(examples).encode())
-        vocab_files = [vocabulary_file(table) for table in vocabularies]
-        manifest["files"] = published_files(self.target, vocab_files)  # every file above, sized and hashed
+        manifest["files"] = published_files(self.target, list(vocabularies))  # every file above, sized and hashed
         storage.write_bytes(
             storage.join(self.target, MANIFEST_NAME),
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),

@@ -349,7 +349,7 @@ def run_partition(
     record["events_in"] += removed_events
     record["filtered"]["kcore"] += removed_events
     (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
-    save_partition_ids(samples_dir, partition, table)
+    save_partition_ids(samples_dir, partition, table, feature_names)
     save_json(Path(samples_dir) / f"p{partition:05d}.json", record)
     remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record

@@ -1,12 +1,14 @@
-"""Exact id tables: a dense, deterministic vocabulary per table (items, actions) of a prepared dataset.
+"""Exact id tables: a dense, deterministic vocabulary per table (items, actions, user-profile features)
+of a prepared dataset.
 
 Why: folding raw ids modulo a table size collides silently (MPZCH's lesson: collisions cost quality),
 and a guessed size either folds ids or adds never-trained rows that full ranking and the negatives then
 see. ``prepare`` knows every id that reaches a sample, so it publishes each table's vocabulary:
-``vocab/<table>.npy``, the table's distinct raw ids in ascending order, so that row ``r`` holds raw id
-``vocab[r]``. The order is a pure function of the set of ids (same inputs, same bytes, whichever worker
-or partition saw an id first), and the manifest records each table's size beside the file's hash
-(``tables``, ``files``).
+``vocab/<table>.npy`` (``vocab/user_feature_<i>.npy`` for table ``user.<feature i>``: feature
+names come from the source config and need not be file names), the table's distinct raw ids in
+ascending order, so that row ``r`` holds raw id ``vocab[r]``. The order is a pure function of the
+set of ids (same inputs, same bytes, whichever worker or partition saw an id first), and the
+manifest records each table's size beside the file's hash (``tables``, ``files``).
 
 The shards keep the raw ids: a prediction maps back to a catalogue id without the table, and a dataset
 reads the same whatever id mode a run picks. Readers map raw id -> row with ``Vocabulary.rows`` (a binary
@@ -45,31 +47,53 @@ class UnknownIdError(ValueError):
     """A raw id that is not in the table's vocabulary (a dataset and vocabulary that do not match)."""
 
 
-def vocabulary_file(table: str) -> str:
+def table_names(feature_names: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The dataset's tables: items, actions and one per user-profile feature (``user.<name>``)."""
+    return [*TABLE_COLUMNS, *(f"user.{name}" for name in feature_names)]
+
+
+def vocabulary_file(table: str, feature_names: list[str] | tuple[str, ...] = ()) -> str:
     """Path of a table's vocabulary inside a prepared dataset."""
+    if table.startswith("user."):
+        return f"vocab/user_feature_{list(feature_names).index(table[5:])}.npy"
     return f"vocab/{table}.npy"
 
 
-def _partition_path(samples_dir: str, partition: int, table: str) -> Path:
-    return Path(samples_dir) / f"p{partition:05d}.{table}.npy"
+def _partition_path(samples_dir: str, partition: int, index: int) -> Path:
+    return Path(samples_dir) / f"p{partition:05d}.ids{index}.npy"
 
 
-def save_partition_ids(samples_dir: str, partition: int, samples: pa.Table) -> None:
-    """Distinct ids per table of one partition's samples (sorted int64), written before the partition's
-    completion record so a finished partition always has them."""
-    for table, column in TABLE_COLUMNS.items():
+def _table_ids(samples: pa.Table, feature_names: list[str] | tuple[str, ...]) -> list[np.ndarray]:
+    """Distinct ids (sorted int64) of every table (``table_names`` order) in ``samples``."""
+    out = []
+    for column in TABLE_COLUMNS.values():
         values = pc.list_flatten(samples.column(column)) if samples.num_rows else pa.array([], pa.int64())
-        ids = np.unique(np.asarray(pc.unique(values).to_numpy(zero_copy_only=False), dtype=np.int64))
-        path = _partition_path(samples_dir, partition, table)
+        out.append(np.unique(np.asarray(pc.unique(values).to_numpy(zero_copy_only=False), dtype=np.int64)))
+    if feature_names:
+        flat = pc.list_flatten(samples.column("user_features")).to_numpy(zero_copy_only=False)
+        per_user = np.asarray(flat, np.int64).reshape(-1, len(feature_names))
+        out.extend(np.unique(per_user[:, i]) for i in range(len(feature_names)))
+    return out
+
+
+def save_partition_ids(
+    samples_dir: str, partition: int, samples: pa.Table, feature_names: list[str] | tuple[str, ...] = ()
+) -> None:
+    """Distinct ids per table of one partition's samples, written before the partition's completion
+    record so a finished partition always has them."""
+    for index, ids in enumerate(_table_ids(samples, feature_names)):
+        path = _partition_path(samples_dir, partition, index)
         np.save(f"{path}.tmp.npy", ids)
         Path(f"{path}.tmp.npy").replace(path)
 
 
-def merge_partition_ids(samples_dir: str, n_partitions: int) -> dict[str, Vocabulary]:
+def merge_partition_ids(
+    samples_dir: str, n_partitions: int, feature_names: list[str] | tuple[str, ...] = ()
+) -> dict[str, Vocabulary]:
     """Every table's vocabulary: the union of the partitions' distinct ids, ascending."""
     merged = {}
-    for table in TABLE_COLUMNS:
-        parts = [np.load(_partition_path(samples_dir, p, table)) for p in range(n_partitions)]
+    for index, table in enumerate(table_names(feature_names)):
+        parts = [np.load(_partition_path(samples_dir, p, index)) for p in range(n_partitions)]
         ids = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         merged[table] = Vocabulary(table, ids.astype(np.int64))
     return merged

@@ -133,3 +133,26 @@ def test_unknown_ids_are_named_and_collision_rate_is_exact():
     # 10 % 7 = 3 % 7: two of four ids share a row
     assert hash_collision_rate(np.array([3, 10, 12, 6]), 7) == 0.5
     assert hash_collision_rate(np.array([3, 10, 12, 6]), 100) == 0.0
+
+
+def test_user_profile_features_get_a_vocabulary_each(tmp_path: Path):
+    from freescale.datasets.presets import preset
+    from freescale.datasets.synthetic import generate
+
+    generate(preset("tiny", seed=5), str(tmp_path / "src"))
+    manifest = prepare(make_config(str(tmp_path / "src" / "sources.toml"), str(tmp_path / "out")))
+    dataset = PreparedDataset(str(tmp_path / "out"))
+    features = manifest["layout"]["user_features"]
+    assert features == ["age_bucket", "country_id"]
+    values = np.concatenate(
+        [
+            np.asarray(s["user_features"]).reshape(1, -1)
+            for m in range(dataset.n_micro_batches)
+            for s in dataset.micro_batch(m)
+        ]
+    )
+    for i, name in enumerate(features):
+        vocab = dataset.vocabulary(f"user.{name}")
+        assert manifest["tables"][f"user.{name}"]["file"] == f"vocab/user_feature_{i}.npy"
+        assert np.array_equal(vocab.raw_ids, np.unique(values[:, i]))
+        assert np.array_equal(vocab.raw(vocab.rows(values[:, i])), values[:, i])
