@@ -156,3 +156,13 @@ def test_user_profile_features_get_a_vocabulary_each(tmp_path: Path):
         assert manifest["tables"][f"user.{name}"]["file"] == f"vocab/user_feature_{i}.npy"
         assert np.array_equal(vocab.raw_ids, np.unique(values[:, i]))
         assert np.array_equal(vocab.raw(vocab.rows(values[:, i])), values[:, i])
+
+
+@pytest.mark.parametrize("span", [10, 2**40])
+def test_distinct_matches_numpy_unique_for_narrow_and_wide_id_ranges(span: int):
+    from freescale.pipeline.vocabulary import distinct
+
+    rng = np.random.default_rng(span % 97)
+    for n in (0, 1, 5, 3000):
+        values = rng.integers(-span, span, n)
+        assert np.array_equal(distinct(values), np.unique(values).astype(np.int64))
