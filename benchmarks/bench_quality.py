@@ -11,7 +11,7 @@ model's. Each variant trains on 2 CPU ranks (``freescale train``); most-popular 
 by training-event frequency; random is k / items. Side-by-side table, JSON to
 ``benchmarks/results/bench_quality.json``.
 
-    python benchmarks/bench_quality.py            # ~10 minutes on 2 cores
+    python benchmarks/bench_quality.py            # ~10 minutes on 2 cores (40 epochs at most)
     python benchmarks/bench_quality.py --quick    # smoke run, no result file unless --out
 """
 
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ class Settings:
     cap: int = 200
     markov_prob: float = 0.6
     zipf: float = 1.1
-    epochs: float = 20.0  # at most; early stopping usually ends sooner
+    epochs: float = 40.0  # at most; early stopping usually ends sooner
     patience: int = 3  # epochs without a better validation NDCG@10
     micro_batch_size: int = 32
     d_model: int = 64
@@ -188,10 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         default="hstu:sampled_softmax,hstu:full_softmax,sasrec:sampled_softmax,sasrec:full_softmax",
         help="architecture:loss pairs",
     )
+    parser.add_argument("--epochs", type=float, help="most epochs per variant (default: Settings.epochs)")
     parser.add_argument("--out")
     parser.add_argument("--work")
     args = parser.parse_args(argv)
     s = Settings(users=400, items=500, epochs=3.0, patience=1) if args.quick else Settings()
+    if args.epochs:
+        s = replace(s, epochs=args.epochs)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     variants = [v.split(":") for v in args.variants.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench_quality-") as tmp:
