@@ -132,7 +132,8 @@ def model_table(s: Settings) -> dict[str, int]:
 def write_config(path: Path, s: Settings, data: str, rows: int, overlap: str, out: Path) -> str:
     tables = {
         "model": model_table(s),
-        "model_extra": {"num_items": rows, "num_actions": 8, "inbatch_negatives": s.inbatch_negatives},
+        # ids folded modulo the table size on purpose: that is the knob that raises the overlap rate
+        "model_extra": {"ids": "hashed", "num_items": rows, "num_actions": 8, "inbatch_negatives": s.inbatch_negatives},
         "data": {"path": data, "max_steps": s.steps, "prefetch": 0},
         "engine": {"threads": 1, "seed": s.seed, "overlap": overlap},
         "eval": {"max_users": 0},

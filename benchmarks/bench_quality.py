@@ -1,13 +1,17 @@
-"""Model quality on data with planted sequential structure: HR@10 / NDCG@10 vs a most-popular baseline.
+"""Model quality under the standard sequential protocol, on data with planted structure: HSTU and
+SASRec, sampled and full softmax, against most-popular (validation and test HR@10 / NDCG@10).
 
 The generator's Markov option makes, with probability ``markov_prob``, a user's next item a fixed
 function of the previous one (``(prev·a + b) mod n_items``). A sequential model can learn that; a
-popularity ranking cannot. Each architecture trains on 2 CPU ranks (``freescale train``), then ranks
-every user's held-out last item against the full catalogue (leave-last-out, no sampling); the
-most-popular baseline ranks the same targets by training-event frequency; the random baseline is
-k / n_items. Side-by-side table, JSON to ``benchmarks/results/bench_quality.json``.
+popularity ranking cannot. Protocol (``trainer/protocol.py``): leave-one-out by time, each user's
+second-to-last event is the validation item and the last the test item, neither ever a training
+target; full ranking over the exact item vocabulary; validation every epoch, early stopping after
+``patience`` epochs without a better validation NDCG@10, and the test figures are the best-validation
+model's. Each variant trains on 2 CPU ranks (``freescale train``); most-popular ranks the same targets
+by training-event frequency; random is k / items. Side-by-side table, JSON to
+``benchmarks/results/bench_quality.json``.
 
-    python benchmarks/bench_quality.py            # ~3 minutes on 2 cores
+    python benchmarks/bench_quality.py            # ~10 minutes on 2 cores (40 epochs at most)
     python benchmarks/bench_quality.py --quick    # smoke run, no result file unless --out
 """
 
@@ -21,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +46,8 @@ class Settings:
     cap: int = 200
     markov_prob: float = 0.6
     zipf: float = 1.1
-    epochs: float = 8.0
+    epochs: float = 40.0  # at most; early stopping usually ends sooner
+    patience: int = 3  # epochs without a better validation NDCG@10
     micro_batch_size: int = 32
     d_model: int = 64
     num_layers: int = 2
@@ -87,23 +92,31 @@ def make_data(s: Settings, work: Path) -> str:
     return str(out)
 
 
-def popularity(data: str, k: int, items: int) -> dict[str, Any]:
-    """Most-popular baseline on the same leave-last-out targets (window-0 samples)."""
+def popularity(data: str, k: int) -> dict[str, dict[str, Any]]:
+    """Most-popular baseline on the protocol's validation and test targets: frequency over the
+    training events (every event but the evaluated users' held-out items), in exact rows."""
     from freescale.pipeline.reader import PreparedDataset
+    from freescale.trainer.data import held_out
     from freescale.trainer.evaluate import popularity_metrics
 
     dataset = PreparedDataset(data)
-    train, targets = [], []
+    vocab = dataset.vocabulary("item")
+    train, validation, test = [], [], []
     for index in range(dataset.n_micro_batches):
         for sample in dataset.micro_batch(index):
-            ids = np.asarray(sample["item_ids"])
-            train.append(ids[:-1])
-            if int(sample["window"]) == 0 and len(ids) >= 3:
-                targets.append(int(ids[-1]))
-    return popularity_metrics(np.concatenate(train), np.array(targets), items, k)
+            rows = vocab.rows(sample["item_ids"])
+            train.append(rows[: len(rows) - held_out(sample, 2, 0)])
+            if int(sample["window"]) == 0 and len(rows) >= 3:
+                validation.append(int(rows[-2]))
+                test.append(int(rows[-1]))
+    counts = np.concatenate(train)
+    return {
+        split: popularity_metrics(counts, np.array(targets), vocab.size, k)
+        for split, targets in (("validation", validation), ("test", test))
+    }
 
 
-def write_config(path: Path, s: Settings, data: str, out: Path, architecture: str) -> str:
+def write_config(path: Path, s: Settings, data: str, out: Path, architecture: str, loss: str, every: int) -> str:
     tables = {
         "model": {
             "d_model": s.d_model,
@@ -114,21 +127,20 @@ def write_config(path: Path, s: Settings, data: str, out: Path, architecture: st
         },
         "model_extra": {
             "architecture": architecture,
-            "num_items": s.items,
-            "num_actions": 8,
+            "loss": loss,
             "inbatch_negatives": 64,
             "temperature": 0.05,
         },
         "data": {"path": data, "epochs": s.epochs, "seed": s.seed},
         "optimizer": {"dense_lr": 0.002, "sparse_lr": 0.05},
         "engine": {"threads": 1, "seed": s.seed},
-        "eval": {"max_users": s.users, "k": s.k, "num_candidates": 0},
+        "eval": {"k": s.k, "every": every, "patience": s.patience, "metric": "ndcg"},
         "logging": {"out_dir": str(out), "log_every": 50, "progress": False},
     }
     return write_run_toml(path, tables)
 
 
-def train(config: str, cwd: Path) -> dict[str, Any]:
+def train(config: str, cwd: Path, steps_per_epoch: int) -> dict[str, Any]:
     start = time.perf_counter()
     result = subprocess.run(
         [*FREESCALE, "train", "--config", config, "--nproc", "2"], cwd=cwd, capture_output=True, text=True
@@ -136,57 +148,80 @@ def train(config: str, cwd: Path) -> dict[str, Any]:
     if result.returncode:
         raise RuntimeError(f"training failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     report = json.loads((Path(config).parent / Path(config).stem / "bubbles.json").read_text())
-    losses = [line["loss"] for line in report["steps"]]
+    losses = [line["loss"] for line in report["steps"] if line.get("loss") is not None]
+    protocol = report["protocol"]
     return {
-        "eval": report["evals"][-1]["eval"],
+        "validation": protocol["validation"],
+        "test": protocol["test"],
+        "best_step": protocol["best_step"],
+        "epochs_to_best": protocol["best_step"] / steps_per_epoch,
+        "stopped_early": protocol["stopped_early"],
         "seconds": time.perf_counter() - start,
         "steps": len(losses),
         "first_loss": float(np.mean(losses[:10])),
         "last_loss": float(np.mean(losses[-10:])),
         "samples_per_s": report["summary"]["samples_per_s"],
+        "training": report["training"],
     }
+
+
+def print_table(rows: list[dict[str, Any]], k: int, popular: dict[str, dict[str, Any]]) -> None:
+    hr, ndcg = f"hr@{k}", f"ndcg@{k}"
+    head = f"{'model':32} {'val ' + hr:>10} {'val ' + ndcg:>11} {'test ' + hr:>11} {'test ' + ndcg:>12}"
+    print(head + f" {'epochs→best':>12} {'wall s':>7} {'test ndcg vs popular':>21}")
+    for row in rows:
+        val, test = row["validation"], row["test"]
+        known = test[ndcg] is not None and popular["test"][ndcg]
+        ratio = f"{test[ndcg] / popular['test'][ndcg]:20.2f}x" if known else f"{'-':>21}"
+        figures = [(val[hr], 10), (val[ndcg], 11), (test[hr], 11), (test[ndcg], 12)]
+        cells = [f"{v:{w}.4f}" if v is not None else f"{'-':>{w}}" for v, w in figures]
+        epochs = f"{row['epochs_to_best']:12.1f}" if row.get("epochs_to_best") is not None else f"{'-':>12}"
+        wall = f"{row['seconds']:7.1f}" if row.get("seconds") is not None else f"{'-':>7}"
+        print(f"{row['model']:32} {' '.join(cells)} {epochs} {wall} {ratio}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--architectures", default="hstu,sasrec")
+    parser.add_argument(
+        "--variants",
+        default="hstu:sampled_softmax,hstu:full_softmax,sasrec:sampled_softmax,sasrec:full_softmax",
+        help="architecture:loss pairs",
+    )
+    parser.add_argument("--epochs", type=float, help="most epochs per variant (default: Settings.epochs)")
     parser.add_argument("--out")
     parser.add_argument("--work")
     args = parser.parse_args(argv)
-    s = Settings(users=400, items=500, epochs=3.0) if args.quick else Settings()
+    s = Settings(users=400, items=500, epochs=3.0, patience=1) if args.quick else Settings()
+    if args.epochs:
+        s = replace(s, epochs=args.epochs)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    variants = [v.split(":") for v in args.variants.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench_quality-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         data = make_data(s, work)
+        from freescale.pipeline.reader import PreparedDataset
+
+        steps_per_epoch = PreparedDataset(data).steps_per_epoch(2)
         rows: list[dict[str, Any]] = []
-        for architecture in args.architectures.split(","):
-            config = write_config(work / f"{architecture}.toml", s, data, work / architecture, architecture)
-            result = train(config, work)
-            rows.append({"model": f"{architecture} (ours, 2 ranks)", **result["eval"], **result})
-        baseline = popularity(data, s.k, s.items)
-        rows.append({"model": "most popular", **baseline})
-        rows.append(
-            {
-                "model": "random",
-                "protocol": "full",
-                "users": baseline["users"],
-                f"hr@{s.k}": s.k / s.items,
-                f"ndcg@{s.k}": None,
-            }
-        )
-    hr, ndcg = f"hr@{s.k}", f"ndcg@{s.k}"
-    print(f"{'model':24} {'protocol':>8} {'users':>6} {hr:>7} {ndcg:>8} {'vs popular':>11}")
-    for row in rows:
-        ratio = row[hr] / baseline[hr] if baseline[hr] else float("nan")
-        ndcg_text = f"{row[ndcg]:8.4f}" if row.get(ndcg) is not None else f"{'-':>8}"
-        print(f"{row['model']:24} {row['protocol']:>8} {row['users']:6d} {row[hr]:7.4f} {ndcg_text} {ratio:10.2f}x")
+        for architecture, loss in variants:
+            name = f"{architecture}-{loss}"
+            config = write_config(work / f"{name}.toml", s, data, work / name, architecture, loss, steps_per_epoch)
+            rows.append({"model": f"{architecture} {loss} (2 ranks)", **train(config, work, steps_per_epoch)})
+        popular = popularity(data, s.k)
+        rows.append({"model": "most popular", **popular})
+        items = PreparedDataset(data).table_sizes()["item"]
+        chance = {"protocol": "full", f"hr@{s.k}": s.k / items, f"ndcg@{s.k}": None}
+        rows.append({"model": "random", "validation": chance, "test": chance})
+    print_table(rows, s.k, popular)
     report = {
         "settings": asdict(s),
+        "steps_per_epoch": steps_per_epoch,
         "rows": rows,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "note": "leave-last-out, full ranking over all n_items table rows; planted Markov transitions",
+        "note": "leave-one-out: validation = second-to-last, test = last (best-validation model); full ranking "
+        "over the exact item vocabulary; planted Markov transitions",
     }
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if out is not None:

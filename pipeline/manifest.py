@@ -60,9 +60,10 @@ def read_manifest(dataset: str) -> dict[str, Any]:
     return manifest
 
 
-def published_files(output: str) -> list[dict[str, Any]]:
+def published_files(output: str, extra: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The ``files`` table for a finished output (every file but the manifest): the root and part
-    indexes, the offsets and quarantine files hashed here, the shards from their index entries."""
+    indexes, the offsets and quarantine files and ``extra`` (the vocabularies) hashed here, the shards
+    from their index entries."""
     from freescale.pipeline.integrity import check_index, file_table
 
     where = storage.join(output, INDEX_NAME)
@@ -70,7 +71,7 @@ def published_files(output: str) -> list[dict[str, Any]]:
     parts = sorted(
         {shard["raw_data"]["basename"].split("/")[0] for shard in shards if "/" in shard["raw_data"]["basename"]}
     )
-    names = [INDEX_NAME, OFFSETS_NAME, QUARANTINE_NAME, *(f"{part}/{INDEX_NAME}" for part in parts)]
+    names = [INDEX_NAME, OFFSETS_NAME, QUARANTINE_NAME, *extra, *(f"{part}/{INDEX_NAME}" for part in parts)]
     return file_table(output, names, shards)
 
 

@@ -42,7 +42,7 @@ STAGING_INFIX = ".freescale-staging-"
 OLD_SUFFIX = ".freescale-old"
 # Names a FreeScale output holds: an output holding only these (and at least one part) is an
 # unfinished run of ours (a killed job of an older release wrote in place), not somebody's files.
-OWN_NAMES = re.compile(r"part-\d{5}|index\.json|micro_batch_offsets\.npy|quarantine\.jsonl|manifest\.json")
+OWN_NAMES = re.compile(r"part-\d{5}|index\.json|micro_batch_offsets\.npy|quarantine\.jsonl|manifest\.json|vocab")
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _RENAME_EXCHANGE = 2
 

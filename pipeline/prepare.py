@@ -61,6 +61,7 @@ from freescale.pipeline.manifest import (
 from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
@@ -73,7 +74,7 @@ TARGET_ROWS_PER_TASK = 4_000_000
 ENCODED_BYTES_PER_EVENT = 24
 
 
-WORK_LAYOUT = 6  # bump when spill, bucket, plan or marker formats or the read-task plan change
+WORK_LAYOUT = 7  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 
 
@@ -199,12 +200,18 @@ class PrepareJob:
         removed_items = self._kcore()
         plan_info = self._plan(removed_items)
         sample_records = self._build_buckets(removed_items, users_record["features"], plan_info)
+        features = users_record["features"]
+        vocabularies = merge_partition_ids(str(self.work / "samples"), self._n_partitions, features)
         self._write(plan_info, bool(users_record["features"]))
+        manifest = build_manifest(self, scan_summary, users_record, sample_records, plan_info)
+        manifest["tables"] = {
+            table: {"size": vocab.size, "file": vocabulary_file(table, features), "ids": "exact: row r = vocab[r]"}
+            for table, vocab in vocabularies.items()
+        }
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
-        manifest = json.loads(
-            json.dumps(build_manifest(self, scan_summary, users_record, sample_records, plan_info), default=str)
-        )
-        self._publish(manifest, plan_info["offsets"], scan_summary, users_record)
+        manifest = json.loads(json.dumps(manifest, default=str))
+        files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
+        self._publish(manifest, plan_info["offsets"], scan_summary, users_record, files)
         shutil.rmtree(self.work, ignore_errors=True)
         return manifest
 
@@ -523,8 +530,17 @@ class PrepareJob:
         storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 
     def _publish(
-        self, manifest: dict[str, Any], offsets: np.ndarray, summary: scan.ScanSummary, users: dict[str, Any]
+        self,
+        manifest: dict[str, Any],
+        offsets: np.ndarray,
+        summary: scan.ScanSummary,
+        users: dict[str, Any],
+        vocabularies: dict[str, Vocabulary],
     ) -> None:
+        """Write the offsets, quarantine and vocabulary files (``vocabularies``: by path), then the
+        manifest with every file's hash, then (local output) swap the dataset in."""
+        for name, vocab in vocabularies.items():
+            storage.write_bytes(storage.join(self.target, name), vocab.to_bytes())
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(offsets, np.int64))
         storage.write_bytes(storage.join(self.target, OFFSETS_NAME), buffer.getvalue())
@@ -532,7 +548,7 @@ class PrepareJob:
         for reason, rows in users.get("examples", {}).items():
             examples.setdefault(f"users:{reason}", rows)
         storage.write_bytes(storage.join(self.target, QUARANTINE_NAME), quarantine_lines(examples).encode())
-        manifest["files"] = published_files(self.target)  # every file above, sized and hashed
+        manifest["files"] = published_files(self.target, list(vocabularies))  # every file above, sized and hashed
         storage.write_bytes(
             storage.join(self.target, MANIFEST_NAME),
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),

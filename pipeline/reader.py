@@ -38,6 +38,7 @@ from freescale.pipeline.integrity import (
 )
 from freescale.pipeline.manifest import ManifestError, read_manifest
 from freescale.pipeline.streaming_modules import streaming_dataset_class
+from freescale.pipeline.vocabulary import Vocabulary
 
 INDEX_NAME = "index.json"
 
@@ -134,6 +135,23 @@ class PreparedDataset:
         data = storage.read_bytes(uri)
         check_bytes(uri, data, None if self.files is None else self.files.get(name))
         return data
+
+    def table_sizes(self) -> dict[str, int]:
+        """Rows of each exact id table (``{}`` for a dataset prepared before vocabularies existed)."""
+        return {table: int(entry["size"]) for table, entry in self.manifest.get("tables", {}).items()}
+
+    def vocabulary(self, table: str) -> Vocabulary | None:
+        """A table's exact vocabulary (``vocab/<table>.npy``, hash-checked), or None for a dataset
+        prepared before vocabularies existed."""
+        entry = self.manifest.get("tables", {}).get(table)
+        if entry is None:
+            return None
+        name = safe_relative_path(entry["file"], f"{self.uri}: tables.{table}.file")
+        vocab = Vocabulary.from_bytes(table, self._read_checked(name), storage.join(self.uri, name))
+        if vocab.size != int(entry["size"]):
+            where = storage.join(self.uri, name)
+            raise ManifestError(f"{where}: {vocab.size} ids != tables.{table}.size {entry['size']} in the manifest")
+        return vocab
 
     def _check_shards_listed(self) -> None:
         if self.files is None:

@@ -25,6 +25,7 @@ import pyarrow.ipc as ipc
 
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.scan import read_partition, read_user_partition, remove_partition, save_json
+from freescale.pipeline.vocabulary import save_partition_ids
 
 SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order
 MISSING_FEATURE = -1
@@ -339,7 +340,8 @@ def run_partition(
     """Build one partition's samples and hand them to ``sink(table, partition)`` (default: the sample
     file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead). ``users``:
     the partition's sorted user ids when known (saves finding them). The record JSON in
-    ``samples_dir``, written last, is the completion marker."""
+    ``samples_dir``, written last, is the completion marker; before it, the partition's distinct ids
+    per table (``vocabulary.save_partition_ids``)."""
     removed = np.load(removed_items_path) if removed_items_path else None
     frame, events_in = sorted_events(scan_dir, partition, removed, users)
     removed_events = events_in - frame.height
@@ -347,6 +349,7 @@ def run_partition(
     record["events_in"] += removed_events
     record["filtered"]["kcore"] += removed_events
     (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
+    save_partition_ids(samples_dir, partition, table, feature_names)
     save_json(Path(samples_dir) / f"p{partition:05d}.json", record)
     remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record

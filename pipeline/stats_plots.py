@@ -182,8 +182,11 @@ def plot_popularity(ax: Any, report: dict[str, Any]) -> None:
 
 
 def plot_straggler(ax: Any, report: dict[str, Any]) -> None:
+    from freescale.pipeline.stats_report import fillable_world_sizes
+
     st = report["straggler"]
-    worlds = [str(w) for w in st["world_sizes"]]
+    filled = fillable_world_sizes(st)[0]
+    worlds = [str(w) for w in (filled or st["world_sizes"])]  # sizes the data cannot fill: no bars of n/a
     strategies = st["strategies"]
     width = 0.8 / len(strategies)
     x = np.arange(len(worlds))

@@ -71,13 +71,25 @@ def sparsity_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def fillable_world_sizes(straggler: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """World sizes with a prediction for some strategy, and those the data cannot fill (none has one)."""
+    filled, unfilled = [], []
+    for w in straggler["world_sizes"]:
+        entries = straggler["by_world_size"][str(w)].values()
+        (filled if any(e.get("straggler_pct") is not None for e in entries) else unfilled).append(w)
+    return filled, unfilled
+
+
 def straggler_table(report: dict[str, Any]) -> Table:
     st = report["straggler"]
     table = Table(title=f"predicted straggler_pct (imbalance = mean max/mean), k = {st['micro_batch_size']} per rank")
     table.add_column("W", justify="right")
     for name in st["strategies"]:
         table.add_column(name, justify="right")
-    for w in st["world_sizes"]:
+    filled, unfilled = fillable_world_sizes(st)
+    if unfilled:  # a row of n/a says nothing: name them once instead
+        table.caption = f"W = {', '.join(map(str, unfilled))}: the data holds less than one step of W·k samples"
+    for w in filled:
         cells = []
         for name in st["strategies"]:
             entry = st["by_world_size"][str(w)][name]

@@ -416,3 +416,25 @@ def test_errors_are_one_clear_line(tiny, prepared, tmp_path, capsys) -> None:
     (tmp_path / "file").write_text("x")
     assert cli_main(["stats", tiny, "--out", str(tmp_path / "file"), "--workers", "1", "--quiet"]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_straggler_table_names_world_sizes_the_data_cannot_fill_instead_of_rows_of_na():
+    from rich.console import Console
+
+    from freescale.pipeline.stats_report import straggler_table
+
+    filled = {"straggler_pct": 12.5, "imbalance": {"mean": 1.3}}
+    empty = {"straggler_pct": None}
+    report = {
+        "straggler": {
+            "micro_batch_size": 4,
+            "strategies": ["random", "planned"],
+            "world_sizes": [8, 256],
+            "by_world_size": {"8": {"random": filled, "planned": filled}, "256": {"random": empty, "planned": empty}},
+        }
+    }
+    console = Console(width=200, record=True)
+    console.print(straggler_table(report))
+    text = console.export_text()
+    assert "n/a" not in text and "12.50% (1.30)" in text
+    assert "W = 256: the data holds less than one" in " ".join(text.split())  # the caption wraps

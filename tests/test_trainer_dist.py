@@ -91,13 +91,13 @@ def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> No
 
     from freescale.trainer.config import RunConfig
     from freescale.trainer.data import collate
-    from freescale.trainer.runner import collate_config, step_seed
+    from freescale.trainer.runner import run_tables, step_seed
 
-    cfg = RunConfig.from_toml(run_a["config"])
-    reference = ReferenceTrainer(cfg)
     dataset = PreparedDataset(tiny_dataset)
+    cfg, _, collate_cfg = run_tables(RunConfig.from_toml(run_a["config"]), dataset)  # tables sized as the run's
+    reference = ReferenceTrainer(cfg)
     batches = [
-        collate(next(iter(RankReader(dataset, 2, rank, step=0, num_steps=1)))[1], collate_config(cfg), 0, rank)
+        collate(next(iter(RankReader(dataset, 2, rank, step=0, num_steps=1)))[1], collate_cfg, 0, rank)
         for rank in range(2)
     ]
     rank_losses = reference.step(batches, [step_seed(cfg.engine.seed, 0, rank) for rank in range(2)])

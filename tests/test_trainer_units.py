@@ -121,14 +121,16 @@ def test_short_samples_share_one_group_long_ones_stay_exact() -> None:
     assert len(group_by_length([100] * 8, 1.25, max_elements=3 * 100**2)) == 3  # memory cap still holds
 
 
-def test_collate_holds_out_last_event_and_draws_reproducible_negatives() -> None:
+def test_collate_holds_out_validation_and_test_items_and_draws_reproducible_negatives() -> None:
     samples = make_samples([6, 1, 4])
     batch = collate(samples, collate_cfg(), step=3, rank=1)
-    assert batch.lengths.tolist() == [5, 3]  # the 1-event sample is dropped, last events held out
-    assert batch.num_positions == 4 + 2
-    first = torch.from_numpy(samples[0]["item_ids"][:5] % 50)
-    assert batch.item_ids[:5].tolist() == first.tolist()
-    assert batch.item_ids[batch.target_index[:4]].tolist() == first[1:].tolist()
+    assert batch.lengths.tolist() == [4, 2]  # the 1-event sample is dropped, the last two events held out
+    assert batch.num_positions == 3 + 1
+    first = torch.from_numpy(samples[0]["item_ids"][:4] % 50)
+    assert batch.item_ids[:4].tolist() == first.tolist()
+    assert batch.item_ids[batch.target_index[:3]].tolist() == first[1:].tolist()
+    test_only = collate(samples, collate_cfg(holdout_events=1), step=3, rank=1)
+    assert test_only.lengths.tolist() == [5, 3]
     again = collate(samples, collate_cfg(), step=3, rank=1)
     assert torch.equal(batch.negative_ids, again.negative_ids)
     assert not torch.equal(batch.negative_ids, collate(samples, collate_cfg(), step=4, rank=1).negative_ids)

@@ -287,12 +287,27 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="score a saved checkpoint on the validation and test items, without training",
+        description="Load a FreeScale checkpoint (any --nproc: tables are resharded) and report HR@k / "
+        "NDCG@k on validation and test under the run config's [eval] protocol; writes evaluation.json "
+        "to logging.out_dir. With the run's --nproc the figures equal the run's exactly.",
+    )
+    p.add_argument("--config", required=True, help="the run config TOML the checkpoint was trained with")
+    p.add_argument("--checkpoint", required=True, help="a step directory, e.g. runs/x/ckpt/best/step_00000200")
+    p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (default 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="overrides engine.device")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freescale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"freescale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = (_add_generate, _add_prepare, _add_inspect, _add_bench, _add_demo, _add_stats, _add_train)
-    for add in (*commands, _add_calibrate, _add_simulate):
+    for add in (*commands, _add_evaluate, _add_calibrate, _add_simulate):
         add(sub)
     return parser
 
@@ -515,6 +530,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return launch(args.config, nproc=args.nproc, device=args.device, overrides=overrides, nodes=nodes)
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from freescale.trainer.launch import launch
+
+    return launch(args.config, args.nproc, args.device, args.overrides, evaluate_checkpoint=args.checkpoint)
+
+
 COMMANDS = {
     "generate": cmd_generate,
     "prepare": cmd_prepare,
@@ -525,6 +546,7 @@ COMMANDS = {
     "stats": cmd_stats,
     "train": cmd_train,
     "simulate": cmd_simulate,
+    "evaluate": cmd_evaluate,
 }
 
 

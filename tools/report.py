@@ -65,3 +65,9 @@ def print_prepare_summary(manifest: dict[str, Any], console: Console | None = No
         f"{balance['imbalance']['mean']:.4f} mean; max/lower_bound {balance['max_over_lower_bound']['max']:.4f}; "
         f"UIH length mean {_fmt(lengths['mean'])}, p99 {_fmt(lengths['p99'])}, max {_fmt(lengths['max'])}"
     )
+    tables = manifest.get("tables")
+    if tables:
+        sizes = ", ".join(f"{name} {entry['size']:,}" for name, entry in sorted(tables.items()))
+        console.print(f"exact id tables (rows = distinct ids, vocab/<table>.npy): {sizes}")
+    else:
+        console.print("no id vocabularies (an older FreeScale prepared it): train with model_extra.ids = 'hashed'")

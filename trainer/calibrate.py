@@ -28,7 +28,7 @@ import json
 import sys
 import time
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data import Batch, CollateConfig, collate
 from freescale.trainer.jagged import padded_sum_of_squares
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
+
+CALIBRATION_ITEMS = 1_000  # item rows of the synthetic table when model_extra.num_items is 0 (from the data)
 
 
 def synthetic_samples(lengths: list[int], num_items: int, rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -157,6 +159,8 @@ def calibrate(
     """Time trainer-shaped micro-batches, fit, and (optionally) write the JSON ``prepare --cost-model`` reads."""
     lengths = design_lengths(max_len, micro_batch_size, mixed, points, seed)
     rng = np.random.default_rng(seed + 1)
+    # tables sized from the data (0) get a synthetic size: timing does not depend on the row count
+    extra = replace(extra, num_items=extra.num_items or CALIBRATION_ITEMS, num_actions=extra.num_actions or 16)
     collate_cfg = CollateConfig.for_model(model_cfg, extra)
     batches = [collate(synthetic_samples(ls, extra.num_items, rng), collate_cfg, i, 0) for i, ls in enumerate(lengths)]
     seconds = MicroBatchTimer(model_cfg, extra, seed).seconds(batches, rounds)

@@ -123,12 +123,13 @@ class FreeScaleCheckpointer:
         dist.barrier()
         return path
 
-    def load(self, path: str) -> int:
-        """Restore everything in place; returns the step to continue from."""
+    def load(self, path: str, check_world_size: bool = True) -> int:
+        """Restore everything in place; returns the step to continue from. ``check_world_size=False``
+        (``freescale evaluate``): any world size, since DCP reshards the tables and nothing is resumed."""
         state = self._state(0)
         dcp.load(state, checkpoint_id=path)
         saved_world = int(state["loader"]["world_size"])
-        if saved_world != self.engine.world_size:
+        if check_world_size and saved_world != self.engine.world_size:
             raise ValueError(
                 f"checkpoint {path} was written by {saved_world} ranks; resume with the same "
                 f"--nproc (the loader's step → micro-batch map depends on it)"

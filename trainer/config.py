@@ -30,7 +30,10 @@ BACKENDS = ("auto", "gloo", "nccl")
 TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
 OVERLAPS = ("auto", "pec", "none")
 BALANCERS = ("none", "online")
-TRANSPORTS = ("auto", "torch", "copy_engine")  # kernels.transport.TRANSPORTS, without importing torch here
+TRANSPORTS = ("auto", "torch", "copy_engine")
+ID_MODES = ("exact", "hashed")
+LOSSES = ("sampled_softmax", "full_softmax")
+EVAL_METRICS = ("ndcg", "hr")  # kernels.transport.TRANSPORTS, without importing torch here
 
 
 def _check(condition: bool, option: str, message: str, value: Any) -> None:
@@ -79,8 +82,10 @@ class ModelExtraConfig:
     """Trainer-only model options (``[model_extra]``); ``[model]`` stays ``ModelConfig``."""
 
     architecture: str = "hstu"
-    num_items: int = 1_000  # item table rows; raw ids are taken modulo this (hash_collision_rate)
-    num_actions: int = 16  # action table rows; action ids modulo this
+    num_items: int = 0  # item table rows; 0: the dataset's vocabulary size (exact ids)
+    num_actions: int = 0  # action table rows; 0: the dataset's vocabulary size
+    ids: str = "exact"  # exact: a row per id of the dataset's vocabulary | hashed: raw id modulo num_items
+    loss: str = "sampled_softmax"  # sampled_softmax (random + in-batch negatives) | full_softmax (every item row)
     inbatch_negatives: int = 32  # targets of the same micro-batch used as extra negatives
     temperature: float = 0.05  # softmax temperature over l2-normalised embeddings (HSTU practice)
     dropout: float = 0.0
@@ -90,8 +95,15 @@ class ModelExtraConfig:
 
     def __post_init__(self) -> None:
         _choice("model_extra.architecture", self.architecture, ARCHITECTURES)
-        for name in ("num_items", "num_actions", "time_buckets", "ffn_multiplier"):
+        _choice("model_extra.ids", self.ids, ID_MODES)
+        _choice("model_extra.loss", self.loss, LOSSES)
+        for name in ("time_buckets", "ffn_multiplier"):
             _check(getattr(self, name) >= 1, f"model_extra.{name}", "must be >= 1", getattr(self, name))
+        for name in ("num_items", "num_actions"):
+            value = getattr(self, name)
+            _check(value >= 0, f"model_extra.{name}", "must be >= 0 (0: the dataset's vocabulary size)", value)
+        if self.ids == "hashed":
+            _check(self.num_items >= 1, "model_extra.num_items", "must be set with model_extra.ids 'hashed'", 0)
         _check(self.inbatch_negatives >= 0, "model_extra.inbatch_negatives", "must be >= 0", self.inbatch_negatives)
         _check(self.temperature > 0, "model_extra.temperature", "must be > 0", self.temperature)
         _check(0.0 <= self.dropout < 1.0, "model_extra.dropout", "must be in [0, 1)", self.dropout)
@@ -110,7 +122,7 @@ class DataConfig:
     epochs: float = 1.0  # used when max_steps is 0
     max_steps: int = 0  # > 0: stop after this many steps (wrapping around epochs)
     max_seconds: float = 0.0  # > 0: also stop at the first log flush after this much training time
-    holdout_last: bool = True  # never train on a user's last event: it is the eval target
+    holdout_last: bool = True  # never train on a user's evaluation items (validation and test; eval.validation)
     prefetch: int = 2  # micro-batches read ahead by a background thread (0: read inline)
     seed: int = 0  # negatives and dropout draw from (seed, step, rank)
 
@@ -215,18 +227,34 @@ class EngineConfig:
 
 @dataclass
 class EvalConfig:
-    """Leave-last-out evaluation: HR@k and NDCG@k of each user's held-out last item."""
+    """Leave-one-out by time: each user's last event is the test item, the one before the validation
+    item; HR@k and NDCG@k by full ranking. Periodic evaluations score validation; the run's final
+    figures are validation and test of the best-validation model (``trainer/protocol.py``)."""
 
     every: int = 0  # steps between evaluations; 0: only at the end
     at_end: bool = True
-    max_users: int = 1_000  # evaluated users (window-0 samples), split over ranks
+    max_users: int = -1  # -1: every user; 0: no evaluation; N: about N users, split over ranks
     num_candidates: int = 0  # 0: full ranking over the catalogue; > 0: that many sampled negatives
     k: int = 10
+    validation: bool = True  # hold out the second-to-last event as the validation item
+    metric: str = "ndcg"  # ndcg | hr (at eval.k): what picks the best checkpoint and early stopping
+    patience: int = 0  # > 0: stop after this many evaluations without a better validation metric
+    exclude_history: bool = False  # full ranking leaves out items already in the user's history
 
     def __post_init__(self) -> None:
-        for name in ("every", "max_users", "num_candidates"):
+        for name in ("every", "num_candidates", "patience"):
             _check(getattr(self, name) >= 0, f"eval.{name}", "must be >= 0", getattr(self, name))
+        _check(self.max_users >= -1, "eval.max_users", "must be -1 (every user), 0 (off) or a count", self.max_users)
         _check(self.k >= 1, "eval.k", "must be >= 1", self.k)
+        _choice("eval.metric", self.metric, EVAL_METRICS)
+        if self.patience and not self.every:
+            raise ValueError("eval.patience needs eval.every > 0 (evaluations to compare), got eval.every = 0")
+        if self.patience and not self.validation:
+            raise ValueError(
+                "eval.patience needs eval.validation = true: stopping on the test item chooses on the test set"
+            )
+        if self.exclude_history and self.num_candidates:
+            raise ValueError("eval.exclude_history applies to full ranking (eval.num_candidates = 0)")
 
 
 @dataclass
@@ -258,7 +286,7 @@ class LoggingConfig:
 
     out_dir: str = "runs/default"
     log_every: int = 10  # steps per flush (bubble metrics need a gather across ranks)
-    progress: bool = True
+    progress: bool = True  # rank 0 draws a progress bar, on a terminal only (set false for logs)
     trace_steps: int = 20  # steps in the Chrome/Perfetto trace
     timeline_steps: int = 4  # steps drawn in timeline.png
     skip_steps: int = 2  # warm-up steps left out of the run summary

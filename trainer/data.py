@@ -6,9 +6,11 @@ belong to a step (negatives) are drawn from ``numpy.random.default_rng([seed, st
 the same reason: a resumed run draws exactly what the uninterrupted run drew, and the single-process
 reference can reproduce any rank's step.
 
-Collation (CPU, in the prefetch thread so it stays off the critical path): ids are reduced modulo
-the table sizes, sequences keep their most recent ``max_uih_len`` events, the user's last event is
-held out for evaluation (``data.holdout_last``), and the jagged layout (length groups) is built.
+Collation (CPU, in the prefetch thread so it stays off the critical path): raw ids become table rows
+(exactly, through the dataset's vocabularies; or folded modulo the table size in ``hashed`` mode),
+the user's evaluation items are held out (``held_out``: the validation and test items never become
+training targets), sequences keep their most recent ``max_uih_len`` events (the count of events
+this drops is kept per batch, for the run summary), and the jagged layout (length groups) is built.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from freescale.pipeline.reader import PreparedDataset, RankReader
+from freescale.pipeline.vocabulary import Vocabulary
 from freescale.trainer.jagged import JaggedLayout, build_layout
 
 
@@ -38,15 +41,25 @@ class CollateConfig:
     length_group_ratio: float = 1.25
     holdout_last: bool = True
     seed: int = 0
+    holdout_events: int = 2  # a user's last events kept from training: 2 = validation + test items
+    window_stride: int = 0  # prepare's --window-stride: where older windows end relative to the last event
+    item_vocab: Vocabulary | None = None  # exact rows; None: raw id modulo num_items (hashed)
+    action_vocab: Vocabulary | None = None
+    full_softmax: bool = False  # negatives = every item row (model_extra.loss = "full_softmax")
 
     def __post_init__(self) -> None:
         if self.max_len < 2:
             raise ValueError(f"model.max_uih_len must be >= 2 for next-item training, got {self.max_len}")
+        if self.holdout_events not in (1, 2):
+            raise ValueError(f"holdout_events must be 1 (test) or 2 (validation + test), got {self.holdout_events}")
 
     @classmethod
-    def for_model(cls, model: Any, extra: Any, holdout_last: bool = True, seed: int = 0) -> CollateConfig:
+    def for_model(
+        cls, model: Any, extra: Any, holdout_last: bool = True, seed: int = 0, **tables: Any
+    ) -> CollateConfig:
         """From the run config's ``[model]`` (``ModelConfig``) and ``[model_extra]`` tables: the trainer
-        and ``calibrate`` collate the same way."""
+        and ``calibrate`` collate the same way. ``tables``: ``item_vocab``/``action_vocab``,
+        ``holdout_events``, ``window_stride`` (``runner.collate_config``)."""
         return cls(
             num_items=extra.num_items,
             num_actions=extra.num_actions,
@@ -56,7 +69,15 @@ class CollateConfig:
             length_group_ratio=extra.length_group_ratio,
             holdout_last=holdout_last,
             seed=seed,
+            full_softmax=getattr(extra, "loss", "sampled_softmax") == "full_softmax",
+            **tables,
         )
+
+    def item_rows(self, raw: np.ndarray) -> np.ndarray:
+        return self.item_vocab.rows(raw) if self.item_vocab is not None else raw % self.num_items
+
+    def action_rows(self, raw: np.ndarray) -> np.ndarray:
+        return self.action_vocab.rows(raw) if self.action_vocab is not None else raw % self.num_actions
 
 
 @dataclass
@@ -73,6 +94,7 @@ class Batch:
     target_index: torch.Tensor  # [M] rows of each input's next event
     layout: JaggedLayout  # over the M inputs (lengths - 1 per sample)
     cost: float = 0.0  # planned cost (from prepare) of the samples
+    truncated: int = 0  # events dropped because a sample was longer than model.max_uih_len
     user_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
     @property
@@ -104,19 +126,42 @@ class Batch:
         return self.layout.offsets[1:] - 1
 
 
+def held_out(sample: dict[str, Any], holdout_events: int, window_stride: int) -> int:
+    """Trailing events of ``sample`` that are its user's evaluation items (never training targets).
+
+    The user's last ``holdout_events`` events are held out (test = last, validation = the one before)
+    when the user has at least one event before them, as in the common leave-one-out protocol: users
+    too short to evaluate train on everything. Window ``w`` of ``prepare --window-stride s`` ends
+    ``w·s`` events before the last one, so it holds ``holdout_events - w·s`` of them (if positive).
+    The user's event count is ``length + w·s`` unless the window was cut at ``max_uih_len``, and then
+    it exceeds ``holdout_events`` anyway.
+    """
+    length, window = int(sample["length"]), int(sample.get("window", 0))
+    if length + window * window_stride < holdout_events + 1:
+        return 0
+    return max(0, holdout_events - window * window_stride)
+
+
 def sequence_arrays(sample: dict[str, Any], cfg: CollateConfig, holdout: bool) -> tuple[np.ndarray, ...]:
-    """(items, actions, timestamps) of one sample after holdout and truncation."""
+    """(item rows, action rows, timestamps, events truncated) of one sample after holdout and truncation."""
     items = np.asarray(sample["item_ids"], dtype=np.int64)
     actions = np.asarray(sample["actions"], dtype=np.int64)
     times = np.asarray(sample["timestamps"], dtype=np.int64)
     if holdout:
-        items, actions, times = items[:-1], actions[:-1], times[:-1]
-    keep = slice(max(0, len(items) - cfg.max_len), None)
-    return items[keep] % cfg.num_items, actions[keep] % cfg.num_actions, times[keep]
+        drop = held_out(sample, cfg.holdout_events, cfg.window_stride)
+        if drop:
+            items, actions, times = items[:-drop], actions[:-drop], times[:-drop]
+    cut = max(0, len(items) - cfg.max_len)
+    items, actions, times = items[cut:], actions[cut:], times[cut:]
+    return cfg.item_rows(items), cfg.action_rows(actions), times, cut
 
 
 def draw_negatives(targets: np.ndarray, cfg: CollateConfig, step: int, rank: int) -> np.ndarray:
-    """``num_negatives`` uniform random rows plus ``inbatch_negatives`` targets of this micro-batch."""
+    """``num_negatives`` uniform random rows plus ``inbatch_negatives`` targets of this micro-batch; with
+    ``full_softmax`` every item row (the loss then scores each target against the whole catalogue:
+    the shared-negatives loss with all rows, the target's own row masked, is the full softmax)."""
+    if cfg.full_softmax:
+        return np.arange(cfg.num_items, dtype=np.int64)
     rng = np.random.default_rng([cfg.seed, step, rank])
     uniform = rng.integers(0, cfg.num_items, cfg.num_negatives, dtype=np.int64)
     if cfg.inbatch_negatives and len(targets):
@@ -138,6 +183,7 @@ def collate(
     items, actions, times = (
         np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64) for j in range(3)
     )
+    truncated = sum(p[3] for p in parts)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if parts else np.zeros(0, np.int64)
     input_index = np.concatenate([s + np.arange(n - 1) for s, n in zip(starts, lengths)]) if parts else starts
     target_index = input_index + 1
@@ -154,6 +200,7 @@ def collate(
         target_index=as_tensor(target_index),
         layout=build_layout(as_tensor(lengths - 1), cfg.length_group_ratio),
         cost=float(sum(float(samples[i]["cost"]) for i in kept)),
+        truncated=int(truncated),
         user_ids=torch.tensor([int(samples[i]["user_id"]) for i in kept], dtype=torch.int64),
     )
 
@@ -233,14 +280,30 @@ class StepLoader:
             self._thread.join(timeout=5)
 
 
-def eval_samples(dataset: PreparedDataset, world_size: int, rank: int, max_users: int) -> list[dict[str, Any]]:
-    """This rank's share of leave-last-out users: window-0 samples of micro-batches ``rank, rank+W, …``."""
-    share = -(-max_users // world_size)
+def eval_samples(
+    dataset: PreparedDataset, world_size: int, rank: int, max_users: int, holdout_events: int = 2
+) -> list[dict[str, Any]]:
+    """This rank's share of the evaluated users: their window-0 samples (each user's most recent events)
+    long enough to hold a history before the held-out items, from micro-batches ``rank, rank+W, …``.
+    ``max_users < 0``: every such user; else about ``max_users`` over all ranks."""
+    share = -(-max_users // world_size) if max_users >= 0 else None
     chosen: list[dict[str, Any]] = []
     for index in range(rank, dataset.n_micro_batches, world_size):
         for sample in dataset.micro_batch(index):
-            if int(sample["window"]) == 0 and int(sample["length"]) >= 3:
+            if int(sample["window"]) == 0 and int(sample["length"]) >= holdout_events + 1:
                 chosen.append(sample)
-                if len(chosen) >= share:
+                if share is not None and len(chosen) >= share:
                     return chosen
     return chosen
+
+
+def split_query(sample: dict[str, Any], split: str) -> dict[str, Any]:
+    """The evaluation query of a window-0 sample: its events up to the split's target (the target
+    last). ``test``: the whole sample (history includes the validation item); ``validation``: all but
+    the last event (the target is the second-to-last event)."""
+    if split == "test":
+        return sample
+    if split != "validation":
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+    cut = {name: sample[name][:-1] for name in ("item_ids", "actions", "timestamps")}
+    return {**sample, **cut, "length": int(sample["length"]) - 1}

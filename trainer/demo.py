@@ -22,7 +22,7 @@ def write_demo_config(path: Path, dataset: Path, out_dir: Path, seconds: float, 
     """The demo's run config (TOML), readable by ``freescale train`` and ``prepare --model-config``."""
     tables = {
         "model": DEMO_MODEL,
-        "model_extra": {"architecture": "hstu", "num_items": num_items, "num_actions": 8, "inbatch_negatives": 32},
+        "model_extra": {"architecture": "hstu", "num_items": num_items, "num_actions": 0, "inbatch_negatives": 32},
         "data": {"path": str(dataset), "epochs": 10.0, "max_seconds": seconds},
         "optimizer": {"dense_lr": 0.002, "sparse_lr": 0.05},
         "engine": {"threads": 1},
@@ -38,7 +38,7 @@ def write_demo_config(path: Path, dataset: Path, out_dir: Path, seconds: float, 
     return path
 
 
-def demo_train(sources: str, out: str, seconds: float = 60.0, nproc: int = 2, num_items: int = 50_000) -> int:
+def demo_train(sources: str, out: str, seconds: float = 60.0, nproc: int = 2, num_items: int = 0) -> int:
     """Prepare a training dataset from ``sources`` with the demo model's dims, train ``nproc`` ranks."""
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, SampleConfig

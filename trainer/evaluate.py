@@ -1,12 +1,16 @@
-"""Leave-last-out evaluation: HR@k and NDCG@k of each user's held-out last item.
+"""Leave-one-out evaluation: HR@k and NDCG@k of each user's held-out item, validation or test.
 
-Training never sees a user's last event (``data.holdout_last``); here the model reads the history
-before it and ranks the held-out item. ``eval.num_candidates = 0`` ranks it against the *whole*
-catalogue (every row of the item table): the item table is sharded, so every rank scores all ranks'
-queries against its own shard and counts the rows that beat each target; one all-reduce of the
-counts gives exact full-ranking ranks without gathering the table. ``num_candidates > 0`` is the
-sampled protocol (labelled ``sampled-N`` in the output; N uniform random items shared by a chunk of
-queries), for catalogues too large to score every step.
+Training never sees a user's validation (second-to-last) or test (last) event as a target
+(``data.held_out``); here the model reads the history before the split's item (``data.split_query``:
+the test history includes the validation item) and ranks the item. Which users, which split and the
+best-validation selection live in ``trainer/protocol.py`` and the runner.
+
+``eval.num_candidates = 0`` ranks it against the *whole* catalogue (every row of the item table):
+the item table is sharded, so every rank scores all ranks' queries against its own shard and counts
+the rows that beat each target; one all-reduce of the counts gives exact full-ranking ranks without
+gathering the table. ``num_candidates > 0`` is the sampled protocol (labelled ``sampled-N`` in the
+output; N uniform random items shared by a chunk of queries), for catalogues too large to score
+every step. ``eval.exclude_history`` leaves the items of the query's history out of the ranking.
 
 Ties and NaN are ranked pessimistically: a candidate counts above the target when its score is
 greater *or equal*, or NaN, and a NaN target is ranked below everything. Why: a collapsed or
@@ -20,6 +24,7 @@ training events, for the quality benchmark.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -66,21 +71,46 @@ def _all_gather_rows(rows: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     return torch.cat([g[:n] for g, n in zip(gathered, sizes)]), sizes
 
 
+def history_pairs(batch: Any) -> torch.Tensor:
+    """``[P, 2]`` (query, item row) pairs: the distinct items of each query's history other than its
+    target (``eval.exclude_history``: such items are not ranked)."""
+    lengths = batch.lengths.tolist()
+    starts = torch.cumsum(batch.lengths, 0) - batch.lengths
+    pairs = []
+    for query, (start, length) in enumerate(zip(starts.tolist(), lengths, strict=True)):
+        history = batch.item_ids[start : start + length - 1].unique()
+        history = history[history != batch.item_ids[start + length - 1]]
+        pairs.append(torch.stack([torch.full_like(history, query), history], dim=1))
+    return torch.cat(pairs) if pairs else torch.zeros((0, 2), dtype=torch.int64)
+
+
 def _full_ranks(
-    engine: Any, queries: torch.Tensor, target_scores: torch.Tensor, target_ids: torch.Tensor
+    engine: Any,
+    queries: torch.Tensor,
+    target_scores: torch.Tensor,
+    target_ids: torch.Tensor,
+    history: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rows of the whole item table scoring above each target (this rank's queries)."""
+    """Rows of the whole item table scoring above each target (this rank's queries); with ``history``
+    (``history_pairs``) those rows are left out like the target's own."""
     all_queries, sizes = _all_gather_rows(queries)
     all_targets = _all_gather_rows(target_scores[:, None])[0][:, 0]
     all_ids = _all_gather_rows(target_ids[:, None].to(torch.int64))[0]
+    first = sum(sizes[: dist.get_rank()])
+    if history is not None:
+        shifted = history.to(all_queries.device) + torch.tensor([first, 0], device=all_queries.device)
+        history = _all_gather_rows(shifted)[0]
     first_row, shard = engine.local_item_rows()
     above = torch.zeros(all_queries.shape[0], dtype=torch.int64, device=all_queries.device)
     for start in range(0, shard.shape[0], SCORE_CHUNK_ROWS):
         rows = F.normalize(shard[start : start + SCORE_CHUNK_ROWS].to(all_queries.dtype), dim=-1)
         row_ids = first_row + start + torch.arange(rows.shape[0], device=all_queries.device)
-        above += beats_target(all_queries @ rows.T, all_targets, row_ids[None, :] == all_ids).sum(dim=1)
+        excluded = row_ids[None, :] == all_ids
+        if history is not None:
+            inside = (history[:, 1] >= row_ids[0]) & (history[:, 1] < row_ids[0] + rows.shape[0])
+            excluded[history[inside, 0], history[inside, 1] - row_ids[0]] = True
+        above += beats_target(all_queries @ rows.T, all_targets, excluded).sum(dim=1)
     dist.all_reduce(above)
-    first = sum(sizes[: dist.get_rank()])
     return above[first : first + queries.shape[0]]
 
 
@@ -101,14 +131,22 @@ def _sampled_ranks(
 
 
 def evaluate(
-    engine: Any, samples: list[dict[str, Any]], collate_cfg: CollateConfig, num_candidates: int, k: int, seed: int = 0
+    engine: Any,
+    samples: list[dict[str, Any]],
+    collate_cfg: CollateConfig,
+    num_candidates: int,
+    k: int,
+    seed: int = 0,
+    exclude_history: bool = False,
 ) -> dict[str, Any]:
-    """HR@k / NDCG@k over all ranks' eval samples (collective: every rank must call it)."""
+    """HR@k / NDCG@k over all ranks' eval queries, each ranking its last event given the events before
+    (collective: every rank must call it)."""
     chunks = [samples[i : i + EVAL_CHUNK] for i in range(0, len(samples), EVAL_CHUNK)]
     count = torch.tensor([len(chunks)], device=engine.device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     chunks += [[] for _ in range(int(count) - len(chunks))]  # equal collective counts on every rank
     ranks = []
+    collate_cfg = replace(collate_cfg, full_softmax=False)  # queries need no catalogue of negatives
     for number, chunk in enumerate(chunks):
         batch = collate(chunk, collate_cfg, step=number, rank=dist.get_rank(), holdout=False)
         queries, target_rows, target_ids = engine.encode(batch)
@@ -125,13 +163,16 @@ def evaluate(
                 seed * 100_003 + number,
             )
         else:
-            rank = _full_ranks(engine, queries, target_scores, target_ids)
+            history = history_pairs(batch) if exclude_history else None
+            rank = _full_ranks(engine, queries, target_scores, target_ids, history)
         ranks.append(rank.cpu())
     local = torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.int64)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local.numpy())
     all_ranks = np.concatenate(gathered) if gathered else np.zeros(0)
     protocol = f"sampled-{num_candidates}" if num_candidates else "full"
+    if exclude_history:
+        protocol += "-exclude-history"
     return {"protocol": protocol, "users": len(all_ranks), **metrics_from_ranks(all_ranks, k)}
 
 

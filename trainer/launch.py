@@ -37,6 +37,7 @@ def rank_parser() -> argparse.ArgumentParser:
         metavar="TABLE.OPTION=VALUE",
         help="override a config option (TOML value), e.g. --set data.max_steps=20",
     )
+    parser.add_argument("--evaluate-checkpoint", default="", help="score this checkpoint instead of training")
     return parser
 
 
@@ -52,7 +53,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     from freescale.trainer.runner import TrainingError, main
 
     try:
-        main(cfg)
+        main(cfg, args.evaluate_checkpoint or None)
     except TrainingError as error:
         print(f"freescale train: error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
         return 1
@@ -99,7 +100,9 @@ class Nodes:
         ]
 
 
-def torchrun_command(config: str, nproc: int, overrides: list[str], nodes: Nodes | None = None) -> list[str]:
+def torchrun_command(
+    config: str, nproc: int, overrides: list[str], nodes: Nodes | None = None, evaluate_checkpoint: str = ""
+) -> list[str]:
     """The torchrun command line that starts ``nproc`` ranks on this machine (of ``nodes``)."""
     command = [
         sys.executable,
@@ -114,6 +117,8 @@ def torchrun_command(config: str, nproc: int, overrides: list[str], nodes: Nodes
     ]
     for override in overrides:
         command += ["--set", override]
+    if evaluate_checkpoint:
+        command += ["--evaluate-checkpoint", str(Path(evaluate_checkpoint).absolute())]
     return command
 
 
@@ -132,6 +137,22 @@ def check_before_start(cfg: RunConfig, world_size: int) -> None:
         )
     if cfg.checkpoint.dir:
         resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)  # exists, finished, trusted
+    check_table_sizes(cfg, manifest)
+
+
+def check_table_sizes(cfg: RunConfig, manifest: dict) -> None:
+    """A configured table smaller than the dataset's vocabulary (``protocol.resolve_tables`` on every
+    rank says the same; this says it once, before any rank starts)."""
+    if cfg.model_extra.ids != "exact":
+        return
+    tables = manifest.get("tables", {})
+    for table, option in (("item", "num_items"), ("action", "num_actions")):
+        size, configured = tables.get(table, {}).get("size"), getattr(cfg.model_extra, option)
+        if size is not None and configured and configured < size:
+            raise ValueError(
+                f"model_extra.{option} = {configured} is smaller than the {size} {table} ids of {cfg.data.path}; "
+                f"leave it at 0 to use the vocabulary size or set it >= {size}"
+            )
 
 
 def launch(
@@ -140,9 +161,10 @@ def launch(
     device: str | None = None,
     overrides: list[str] | None = None,
     nodes: Nodes | None = None,
+    evaluate_checkpoint: str = "",
 ) -> int:
     """Validate ``config`` (+ overrides), then run torchrun (this machine's part of ``nodes``) and
-    return its exit status."""
+    return its exit status. ``evaluate_checkpoint``: score that checkpoint instead of training."""
     nodes = nodes or Nodes()
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
@@ -156,5 +178,11 @@ def launch(
         if torch.cuda.device_count() < nproc:
             raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices, {torch.cuda.device_count()} visible")
     check_before_start(cfg, nproc * nodes.nnodes)
+    if evaluate_checkpoint:
+        from freescale.trainer.checkpoint import resolve_resume
+
+        if cfg.engine.name != "freescale":
+            raise ValueError("freescale evaluate loads FreeScale engine checkpoints: leave engine.name = 'freescale'")
+        resolve_resume(cfg.checkpoint.dir, evaluate_checkpoint)  # a finished checkpoint this user trusts
     env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
-    return run_group(torchrun_command(config, nproc, overrides, nodes), env)
+    return run_group(torchrun_command(config, nproc, overrides, nodes, evaluate_checkpoint), env)

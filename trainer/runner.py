@@ -22,8 +22,10 @@ import gc
 import json
 import math
 import os
+import shutil
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -38,15 +40,44 @@ from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer import bubbles
 from freescale.trainer.checkpoint import resolve_resume
 from freescale.trainer.config import RunConfig
-from freescale.trainer.data import CollateConfig, StepLoader, eval_samples, open_dataset
+from freescale.trainer.data import CollateConfig, StepLoader, eval_samples, open_dataset, split_query
 from freescale.trainer.engine import Engine
 from freescale.trainer.evaluate import evaluate
 from freescale.trainer.instrument import StepRecord, clock_offsets, gather_records
+from freescale.trainer.protocol import BestTracker, IdTables, resolve_tables, sized_config
 from freescale.trainer.trace import plot_timeline, write_trace
 
 
-def collate_config(cfg: RunConfig) -> CollateConfig:
-    return CollateConfig.for_model(cfg.model, cfg.model_extra, holdout_last=cfg.data.holdout_last, seed=cfg.data.seed)
+def collate_config(cfg: RunConfig, tables: IdTables | None = None, window_stride: int = 0) -> CollateConfig:
+    """How this run collates: table sizes and vocabularies (``tables``, from the dataset), held-out
+    events (2 with ``eval.validation``: validation + test) and prepare's window stride."""
+    vocabularies = {"item_vocab": tables.item_vocab, "action_vocab": tables.action_vocab} if tables else {}
+    return CollateConfig.for_model(
+        cfg.model,
+        cfg.model_extra,
+        holdout_last=cfg.data.holdout_last,
+        seed=cfg.data.seed,
+        holdout_events=2 if cfg.eval.validation else 1,
+        window_stride=window_stride,
+        **vocabularies,
+    )
+
+
+def run_tables(cfg: RunConfig, dataset: PreparedDataset) -> tuple[RunConfig, IdTables, CollateConfig]:
+    """``cfg`` with its tables sized from ``dataset``, the id tables, and how the run collates: what
+    every rank (and a reference that replays a rank's step) derives from the config and the data."""
+    tables = resolve_tables(cfg, dataset)
+    cfg = sized_config(cfg, tables)  # engines size their tables from model_extra
+    return cfg, tables, collate_config(cfg, tables, prepared_window_stride(dataset))
+
+
+def prepared_window_stride(dataset: PreparedDataset) -> int:
+    return int(dataset.manifest.get("config", {}).get("samples", {}).get("window_stride", 0) or 0)
+
+
+def prepared_max_uih_len(dataset: PreparedDataset) -> int | None:
+    value = dataset.manifest.get("config", {}).get("samples", {}).get("max_uih_len")
+    return int(value) if value is not None else None
 
 
 def overlap_choice(requested: str, device_type: str, cores_per_rank: int, threads: int) -> str:
@@ -141,6 +172,7 @@ class RunState:
     step_lines: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     nonfinite_skips: int = 0
+    truncated_events: int = 0  # events of this rank's samples beyond model.max_uih_len (not trained on)
 
 
 class Trainer:
@@ -151,7 +183,10 @@ class Trainer:
         self.out = Path(cfg.logging.out_dir)
         self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None, cfg.data.verify)
         self.dataset.check_world_size(world_size)
-        self.collate_cfg = collate_config(cfg)
+        cfg, self.tables, self.collate_cfg = run_tables(cfg, self.dataset)
+        self.cfg = cfg
+        metric = f"{cfg.eval.metric}@{cfg.eval.k}"
+        self.tracker = BestTracker(metric, cfg.eval.patience)
         self.overlap = resolve_overlap(cfg, device) if cfg.engine.name == "freescale" else "torchrec"
         self.engine = make_engine(cfg, rank, world_size, device, self.overlap)
         self.checkpointer = self.engine.checkpointer() if cfg.checkpoint.dir else None
@@ -168,15 +203,19 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
             keep_metrics_before(self.metrics_file, start)
+        if start:
+            self._restore_tracker(start)
         loader = StepLoader(
             self.dataset, self.world_size, self.rank, start, end, self.collate_cfg, self.cfg.data.prefetch
         )
         progress = self._progress(start, end)
+        if self.rank == 0:
+            self._announce()
         gc.collect()
         gc.freeze()  # start-up objects are never scanned again (see the module docstring)
         gc.disable()  # collections run at flushes, outside step timing
         try:
-            end = self._loop(iter(loader), start, end, progress)
+            end = self._loop(self._counted(iter(loader)), start, end, progress)
         finally:
             gc.enable()
             gc.unfreeze()
@@ -207,13 +246,32 @@ class Trainer:
             stop = flushed and done != end and self._out_of_time(started)
             if stop:
                 end = done
-            if self.cfg.eval.every and done % self.cfg.eval.every == 0 and done != end:
+            if self.cfg.eval.every and self.cfg.eval.max_users and done % self.cfg.eval.every == 0 and done != end:
                 self._evaluate(done)
+                if self.tracker.should_stop:  # eval.patience: every rank saw the same metrics
+                    stop, end = True, done
             if self._checkpoint_due(done, end):
                 self.checkpointer.save(self.cfg.checkpoint.dir, done)
             if stop:
                 break
         return end
+
+    def _counted(self, batches: Any) -> Any:
+        """The loader's batches, counting the events ``model.max_uih_len`` cuts off (run summary)."""
+        for batch in batches:
+            self.state.truncated_events += batch.truncated
+            yield batch
+
+    def _announce(self) -> None:
+        """What a reader of the log needs before the first step: id tables, loss, sequence length."""
+        lines = [self.tables.describe(), f"loss {self.cfg.model_extra.loss}"]
+        prepared = prepared_max_uih_len(self.dataset)
+        if prepared is not None and prepared > self.cfg.model.max_uih_len:
+            lines.append(
+                f"model.max_uih_len {self.cfg.model.max_uih_len} < prepare --max-uih-len {prepared}: samples keep "
+                "their most recent model.max_uih_len events; the summary counts the events dropped"
+            )
+        print("; ".join(lines), flush=True)
 
     def _skip_nonfinite(self, step: int) -> None:
         """Count a skipped non-finite step (every rank does: the verdict is global); stop past the limit."""
@@ -237,8 +295,8 @@ class Trainer:
         return float(elapsed) >= self.cfg.data.max_seconds
 
     def _progress(self, start: int, end: int) -> Any:
-        if self.rank != 0 or not self.cfg.logging.progress:
-            return None
+        if self.rank != 0 or not self.cfg.logging.progress or not sys.stderr.isatty():
+            return None  # a bar redrawn into a log file floods it: bars only on a terminal
         from tqdm import tqdm
 
         return tqdm(total=end - start, initial=0, desc=f"train {self.engine.name}", unit="step", leave=False)
@@ -282,28 +340,99 @@ class Trainer:
             for line in lines:
                 handle.write(json.dumps(line) + "\n")
 
-    def _evaluate(self, step: int) -> None:
+    def _eval_users(self) -> list[dict[str, Any]]:
         if self._eval_samples is None:
-            self._eval_samples = eval_samples(self.dataset, self.world_size, self.rank, self.cfg.eval.max_users)
+            holdout = self.collate_cfg.holdout_events
+            self._eval_samples = eval_samples(
+                self.dataset, self.world_size, self.rank, self.cfg.eval.max_users, holdout
+            )
+        return self._eval_samples
+
+    def score(self, split: str) -> dict[str, Any]:
+        """HR@k / NDCG@k of ``split`` (validation | test) on the current model (collective)."""
         started = time.perf_counter()
+        queries = [split_query(sample, split) for sample in self._eval_users()]
+        ev = self.cfg.eval
         result = evaluate(
             self.engine,
-            self._eval_samples,
+            queries,
             self.collate_cfg,
-            self.cfg.eval.num_candidates,
-            self.cfg.eval.k,
+            ev.num_candidates,
+            ev.k,
             seed=self.cfg.data.seed,
+            exclude_history=ev.exclude_history,
         )
-        result["seconds"] = time.perf_counter() - started
+        return {"split": split, **result, "seconds": time.perf_counter() - started}
+
+    def _evaluate(self, step: int) -> None:
+        """Score validation (test when eval.validation is off); a new best also scores test on this
+        model and, with checkpoint.dir, saves it as the best checkpoint (``protocol.BestTracker``)."""
+        result = self.score("validation" if self.cfg.eval.validation else "test")
+        improved = self.tracker.offer(step, result)
+        if improved:
+            self.tracker.best_test = self.score("test") if self.cfg.eval.validation else result
+            if self.checkpointer is not None:
+                self.tracker.best_checkpoint = self._save_best(step)
         if self.rank == 0:
-            line = {"step": step, "eval": result}
+            line = {"step": step, "eval": result, "best": improved}
+            if improved and self.cfg.eval.validation:  # kept for the final report and for resume
+                line["test_of_best"] = self.tracker.best_test
+                line["best_checkpoint"] = self.tracker.best_checkpoint
             self.state.evals.append(line)
             with self.metrics_file.open("a") as handle:
                 handle.write(json.dumps(line) + "\n")
 
+    def _restore_tracker(self, start: int) -> None:
+        """A resumed run continues the best-validation selection: the evaluations up to ``start`` come
+        back from rank 0's ``metrics.jsonl`` (one broadcast, so every rank decides alike)."""
+        lines: list[dict[str, Any]] = []
+        if self.rank == 0 and self.metrics_file.exists():
+            records = [json.loads(text) for text in self.metrics_file.read_text().splitlines()]
+            lines = [record for record in records if "eval" in record and record["step"] <= start]
+        box = [lines]
+        dist.broadcast_object_list(box, src=0)
+        for line in box[0]:
+            if self.tracker.offer(line["step"], line["eval"]):
+                self.tracker.best_test = line.get("test_of_best", line["eval"])
+                self.tracker.best_checkpoint = line.get("best_checkpoint")
+        if self.rank == 0:
+            self.state.evals.extend(box[0])
+
+    def _save_best(self, step: int) -> str:
+        """The model of the best validation so far, as ``checkpoint.dir/best/step_N`` (older ones removed)."""
+        root = Path(self.cfg.checkpoint.dir) / "best"
+        path = self.checkpointer.save(str(root), step)
+        if self.rank == 0:
+            for old in root.glob("step_*"):
+                if str(old) != path:
+                    shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def evaluate_checkpoint(self, path: str) -> dict[str, Any]:
+        """``freescale evaluate``: load ``path``'s model (any world size: DCP reshards) and score
+        validation and test without training; rank 0 writes ``evaluation.json`` to ``logging.out_dir``."""
+        if self.checkpointer is None:
+            from freescale.trainer.checkpoint import FreeScaleCheckpointer
+
+            self.checkpointer = FreeScaleCheckpointer(self.engine)
+        step = self.checkpointer.load(path, check_world_size=False)
+        splits = ("validation", "test") if self.cfg.eval.validation else ("test",)
+        report = {"checkpoint": path, "step": step, **{split: self.score(split) for split in splits}}
+        report["ids"] = self.tables.summary()
+        self.engine.close()
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "evaluation.json").write_text(json.dumps(report, indent=1))
+            for split in splits:
+                print(f"{split} @ step {step}: {json.dumps(report[split])}", flush=True)
+        return report
+
     def _finish(self, end: int) -> dict[str, Any] | None:
-        if self.cfg.eval.at_end and self.cfg.eval.max_users:
+        evaluated = self.tracker.history and self.tracker.history[-1].step == end  # e.g. stopped early
+        if self.cfg.eval.at_end and self.cfg.eval.max_users and not evaluated:
             self._evaluate(end)
+        truncated = torch.tensor([self.state.truncated_events], dtype=torch.int64, device=self.device)
+        dist.all_reduce(truncated)
         if self.rank != 0:
             return None
         records = self.state.gathered
@@ -322,6 +451,8 @@ class Trainer:
             "world_size": self.world_size,
             "config": self.cfg.to_dict(),
             "summary": summary,
+            "training": self._training_summary(int(truncated.item()), end),
+            "protocol": self.tracker.report(),
             "evals": self.state.evals,
             "steps": self.state.step_lines,
             "rank_steps": [r.parts() for ranks in steps for r in ranks],
@@ -330,11 +461,40 @@ class Trainer:
         write_trace(self.out / "trace.json", records, self.cfg.logging.trace_steps)
         first = steps[min(self.cfg.logging.skip_steps, len(steps) - 1)][0].step if steps else 0
         plot_timeline(self.out / "timeline.png", records, first, self.cfg.logging.timeline_steps, title)
-        (self.out / "summary.txt").write_text(table + "\n")
-        print(table, flush=True)
-        for line in self.state.evals[-1:]:
-            print(f"eval @ step {line['step']}: {json.dumps(line['eval'])}", flush=True)
+        text = "\n".join([table, *self._result_lines(report)])
+        (self.out / "summary.txt").write_text(text + "\n")
+        print(text, flush=True)
         return report
+
+    def _training_summary(self, truncated: int, end: int) -> dict[str, Any]:
+        return {
+            "steps": end,
+            "loss": self.cfg.model_extra.loss,
+            **self.tables.summary(),
+            "max_uih_len": self.cfg.model.max_uih_len,
+            "events_truncated_by_model_max_uih_len": truncated,
+            "holdout": "validation+test" if self.collate_cfg.holdout_events == 2 else "test",
+        }
+
+    def _result_lines(self, report: dict[str, Any]) -> list[str]:
+        """The summary's closing lines: training facts, then validation and test of the best model."""
+        training, best = report["training"], report["protocol"]
+        lines = [
+            f"loss {training['loss']}, ids {training['ids']} ({training['num_items']} item rows), "
+            f"{training['events_truncated_by_model_max_uih_len']} events cut by model.max_uih_len "
+            f"{training['max_uih_len']}"
+        ]
+        if best:
+            where = best["best_checkpoint"] or "not saved (set checkpoint.dir to keep it)"
+            stopped = f", stopped early after {best['evaluations']} evaluations" if best["stopped_early"] else ""
+            lines.append(f"best {best['metric']} at step {best['best_step']}{stopped}; best checkpoint: {where}")
+            for split in ("validation", "test"):
+                figures = best["validation"] if split == "validation" and self.cfg.eval.validation else None
+                figures = best["test"] if split == "test" else figures
+                if figures:
+                    metrics = ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if "@" in k)
+                    lines.append(f"{split}: {metrics} ({figures['users']} users, {figures['protocol']} ranking)")
+        return lines
 
 
 def device_for(cfg: RunConfig, local_rank: int) -> torch.device:
@@ -359,8 +519,9 @@ def pin_to_cpus(local_rank: int, local_world_size: int) -> list[int]:
     return mine
 
 
-def main(cfg: RunConfig) -> dict[str, Any] | None:
-    """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, Any] | None:
+    """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*);
+    with ``evaluate_checkpoint`` the rank scores that checkpoint instead of training."""
     torch.set_num_threads(cfg.engine.threads)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cfg.engine.pin_cpus:
@@ -373,7 +534,8 @@ def main(cfg: RunConfig) -> dict[str, Any] | None:
     pids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(pids, (socket.gethostname(), os.getpid()))
     try:
-        return Trainer(cfg, dist.get_rank(), dist.get_world_size(), device).run()
+        trainer = Trainer(cfg, dist.get_rank(), dist.get_world_size(), device)
+        return trainer.evaluate_checkpoint(evaluate_checkpoint) if evaluate_checkpoint else trainer.run()
     except (RuntimeError, dist.DistError) as error:
         if isinstance(error, TrainingError):
             raise

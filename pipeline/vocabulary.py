@@ -1,0 +1,177 @@
+"""Exact id tables: a dense, deterministic vocabulary per table (items, actions, user-profile features)
+of a prepared dataset.
+
+Why: folding raw ids modulo a table size collides silently (MPZCH's lesson: collisions cost quality),
+and a guessed size either folds ids or adds never-trained rows that full ranking and the negatives then
+see. ``prepare`` knows every id that reaches a sample, so it publishes each table's vocabulary:
+``vocab/<table>.npy`` (``vocab/user_feature_<i>.npy`` for table ``user.<feature i>``: feature
+names come from the source config and need not be file names), the table's distinct raw ids in
+ascending order, so that row ``r`` holds raw id ``vocab[r]``. The order is a pure function of the
+set of ids (same inputs, same bytes, whichever worker or partition saw an id first), and the
+manifest records each table's size beside the file's hash (``tables``, ``files``).
+
+The shards keep the raw ids: a prediction maps back to a catalogue id without the table, and a dataset
+reads the same whatever id mode a run picks. Readers map raw id -> row with ``Vocabulary.rows`` (a binary
+search, ~1 ms per micro-batch); the trainer does it while collating.
+
+During ``prepare`` each samples-phase partition writes its distinct ids per table next to its
+completion record (``save_partition_ids``); once every partition is done, ``merge_partition_ids``
+takes their union.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "TABLE_COLUMNS",
+    "UnknownIdError",
+    "Vocabulary",
+    "hash_collision_rate",
+    "merge_partition_ids",
+    "save_partition_ids",
+    "vocabulary_file",
+]
+
+# table name -> the sample column holding its ids (``sequences.SAMPLE_SCHEMA``)
+TABLE_COLUMNS = {"item": "item_ids", "action": "actions"}
+
+
+class UnknownIdError(ValueError):
+    """A raw id that is not in the table's vocabulary (a dataset and vocabulary that do not match)."""
+
+
+def table_names(feature_names: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The dataset's tables: items, actions and one per user-profile feature (``user.<name>``)."""
+    return [*TABLE_COLUMNS, *(f"user.{name}" for name in feature_names)]
+
+
+def vocabulary_file(table: str, feature_names: list[str] | tuple[str, ...] = ()) -> str:
+    """Path of a table's vocabulary inside a prepared dataset."""
+    if table.startswith("user."):
+        return f"vocab/user_feature_{list(feature_names).index(table[5:])}.npy"
+    return f"vocab/{table}.npy"
+
+
+def _partition_path(samples_dir: str, partition: int, index: int) -> Path:
+    return Path(samples_dir) / f"p{partition:05d}.ids{index}.npy"
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct int64 values. Why not ``pc.unique``: on a partition of 1.3M item ids (360k
+    distinct) arrow's hash took 230 ms, numpy's sort 40 ms; ids in a narrow range (actions, profile
+    buckets) are counted instead of sorted (one pass)."""
+    values = np.asarray(values, dtype=np.int64)
+    if len(values) == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    if high - low < 4 * len(values) + 1024:
+        return np.flatnonzero(np.bincount(values - low)) + low
+    return np.unique(values)
+
+
+def _flat_values(samples: pa.Table, column: str) -> np.ndarray:
+    if not samples.num_rows:
+        return np.zeros(0, np.int64)
+    return pc.list_flatten(samples.column(column)).to_numpy(zero_copy_only=False)
+
+
+def _table_ids(samples: pa.Table, feature_names: list[str] | tuple[str, ...]) -> list[np.ndarray]:
+    """Distinct ids (sorted int64) of every table (``table_names`` order) in ``samples``."""
+    out = [distinct(_flat_values(samples, column)) for column in TABLE_COLUMNS.values()]
+    if feature_names:
+        per_user = np.asarray(_flat_values(samples, "user_features"), np.int64).reshape(-1, len(feature_names))
+        out.extend(distinct(per_user[:, i]) for i in range(len(feature_names)))
+    return out
+
+
+def save_partition_ids(
+    samples_dir: str, partition: int, samples: pa.Table, feature_names: list[str] | tuple[str, ...] = ()
+) -> None:
+    """Distinct ids per table of one partition's samples, written before the partition's completion
+    record so a finished partition always has them."""
+    for index, ids in enumerate(_table_ids(samples, feature_names)):
+        path = _partition_path(samples_dir, partition, index)
+        np.save(f"{path}.tmp.npy", ids)
+        Path(f"{path}.tmp.npy").replace(path)
+
+
+def merge_partition_ids(
+    samples_dir: str, n_partitions: int, feature_names: list[str] | tuple[str, ...] = ()
+) -> dict[str, Vocabulary]:
+    """Every table's vocabulary: the union of the partitions' distinct ids, ascending."""
+    merged = {}
+    for index, table in enumerate(table_names(feature_names)):
+        parts = [np.load(_partition_path(samples_dir, p, index)) for p in range(n_partitions)]
+        ids = distinct(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        merged[table] = Vocabulary(table, ids.astype(np.int64))
+    return merged
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """One table's rows: ``raw_ids[r]`` is the raw id of row ``r`` (ascending, distinct)."""
+
+    table: str
+    raw_ids: np.ndarray
+
+    def __post_init__(self) -> None:
+        ids = self.raw_ids
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            shape = f"{ids.dtype}{ids.shape}"
+            raise ValueError(f"vocabulary {self.table!r}: raw ids must be a 1-D int64 array, got {shape}")
+        if len(ids) > 1 and not bool((np.diff(ids) > 0).all()):
+            raise ValueError(f"vocabulary {self.table!r}: raw ids must be distinct and ascending")
+
+    @property
+    def size(self) -> int:
+        return len(self.raw_ids)
+
+    def rows(self, raw: np.ndarray, where: str = "") -> np.ndarray:
+        """Rows of ``raw`` ids; an id outside the vocabulary is an ``UnknownIdError`` naming it."""
+        raw = np.asarray(raw, dtype=np.int64)
+        rows = np.searchsorted(self.raw_ids, raw)
+        if len(raw):
+            found = rows < self.size
+            found[found] = self.raw_ids[rows[found]] == raw[found]
+            if not bool(found.all()):
+                missing = int(raw[np.flatnonzero(~found)[0]])
+                place = f"{where}: " if where else ""
+                raise UnknownIdError(
+                    f"{place}{self.table} id {missing} is not in the dataset's {self.table} vocabulary "
+                    f"({self.size} ids): the data and the vocabulary do not belong together"
+                )
+        return rows.astype(np.int64)
+
+    def raw(self, rows: np.ndarray) -> np.ndarray:
+        """Raw ids of ``rows`` (the inverse of ``rows``)."""
+        return self.raw_ids[np.asarray(rows, dtype=np.int64)]
+
+    def to_bytes(self) -> bytes:
+        """The ``vocab/<table>.npy`` bytes (``np.save`` of the raw ids: deterministic)."""
+        buffer = io.BytesIO()
+        np.save(buffer, self.raw_ids, allow_pickle=False)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, table: str, data: bytes, where: str) -> Vocabulary:
+        try:
+            ids = np.load(io.BytesIO(data), allow_pickle=False)
+            return cls(table, ids)
+        except ValueError as error:
+            raise ValueError(f"{where}: not a valid vocabulary file ({error})") from error
+
+
+def hash_collision_rate(raw_ids: np.ndarray, table_size: int) -> float:
+    """DESIGN ``hash_collision_rate`` of distinct ``raw_ids`` folded into ``table_size`` rows by ``id % T``:
+    the share of ids that share their row with another id."""
+    if len(raw_ids) == 0:
+        return 0.0
+    _, counts = np.unique(np.asarray(raw_ids, np.int64) % table_size, return_counts=True)
+    return float(counts[counts > 1].sum()) / len(raw_ids)
