@@ -387,14 +387,8 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = report["runs"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+def time_bars(axis: Any, runs: list[dict[str, Any]]) -> None:
+    """Stacked compute / data / exposed comm / straggler shares of step time, one bar per run."""
     names = [r["run"] for r in runs]
     bottom = np.zeros(len(runs))
     for part, color in (
@@ -404,8 +398,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ("straggler_pct", "#C44E52"),
     ):
         values = np.array([r[part] for r in runs])
-        left.bar(names, values, bottom=bottom, color=color, label=part.removesuffix("_pct"))
+        axis.bar(names, values, bottom=bottom, color=color, label=part.removesuffix("_pct"))
         bottom += values
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    time_bars(left, runs)
     left.set_ylabel("% of step wall time (time-weighted, 2 ranks)")
     left.set_title("where the time goes")
     left.set_ylim(0, 118)  # room above the bars for a one-row legend

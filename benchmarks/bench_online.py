@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
+from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool, time_bars
 from measure import FREESCALE, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_online.json"
@@ -188,16 +188,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     runs = report["runs"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["run"] for r in runs]
-    bottom = np.zeros(len(runs))
-    for part, color in (
-        ("compute_pct", "#4C72B0"),
-        ("data_pct", "#8C8C8C"),
-        ("exposed_comm_pct", "#DD8452"),
-        ("straggler_pct", "#C44E52"),
-    ):
-        values = np.array([r[part] for r in runs])
-        left.bar(names, values, bottom=bottom, color=color, label=part.removesuffix("_pct"))
-        bottom += values
+    time_bars(left, runs)
     p = report["predicted"]
     for name, style in (("random", ":"), ("within_step", "--")):
         if name in p:
