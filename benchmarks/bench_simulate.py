@@ -220,6 +220,8 @@ def calibration(s: Settings, data: dict[str, Any], floor: dict[str, Any], steps:
         "predicted_forward_backward_s": float(np.mean(predicted)),
         "measured_forward_backward_s": measured_fb,
         "noise_floor_pct": floor["straggler_pct"],
+        # the fit's mean |relative error| as a normal spread's cv (E|x| = cv·sqrt(2/π))
+        "cost_error_cv": float(cost.details.get("fit_relative_error_mean", 0.0)) * float(np.sqrt(np.pi / 2)),
     }
 
 
@@ -232,7 +234,10 @@ def predict(s: Settings, data, calib, net, facts, params, variant: str, overlap:
         arms=("random",) if variant == "random" else ("plan",),
         overlaps=(overlap,),
         compute=ComputeConfig(
-            cost_model=data["cost_path"], scale=calib["scale"], step_overhead_s=calib["step_overhead_s"]
+            cost_model=data["cost_path"],
+            scale=calib["scale"],
+            step_overhead_s=calib["step_overhead_s"],
+            cost_error_cv=calib["cost_error_cv"],
         ),
         network=NetworkConfig(
             ranks_per_node=2,

@@ -151,6 +151,21 @@ def test_plan_arm_is_the_planners_prediction(seconds_per_event) -> None:
         assert find(report, w, "plan")["straggler_pct"] < find(report, w, "random")["straggler_pct"]
 
 
+def test_cost_model_error_leaves_planned_steps_imbalanced(seconds_per_event) -> None:
+    """Placement uses predicted costs, ranks spend actual ones: a cost model off by 20% per sample
+    leaves the plan straggling where the exact model predicts (almost) none; cv 0 changes nothing."""
+    def plan_with(cv: float | None):
+        compute = ComputeConfig(cost_model=seconds_per_event, **({} if cv is None else {"cost_error_cv": cv}))
+        return simulate(config(seconds_per_event, arms=("plan",), compute=compute), HEAVY)
+
+    exact, off, zero = plan_with(None), plan_with(0.2), plan_with(0.0)
+    for w in (2, 4, 8):
+        assert find(off, w, "plan")["straggler_pct"] > find(exact, w, "plan")["straggler_pct"] + 0.5
+        assert find(zero, w, "plan")["straggler_pct"] == find(exact, w, "plan")["straggler_pct"]
+    with pytest.raises(ValueError, match=r"compute\.cost_error_cv"):
+        ComputeConfig(cost_model=seconds_per_event, cost_error_cv=-0.1)
+
+
 def test_online_placement_never_straggles_more_than_random(seconds_per_event) -> None:
     report = simulate(config(seconds_per_event, world_sizes=(2, 8, 32)), HEAVY)
     for w in (2, 8, 32):

@@ -57,7 +57,9 @@ class ComputeConfig:
     multiplies the result (a calibration run on this host measures it: the trainer's forward and
     backward against what the cost model predicts for the same micro-batches). ``per_micro_batch_s``
     is a fixed cost per rank per step (kernel launches, the fit's constant ``d``), ``step_overhead_s``
-    the rest of a step on every rank (data loading, optimizer).
+    the rest of a step on every rank (data loading, optimizer). ``cost_error_cv``: the cost model's
+    per-sample error (``freescale calibrate`` reports the fit's mean relative error): the planner and
+    the balancer place by predicted cost, the ranks spend the actual one.
     """
 
     cost_model: str | None = None
@@ -66,6 +68,7 @@ class ComputeConfig:
     scale: float = 1.0
     per_micro_batch_s: float | None = None  # None: the calibrated file's per_micro_batch_s, else 0
     step_overhead_s: float = 0.0
+    cost_error_cv: float = 0.0  # per-sample error of the cost model: samples are placed by predicted cost
 
     def __post_init__(self) -> None:
         if self.peak_tflops is not None:
@@ -77,6 +80,7 @@ class ComputeConfig:
         if self.per_micro_batch_s is not None:
             _positive(self.per_micro_batch_s, "compute.per_micro_batch_s", allow_zero=True)
         _positive(self.step_overhead_s, "compute.step_overhead_s", allow_zero=True)
+        _positive(self.cost_error_cv, "compute.cost_error_cv", allow_zero=True)
         if self.cost_model is None and self.peak_tflops is None:
             raise ValueError(
                 "compute needs a cost model (--cost-model, from `freescale calibrate`) or compute.peak_tflops"

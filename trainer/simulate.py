@@ -274,11 +274,25 @@ def build_arm(arm: str, w: int, source: LengthSource, cfg: SimConfig, cost: Samp
             order, step, rank, n_steps = plan_steps(seconds, w, k, cfg.seed)
             lengths, seconds = lengths[order], seconds[order]
             label = "planner (G = W)"
+    actual = actual_seconds(seconds, cfg.compute.cost_error_cv, np.random.default_rng([cfg.seed, w, 5]))
     if arm in ("online", "plan_online"):
         dest = _online(step, rank, seconds, n_steps, w, cfg.workload.balancer_min_gain)
-        work = _work(step, dest, lengths, seconds, cost, n_steps, w, label + " + online placement", home=rank)
+        work = _work(step, dest, lengths, actual, cost, n_steps, w, label + " + online placement", home=rank)
         return work, resampled
-    return _work(step, rank, lengths, seconds, cost, n_steps, w, label), resampled
+    return _work(step, rank, lengths, actual, cost, n_steps, w, label), resampled
+
+
+def actual_seconds(predicted: np.ndarray, cv: float, rng: np.random.Generator) -> np.ndarray:
+    """What each sample really costs when the cost model is off by ``cv`` (lognormal, mean 1).
+
+    Why: the planner and the online balancer place samples by *predicted* cost, and the ranks then
+    compute the real one; a cost model's per-sample error is what leaves a planned step imbalanced
+    beyond jitter. The same draw serves every arm at a world size, so arms compare on equal terms.
+    """
+    if cv <= 0 or predicted.size == 0:
+        return predicted
+    sigma = float(np.sqrt(np.log1p(cv * cv)))
+    return predicted * np.exp(sigma * rng.standard_normal(predicted.size) - 0.5 * sigma * sigma)
 
 
 # ------------------------------------------------------------------------------------------ timing
