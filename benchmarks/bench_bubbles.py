@@ -430,6 +430,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def publish(report: dict[str, Any], out: Path | None, table: Any, plot: Any) -> None:
+    """Print ``table(report)``; with ``out``, write the JSON (run timelines left out: they name temp
+    files) and ``plot`` it beside as PNG. Shared with bench_online."""
+    report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    print(table(report))
+    if out is None:
+        return
+    for r in report["runs"]:
+        r.pop("timeline", None)
+    write_result(out, report)
+    plot(report, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
@@ -460,15 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         report = run_all(s, work, runs, 1 if args.quick else args.repeats)
         report["comparisons"] = comparisons(report)
-        report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
-        print(table(report))
         out = Path(args.out) if args.out else (None if args.quick else RESULTS)
-        if out is not None:
-            for r in report["runs"]:
-                r.pop("timeline", None)
-            write_result(out, report)
-            plot(report, out.with_suffix(".png"))
-            print(f"wrote {out} and {out.with_suffix('.png')}")
+        publish(report, out, table, plot)
     return 0
 
 

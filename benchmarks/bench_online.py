@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -42,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool, time_bars
-from measure import FREESCALE, write_result
+from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool, publish, time_bars
+from measure import FREESCALE
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_online.json"
 ARMS = (  # (label, dataset variant, engine.balancer)
@@ -232,15 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         report = run_arms(s, work, 1 if args.quick else args.repeats)
         report["comparisons"] = comparisons(report)
-        report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
-        print(table(report))
         out = Path(args.out) if args.out else (None if args.quick else RESULTS)
-        if out is not None:
-            for r in report["runs"]:
-                r.pop("timeline", None)
-            write_result(out, report)
-            plot(report, out.with_suffix(".png"))
-            print(f"wrote {out} and {out.with_suffix('.png')}")
+        publish(report, out, table, plot)
     return 0
 
 

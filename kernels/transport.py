@@ -135,7 +135,9 @@ class Transport(ABC):
 # --------------------------------------------------------------------------------------------------
 
 
-class _WorkHandle(TransportHandle):
+class WorkHandle(TransportHandle):
+    """torch.distributed work in flight; ``wait()`` waits for all of it and returns ``recv``."""
+
     def __init__(self, works: list[Any], recv: Tensor, recv_counts: list[int]) -> None:
         self._works, self._recv, self.recv_counts = works, recv, recv_counts
 
@@ -181,14 +183,14 @@ class TorchDistTransport(Transport):
                                                                                "recv_counts")  # fmt: skip
         recv = send.new_empty((sum(rc), *send.shape[1:]))
         if row_bytes(send) == 0:  # the same on every rank: rows of one collective share shape and dtype
-            return _WorkHandle([], recv, rc)
+            return WorkHandle([], recv, rc)
         sb, rb = as_bytes(send), as_bytes(recv)
         if self.p2p:
             works = self._start_p2p(sb, rb, sc, rc)
         else:
             works = [dist.all_to_all_single(rb, sb, output_split_sizes=rc, input_split_sizes=sc,
                                             group=self.group, async_op=True)]  # fmt: skip
-        return _WorkHandle(works, recv, rc)
+        return WorkHandle(works, recv, rc)
 
     def _start_p2p(self, sb: Tensor, rb: Tensor, sc: list[int], rc: list[int]) -> list[Any]:
         """isend/irecv with every peer that has rows to exchange; the self chunk is a local copy."""

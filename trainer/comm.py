@@ -27,6 +27,7 @@ from freescale.kernels.transport import (
     TransportConfig,
     TransportHandle,
     TransportUnavailableError,
+    WorkHandle,
     make_transport,
 )
 
@@ -90,17 +91,6 @@ class TimedHandle:
         return received
 
 
-class _ReduceHandle(TransportHandle):
-    """A torch.distributed all-reduce in flight, behind the transport handle interface."""
-
-    def __init__(self, work: dist.Work, tensor: torch.Tensor) -> None:
-        self._work, self._tensor, self.recv_counts = work, tensor, []
-
-    def wait(self) -> torch.Tensor:
-        self._work.wait()
-        return self._tensor
-
-
 class TimedTransport:
     """A transport whose every collective is named and timed (the trainer's only way to communicate)."""
 
@@ -110,7 +100,7 @@ class TimedTransport:
     @property
     def concurrent(self) -> bool:
         """Whether several exchanges may be in flight at once (torch: yes; copy engines: one at a time)."""
-        return getattr(self.transport, "concurrent", False)
+        return self.transport.concurrent
 
     @property
     def kind(self) -> str:
@@ -139,7 +129,7 @@ class TimedTransport:
         """
         launch = self.clock.now()
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        return TimedHandle(_ReduceHandle(work, tensor), self.clock, name, launch)
+        return TimedHandle(WorkHandle([work], tensor, []), self.clock, name, launch)
 
     def close(self) -> None:
         self.transport.close()

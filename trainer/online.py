@@ -82,6 +82,7 @@ class StepPlan:
     homes: np.ndarray  # [N] home rank per sample
     dest: np.ndarray  # [N] rank that computes each sample
     rank: int
+    costs: np.ndarray | None = None  # [N] cost of each sample under the balancer's cost model
 
     @property
     def world_size(self) -> int:
@@ -227,8 +228,8 @@ class OnlineBalancing:
 
     def _place(self, plan: StepPlan) -> StepPlan:
         """The same placement on every rank (``balancer.place_samples`` on the sample costs)."""
-        costs = self.sample_costs(plan.positions)
-        plan.dest = place_samples(costs, plan.homes, self.world_size, self.cfg.engine.balancer_min_gain)
+        plan.costs = self.sample_costs(plan.positions)
+        plan.dest = place_samples(plan.costs, plan.homes, self.world_size, self.cfg.engine.balancer_min_gain)
         return plan
 
     def sample_costs(self, positions: np.ndarray) -> np.ndarray:
@@ -353,7 +354,7 @@ class OnlineBalancing:
         record = self.timer.current
         if record is None:
             return
-        costs = self.sample_costs(plan.positions)
+        costs = plan.costs if plan.costs is not None else self.sample_costs(plan.positions)
         for key in ("exchange", "placement", "dispatch", "combine"):  # 0 ms: the step did not need it
             record.extra[f"balancer.{key}_ms"] = overhead.get(key, 0.0)
         record.extra["balancer.imbalance_before"] = imbalance(rank_loads(costs, plan.homes, self.world_size))
