@@ -86,6 +86,10 @@ def one_run(hosts: list, s: Settings, data: str, rows: int, label: str, engine: 
         "exposed_comm_pct": summary["exposed_comm_pct"],
         "compute_ms": summary["compute_pct"] * summary["step_ms"] / 100.0,
         "straggler_pct": summary["straggler_pct"],
+        "bubble_pct": summary["bubble_pct"],
+        "compute_pct": summary["compute_pct"],
+        "data_pct": summary["data_pct"],
+        "stage_ms": summary["stage_ms"],
         **steady_state(report["steps"], s.skip_steps),
         "losses": [line["loss"] for line in report["steps"]],
     }

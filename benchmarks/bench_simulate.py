@@ -20,10 +20,12 @@ One run, on this host:
    (d_model 256, 4 layers, 128 negatives: the paper's production model is not public), an assumed
    ``batch_overlap_rate`` of 0.1. Random batching, online balancing and the offline plan side by side.
 
-Not validated here: the 2-host runs with a ``tc``-capped link (``bench_network.py``, another part of
-issue 17) — the simulator's inter-node path has no measured counterpart yet.
+5. **2 hosts** (``sim_hosts.py``; needs root, else skipped with the reason): bench_network's workload
+   on two network-namespace hosts over a veth capped by ``tc`` (``--hosts-caps``), calibrated on the
+   uncapped ``none`` run and a link probe at each cap, predicted and compared the same way
+   (``hosts_target_met``).
 
-    flock /tmp/freescale-bench.lock python benchmarks/bench_simulate.py        # ~5 minutes on 2 cores
+    flock /tmp/freescale-bench.lock python benchmarks/bench_simulate.py        # ~12 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -113,7 +115,9 @@ def measure_gloo() -> dict[str, Any]:
     }
 
 
-def insitu_network(bubbles: list[Path], payload: dict[str, float], gloo: dict[str, Any]) -> dict[str, Any]:
+def insitu_network(
+    bubbles: list[Path], payload: dict[str, float], gloo: dict[str, Any], skip: int = SKIP_STEPS
+) -> dict[str, Any]:
     """Latency + bandwidth of the trainer's own collectives, fitted to the noise-floor run's exposed
     comm per collective name (``comm_by_name``, seconds per rank and step, warm-up left out) against
     the bytes each carries per rank. On this host a collective inside a training step costs several
@@ -123,7 +127,7 @@ def insitu_network(bubbles: list[Path], payload: dict[str, float], gloo: dict[st
     n = 0
     rank_steps = [x for path in bubbles for x in json.loads(path.read_text())["rank_steps"]]
     for rank_step in rank_steps:
-        if rank_step["step"] < SKIP_STEPS:
+        if rank_step["step"] < skip:
             continue
         n += 1
         for name, seconds in rank_step["comm_by_name"].items():
@@ -174,23 +178,24 @@ def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
     }
 
 
-def dense_params(s: Settings) -> int:
+def dense_params(model_table: dict[str, Any], items: int) -> int:
+    """Data-parallel parameters of the model (what the dense all-reduce carries)."""
     from freescale.pipeline.cost import ModelConfig
     from freescale.trainer.config import ModelExtraConfig
     from freescale.trainer.model import SequentialTransducer
 
-    model = SequentialTransducer(ModelConfig(**s.model_table()), ModelExtraConfig(num_items=s.items, num_actions=8))
+    model = SequentialTransducer(ModelConfig(**model_table), ModelExtraConfig(num_items=items, num_actions=8))
     return int(sum(p.numel() for p in model.parameters()))
 
 
 # ------------------------------------------------------------------------------------------ simulate
-def own_source(path: str, steps: int):
+def own_source(path: str, steps: int, skip: int = SKIP_STEPS):
     """The dataset's own layout over the measured steps (warm-up and the trailing partial group cut)."""
     from freescale.trainer.sim_inputs import OwnLayout, read_prepared
 
     source = read_prepared(path)
     layout = source.layout
-    lo, hi = 2 * SKIP_STEPS, 2 * steps  # micro-batches of steps [SKIP_STEPS, steps) at W = 2
+    lo, hi = 2 * skip, 2 * steps  # micro-batches of steps [SKIP_STEPS, steps) at W = 2
     offsets = layout.offsets[lo : hi + 1]
     lengths = layout.lengths[offsets[0] : offsets[-1]]
     source.layout = OwnLayout(lengths, offsets - offsets[0], layout.group_size, layout.strategy)
@@ -283,6 +288,39 @@ def project(rate: float) -> dict[str, Any]:
     return report
 
 
+def worst_error(rows: list[dict[str, Any]]) -> float:
+    return max(abs(r["error_pp"][k]) for r in rows for k in ("straggler_pct", "exposed_comm_pct"))
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(f"{'run':26} {'straggler% meas/pred':>22} {'exp_comm% meas/pred':>22} {'ms/step meas/pred':>20}")
+    for r in rows:
+        m, p = r["measured"], r["predicted"]
+        print(
+            f"{r['run']:26} {m['straggler_pct']:10.2f} / {p['straggler_pct']:8.2f} "
+            f"{m['exposed_comm_pct']:10.2f} / {p['exposed_comm_pct']:8.2f} {m['step_ms']:9.1f} / {p['step_ms']:7.1f}"
+        )
+
+
+def validate_hosts(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The 2-host capped-link part (``sim_hosts.py``); skipped, with the reason, where hosts cannot be built."""
+    from bench_network import network_settings, parse_caps
+    from sim_hosts import validate
+
+    from freescale.tools.hosts import unavailable_reason
+
+    if not args.hosts_caps:
+        return {"skipped": "--hosts-caps ''"}
+    reason = unavailable_reason()
+    if reason:
+        print(f"== 2-host validation skipped: {reason}")
+        return {"skipped": reason}
+    print("== 2 emulated hosts over a capped link: calibrate, probe, measure, predict")
+    caps = parse_caps(args.hosts_caps)
+    s = network_settings(args.quick)
+    return validate(s, work / "hosts", caps if not args.quick else caps[:2])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (figures mean nothing)")
@@ -290,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="working directory (default: a temp dir)")
     parser.add_argument("--projection-overlap-rate", type=float, default=0.1)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every run (default 2)")
+    parser.add_argument("--hosts-caps", default="none,1000,200,50",
+                        help="link caps (Mbit/s or none) of the 2-host validation; '' skips it")  # fmt: skip
     args = parser.parse_args(argv)
     s = Settings(users=200, items=2_000, cap=300, median=40.0) if args.quick else Settings()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -309,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = min(steps, 8)
         s = replace(s, steps=steps)
         facts = data_facts(data["datasets"]["planned"]["path"], s.group_size, steps)
-        params = dense_params(s)
+        params = dense_params(s.model_table(), s.items)
         print(f"== measure: noise floor and random/planned x none/pec, {repeats} interleaved repeat(s)")
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ("identical/none", *VALIDATED)}
         for repeat in range(repeats):  # interleaved: load drift on a shared host hits every run alike
@@ -344,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
             row["measured"]["step_ms"], row["predicted"]["step_ms"] = m["step_ms"], 1e3 * p["step_s"]
             row["measured"]["samples_per_s"], row["predicted"]["samples_per_s"] = m["samples_per_s"], p["samples_per_s"]
             rows.append(row)
-        worst = max(abs(r["error_pp"][k]) for r in rows for k in ("straggler_pct", "exposed_comm_pct"))
+        worst = worst_error(rows)
+        hosts = validate_hosts(args, work)
+        hosts_worst = worst_error(hosts["validation"]) if "validation" in hosts else None
         print("== project: the paper's setting on h100_nvlink_ib400")
         projection = project(args.projection_overlap_rate)
         at256 = {
@@ -372,7 +414,11 @@ def main(argv: list[str] | None = None) -> int:
             "worst_error_pp": worst,
             "target": f"every predicted straggler_pct and exposed_comm_pct within {TARGET_PP:g} pp of measured",
             "target_met": worst <= TARGET_PP,
-            "not_validated": "2-host runs over a tc-capped link (bench_network.py): no measured counterpart yet",
+            "hosts": hosts,
+            "hosts_worst_error_pp": hosts_worst,
+            "hosts_target": f"2 hosts over a tc-capped veth: every predicted straggler_pct and exposed_comm_pct "
+            f"within {TARGET_PP:g} pp of measured",
+            "hosts_target_met": None if hosts_worst is None else hosts_worst <= TARGET_PP,
             "projection": {
                 "setting": "h100_nvlink_ib400, lognormal(300, 1.2, cap 21000), d_model 256 x 4 layers, "
                 f"k = 32, batch_overlap_rate {args.projection_overlap_rate} (assumed)",
@@ -382,14 +428,11 @@ def main(argv: list[str] | None = None) -> int:
             "runtime_s": round(time.perf_counter() - started, 1),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         }
-    print(f"{'run':18} {'straggler% meas/pred':>22} {'exp_comm% meas/pred':>22} {'ms/step meas/pred':>20}")
-    for r in rows:
-        m, p = r["measured"], r["predicted"]
-        print(
-            f"{r['run']:18} {m['straggler_pct']:10.2f} / {p['straggler_pct']:8.2f} "
-            f"{m['exposed_comm_pct']:10.2f} / {p['exposed_comm_pct']:8.2f} {m['step_ms']:9.1f} / {p['step_ms']:7.1f}"
-        )
+    print_rows(rows)
     print(f"worst error {worst:.2f} pp; target (<= {TARGET_PP:g} pp) met: {report['target_met']}")
+    if hosts_worst is not None:
+        print_rows(hosts["validation"])
+        print(f"2 hosts: worst error {hosts_worst:.2f} pp; target met: {report['hosts_target_met']}")
     print("projection at 256 ranks:")
     for name, v in at256.items():
         print(f"  {name:18} straggler {v['straggler_pct']:6.2f}%  exposed comm {v['exposed_comm_pct']:6.2f}%  "

@@ -1,0 +1,296 @@
+"""bench_simulate's second validation: 2 emulated hosts over a ``tc``-capped link (bench_network's runs).
+
+Two network namespaces joined by a veth pair (``freescale.tools.hosts``), one gloo rank each, train
+``bench_network``'s workload (bench_pec's generator and model with d_model 64, 128 samples per
+micro-batch, Zipf 0.5 over 2M hashed rows) with ``overlap = none`` and ``pec`` at each link cap.
+The simulator sees only what a user could measure before renting the cluster:
+
+* **compute**: a cost model ``freescale.trainer.calibrate`` fits for this model on this host, scaled
+  by the *uncapped* ``none`` run (its forward+backward against the cost model's prediction for the
+  same micro-batches, and the rest of its busy time as per-step overhead); that run's
+  ``straggler_pct`` as the noise floor (its data are planned, its lengths narrow: what is left is
+  jitter), and the latency of the trainer's own collectives in it;
+* **the link at each cap**: a probe between the two hosts (gloo ``all_to_all_single`` of 16 KB–2 MB
+  per rank and an all-reduce of the dense gradient's size, barrier-started, the slowest rank's
+  median), fitted to latency + bytes/bandwidth. Like ``nccl-tests`` on a real cluster, it is a
+  property of the link, not of the training runs it predicts. Over gloo/TCP with a token bucket on
+  each end the two directions of an exchange do not overlap fully (the acknowledgements of one
+  direction queue behind the other's data), so the fitted bandwidth is well below the cap: that is
+  why the cap itself is not used;
+* the data's ``batch_overlap_rate`` and distinct-id share.
+
+Validated (never shown to the simulator): ``straggler_pct`` and ``exposed_comm_pct`` of ``pec`` on
+the uncapped link and of ``none`` and ``pec`` at every cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROBE_REPS = 5
+PROBE_PORT = 29561
+
+
+# ------------------------------------------------------------------------------------------ link probe
+def probe_rank(argv: list[str]) -> int:
+    """Rank entry of the link probe (runs inside one host's namespace); rank 0 writes the JSON."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--master", required=True)
+    parser.add_argument("--dense-bytes", type=int, required=True)
+    parser.add_argument("--sizes", required=True, help="comma-separated all-to-all payloads, bytes per rank")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=2)
+    times: dict[str, list[float]] = {}
+    for nbytes in (int(x) for x in args.sizes.split(",")):
+        x = torch.ones(nbytes // 4)
+        y = torch.empty_like(x)
+        dist.all_to_all_single(y, x)  # warm the connection
+        times[f"all_to_all:{nbytes}"] = [_timed(dist, dist.all_to_all_single, y, x) for _ in range(PROBE_REPS)]
+    dense = torch.ones(max(1, args.dense_bytes // 4))
+    dist.all_reduce(dense)
+    times["all_reduce"] = [_timed(dist, dist.all_reduce, dense) for _ in range(PROBE_REPS)]
+    gathered: list[Any] = [None, None]
+    dist.all_gather_object(gathered, times)
+    if args.rank == 0:
+        Path(args.out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+    return 0
+
+
+def _timed(dist: Any, collective: Any, *tensors: Any) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    collective(*tensors)
+    return time.perf_counter() - start
+
+
+def probe_sizes(payload: dict[str, float]) -> tuple[int, ...]:
+    """All-to-all sizes to probe: the workload's own, from its id exchange to its row exchange.
+
+    Why not a generic sweep: a token-bucket link is linear only while a burst fits its queue; past
+    it, drops and TCP recovery take over. Like a user running nccl-tests at the message sizes their
+    job sends, the probe measures the link where the workload uses it.
+    """
+    rows = payload["embedding_comm.rows"]
+    whole = (int(payload["input_dist.ids"]), int(rows / 4), int(rows / 2), int(rows))
+    return tuple(sorted({max(8, n // 8 * 8) for n in whole}))  # float32 rows split evenly over 2 ranks
+
+
+def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Latency + bandwidth of the link as it is now (cap applied), from ``probe_rank`` on both hosts.
+
+    The slowest rank sets when a collective is over; the all-to-all sends half a rank's payload to
+    the other rank, so the fit is ``α + (payload/2)/bw``. The all-reduce keeps its own latency.
+    """
+    from freescale.tools.hosts import node_command
+
+    out = work / f"probe-{tag}.json"
+    master = f"{hosts[0].address}:{PROBE_PORT}"
+    procs = []
+    for rank, host in enumerate(hosts):
+        command = [sys.executable, str(Path(__file__).resolve()), "--probe-rank", "--rank", str(rank)]
+        command += ["--master", master, "--dense-bytes", str(dense_bytes), "--out", str(out)]
+        command += ["--sizes", ",".join(map(str, sizes))]
+        argv, env = node_command(host, command)
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"link probe {tag} failed:\n" + "\n---\n".join(log[-2000:] for log in logs))
+    per_rank = json.loads(out.read_text())
+    slowest = {key: float(np.median(np.max([r[key] for r in per_rank], axis=0))) for key in per_rank[0]}
+    y = np.array([slowest[f"all_to_all:{n}"] for n in sizes])
+    x = np.array(sizes, dtype=np.float64) / 2
+    (beta, alpha), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
+    beta = max(float(beta), 1e-12)
+    all_reduce = slowest["all_reduce"] - 2.0 * 0.5 * dense_bytes * beta  # ring term 2(W-1)/W at W = 2
+    return {
+        "all_to_all_s": y.tolist(),
+        "bytes": list(sizes),
+        "latency_us": 1e6 * max(float(alpha), 0.0),
+        "bandwidth_gbytes_s": 1e-9 / beta,
+        "all_reduce_s": slowest["all_reduce"],
+        "all_reduce_latency_us": 1e6 * max(float(all_reduce), 0.0),
+    }
+
+
+# ------------------------------------------------------------------------------------------ calibration
+def compute_calibration(cost_path: str, data: str, run: dict[str, Any], steps: int, skip: int) -> dict[str, Any]:
+    """``compute.scale`` and ``step_overhead_s`` from a measured run: its mean forward+backward against
+    the cost model's prediction for the same micro-batches (both ranks, the measured steps)."""
+    from freescale.pipeline.cost import CostModel
+    from freescale.pipeline.reader import PreparedDataset
+
+    cost = CostModel.from_file(cost_path)
+    per_mb = float(cost.details.get("per_micro_batch_s", 0.0))
+    ds = PreparedDataset(data)
+    predicted = []
+    for step in range(skip, steps):
+        for rank in range(2):
+            lengths = np.array([int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(step, rank, 2))])
+            predicted.append(float(cost.cost(lengths).sum()) + per_mb)
+    measured_fb = 1e-3 * (run["stage_ms"]["forward"] + run["stage_ms"]["backward"])
+    busy = 1e-3 * run["step_ms"] * (run["compute_pct"] + run["data_pct"]) / 100.0
+    return {
+        "scale": measured_fb / float(np.mean(predicted)),
+        "step_overhead_s": max(0.0, busy - measured_fb),
+        "predicted_forward_backward_s": float(np.mean(predicted)),
+        "measured_forward_backward_s": measured_fb,
+        "noise_floor_pct": run["straggler_pct"],
+        "cost_error_cv": float(cost.details.get("fit_relative_error_mean", 0.0)) * float(np.sqrt(np.pi / 2)),
+    }
+
+
+def fit_cost_model(s: Any, work: Path) -> str:
+    """The cost model of bench_network's model on this host (what ``freescale calibrate`` writes)."""
+    import torch
+    from bench_pec import model_table
+
+    from freescale.pipeline.cost import ModelConfig
+    from freescale.trainer.calibrate import calibrate
+    from freescale.trainer.config import ModelExtraConfig
+
+    path = work / "cost-hosts.json"
+    torch.set_num_threads(1)
+    # num_items 0: calibrate's synthetic table size. The trainer's rows are sharded and updated
+    # sparsely; a dense 2M-row table in the timing loop would be an optimizer step it never takes.
+    extra = ModelExtraConfig(num_items=0, num_actions=8, inbatch_negatives=s.inbatch_negatives)
+    calibrate(ModelConfig(**model_table(s)), extra, s.cap, str(path), micro_batch_size=s.micro_batch_size, rounds=4)
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------ measure
+def measure(s: Any, data: str, caps: list[float | None], work: Path, payload: dict[str, float]) -> list[dict[str, Any]]:
+    """Per cap: the link probe, then ``none`` and ``pec`` trained on the two hosts."""
+    from bench_network import one_run
+
+    from freescale.tools.hosts import cap_bandwidth, two_hosts
+
+    rows = []
+    table_rows = s.points[0][1]
+    with two_hosts() as hosts:
+        for i, cap in enumerate(caps):
+            cap_bandwidth(hosts, cap)
+            tag = "uncapped" if cap is None else f"{cap:g}mbit"
+            print(f"[hosts {i + 1}/{len(caps)}] link {tag}: probe, none, pec", flush=True)
+            link = probe_link(hosts, work, tag, int(payload["gradient_comm.dense"]), probe_sizes(payload))
+            runs = {o: one_run(hosts, s, data, table_rows, o, "freescale", o, cap, work) for o in ("none", "pec")}
+            rows.append({"cap_mbit": cap, "link": link, "runs": runs})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ predict
+def predict_hosts(s: Any, data: str, cost_path: str, calib: dict, link: dict, latency_us: float, facts: dict,
+                  params: int, overlap: str) -> dict[str, Any]:  # fmt: skip
+    """One 2-host run's prediction: one rank per node, the probed link between them."""
+    from bench_simulate import own_source
+
+    from freescale.trainer.sim_config import ComputeConfig, JitterConfig, NetworkConfig, SimConfig, WorkloadConfig
+    from freescale.trainer.simulate import find, simulate
+
+    link_args = dict(latency_us=latency_us, bandwidth_gbytes_s=link["bandwidth_gbytes_s"])
+    cfg = SimConfig(
+        world_sizes=(2,),
+        arms=("plan",),
+        overlaps=(overlap,),
+        compute=ComputeConfig(
+            cost_model=cost_path,
+            scale=calib["scale"],
+            step_overhead_s=calib["step_overhead_s"],
+            cost_error_cv=calib["cost_error_cv"],
+        ),
+        network=NetworkConfig(
+            ranks_per_node=1,
+            intra_latency_us=link_args["latency_us"],
+            intra_bandwidth_gbytes_s=link_args["bandwidth_gbytes_s"],
+            inter_latency_us=link_args["latency_us"],
+            inter_bandwidth_gbytes_s=link_args["bandwidth_gbytes_s"],
+            all_reduce_latency_us=link["all_reduce_latency_us"],
+            overlap_slowdown=0.0,
+        ),
+        jitter=JitterConfig(noise_floor_pct=calib["noise_floor_pct"], noise_floor_world_size=2),
+        workload=WorkloadConfig(
+            micro_batch_size=s.micro_batch_size,
+            embedding_dim=s.d_model,
+            num_layers=s.num_layers,
+            negatives=s.num_negatives,  # in-batch negatives are targets: no new ids
+            unique_fraction=facts["unique_fraction"],
+            dense_params=params,
+            batch_overlap_rate=facts["batch_overlap_rate"],
+        ),
+    )
+    source = own_source(data, s.steps, s.skip_steps)
+    return find(simulate(cfg, source), 2, "plan", overlap)
+
+
+def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
+    """The whole 2-host part: data, calibration, measurement, prediction; rows with errors in pp."""
+    from bench_pec import model_table, prepare_point
+    from bench_simulate import data_facts, dense_params, insitu_network
+
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare_point(s, s.points[0][0], work)
+    cost_path = fit_cost_model(s, work)
+    params = dense_params(model_table(s), s.points[0][1])
+    facts = data_facts(data, 2, s.steps)
+    if None not in caps:
+        caps = [None, *caps]  # the uncapped none run calibrates compute
+    unique = facts["unique_fraction"] * (facts["rank0_events"] + s.num_negatives)
+    payload = {
+        "input_dist.counts": 2 * 8.0,
+        "input_dist.ids": 8.0 * unique,
+        "embedding_comm.rows": 4.0 * s.d_model * unique,
+        "gradient_comm.embeddings": 4.0 * s.d_model * unique,
+        "gradient_comm.dense": 4.0 * params,
+    }
+    measured = measure(s, data, caps, work, payload)
+    uncapped = next(r for r in measured if r["cap_mbit"] is None)
+    calib = compute_calibration(cost_path, data, uncapped["runs"]["none"], s.steps, s.skip_steps)
+    bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
+    insitu = insitu_network([bubbles], payload, {"all_to_all_fit": uncapped["link"]}, s.skip_steps)
+    rows = []
+    for r in measured:
+        for overlap in ("none", "pec"):
+            if r["cap_mbit"] is None and overlap == "none":
+                continue  # the calibration run
+            m = r["runs"][overlap]
+            p = predict_hosts(s, data, cost_path, calib, r["link"], insitu["latency_us"], facts, params, overlap)
+            tag = "uncapped" if r["cap_mbit"] is None else f"{r['cap_mbit']:g} Mbit/s"
+            rows.append(compare(f"hosts {tag}/{overlap}", m, p))
+    return {
+        "calibration": {"compute": calib, "network_in_training": insitu, "data": facts, "dense_params": params},
+        "links": {str(r["cap_mbit"]): r["link"] for r in measured},
+        "validation": rows,
+    }
+
+
+def compare(name: str, m: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {"run": name, "measured": {}, "predicted": {}, "error_pp": {}}
+    for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct"):
+        row["measured"][key], row["predicted"][key] = m[key], p[key]
+        row["error_pp"][key] = p[key] - m[key]
+    row["measured"]["step_ms"], row["predicted"]["step_ms"] = m["step_ms"], 1e3 * p["step_s"]
+    row["measured"]["samples_per_s"], row["predicted"]["samples_per_s"] = m["samples_per_s"], p["samples_per_s"]
+    return row
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--probe-rank"]:
+        sys.exit(probe_rank(sys.argv[2:]))
+    sys.exit("sim_hosts.py is run by bench_simulate.py (the probe entry is --probe-rank)")
