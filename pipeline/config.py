@@ -71,6 +71,8 @@ class PrepareConfig:
     work_dir: str | None = None
     overwrite: bool = False
     progress: bool = True
+    engine: str = "local"  # where the steps run (``executors``): not the dataset's identity
+    ray_address: str | None = None  # --engine ray: a running cluster ("auto", "HOST:PORT"); None starts one
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -85,6 +87,10 @@ class PrepareConfig:
             raise ValueError(f"--max-reject-fraction must be in [0, 1], got {self.max_reject_fraction}")
         if self.quarantine_examples < 0:
             raise ValueError(f"--quarantine-examples must be >= 0, got {self.quarantine_examples}")
+        if self.engine not in ("local", "ray"):
+            raise ValueError(f"--engine must be local or ray, got {self.engine!r}")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError("--ray-address needs --engine ray")
         if self.shard_size_limit < 2**16:
             raise ValueError(f"--shard-size-limit must be at least 64KB, got {self.shard_size_limit}")
 

@@ -24,6 +24,7 @@ OFFSETS_NAME = "micro_batch_offsets.npy"
 QUARANTINE_NAME = "quarantine.jsonl"
 INDEX_NAME = "index.json"
 RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in the manifest
+RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "engine", "ray_address")  # null in the manifest
 
 
 class ManifestError(ValueError):
@@ -130,7 +131,8 @@ def build_manifest(
         "dataset": job.sources.name,
         "sources": job.source_files,
         # where and how this run wrote are not the dataset's identity: identical runs, identical bytes
-        "config": {**config.to_dict(), "output": None, "work_dir": None, "progress": None, "overwrite": None},
+        "config": {**config.to_dict(), **dict.fromkeys(RUN_ONLY_OPTIONS)},
+        "engine": config.engine,  # the only field in which the engines' outputs differ
         "rows": _rows(summary, users, samples, plan, config.balance.group_size),
         "cost_model": job.cost_model.to_dict(),
         "lengths": _length_summary(plan["length"]),

@@ -50,6 +50,7 @@ from freescale.pipeline import scan
 from freescale.pipeline.balance import plan_step_groups
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.cost import CostModel
+from freescale.pipeline.executors import Executor, Progress, make_executor
 from freescale.pipeline.manifest import (
     MANIFEST_NAME,
     OFFSETS_NAME,
@@ -59,11 +60,10 @@ from freescale.pipeline.manifest import (
     read_manifest_if_any,
 )
 from freescale.pipeline.output import OutputLock, PrepareError
-from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
-from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
+from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files to create and for the samples phase to open (large: 30 tasks of 1M rows -> 14 of up
@@ -96,8 +96,9 @@ class PrepareJob:
     def __init__(self, config: PrepareConfig, pool: ProcessPoolExecutor | None = None) -> None:
         """``pool``: workers started earlier (``processes.start_pool``), used instead of starting new ones."""
         self._started = time.perf_counter()
-        self._executor = pool
-        self._writer: WriterProcess | None = None
+        self._pool = pool
+        self._executor: Executor | None = None
+        self._writer_reserved = False  # the local engine's writer process holds WRITER_PROCESS_BYTES
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (
@@ -185,15 +186,14 @@ class PrepareJob:
             raise
         finally:
             self.close()
-            self._close_writer()
             for lock in reversed(locks):
                 lock.release()
             with contextlib.suppress(OSError):
                 self.work_root.rmdir()  # only when no other job's work is left there
 
     def _run(self) -> dict[str, Any]:
-        if self.preload_writer:
-            self._writer = WriterProcess()
+        self._writer_reserved = self.preload_writer
+        self._start_executor(writer=self._writer_reserved)
         self._make_work_dirs()
         self._check_written_parts()
         scan_summary, users_record = self._scan()
@@ -293,45 +293,34 @@ class PrepareJob:
             else:
                 fs.delete_file(entry.path)
 
-    @property
-    def pool_workers(self) -> int:
-        """Worker processes besides this one, which runs tasks too (``processes.run_calls``)."""
-        return self.config.workers - 1
-
-    def _pool(self) -> ProcessPoolExecutor | None:
-        """One spawn pool for the whole job: workers start (and import polars/pyarrow) once."""
-        if self.pool_workers == 0:
-            return None
+    def _start_executor(self, writer: bool) -> Executor:
+        """The ``--engine``'s executor, started once per job (``executors``)."""
         if self._executor is None:
-            self._executor = start_pool(self.pool_workers, PREPARE_WORKER_MODULES)
+            progress = Progress(self.config.progress, self._log)
+            self._executor = make_executor(
+                self.config.engine,
+                self.config.workers,
+                progress,
+                pool=self._pool,
+                writer=writer,
+                ray_address=self.config.ray_address,
+                memory_limit=self.config.memory_limit,
+            )
+            self._pool = None  # the executor owns it now
         return self._executor
 
     def close(self) -> None:
-        """Stop the workers (their idle memory is released before the writer's peak)."""
+        """Stop the executor's workers (and the local engine's writer process)."""
         if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
+            self._executor.close()
             self._executor = None
+        if self._pool is not None:  # a pool handed in for a job that never started its executor
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
-    def _close_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def _map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*job)`` for each job; see ``_run_calls``."""
-        return self._run_calls([(fn, job) for job in jobs], desc, unit)
-
-    def _run_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*args)`` for each call in this process and the worker processes, with a progress
-        bar; results come back in call order."""
-        started = time.perf_counter()
-        bar = tqdm(total=len(calls), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
-        try:
-            return run_calls(self._pool(), self.pool_workers, calls, bar.update)
-        finally:
-            bar.close()
-            if calls:
-                self._log(f"{desc}: {len(calls)} {unit}s in {time.perf_counter() - started:.1f}s")
+    def map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*job)`` for each job on the executor; results in job order."""
+        return self._start_executor(writer=False).map([(fn, job) for job in jobs], desc, unit)
 
     # ----------------------------------------------------------------- phases
     @property
@@ -343,7 +332,7 @@ class PrepareJob:
     @property
     def n_partitions(self) -> int:
         estimated = scan.estimate_events(self.sources, self.source_files)
-        reserved = WRITER_PROCESS_BYTES if self._writer is not None else 0
+        reserved = WRITER_PROCESS_BYTES if self._writer_reserved else 0
         return scan.choose_partition_count(estimated, self.config.memory_limit - reserved, self.config.workers)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
@@ -365,7 +354,7 @@ class PrepareJob:
         if scan.load_user_table_record(scan_dir) is None:  # small: last, beside the other worker's last task
             user_table = (self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
             todo.append((scan.run_user_table_task, user_table))
-        self._run_calls(todo, "scan", "task")
+        self._start_executor(writer=False).map(todo, "scan", "task")
         summary = scan.ScanSummary()
         for i in range(len(self.tasks)):
             summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
@@ -401,7 +390,7 @@ class PrepareJob:
         scan_dir = str(self.work / "scan")
         for iteration in range(self.config.samples.kcore_max_iterations):
             jobs = [(scan_dir, p, removed, k) for p in range(self._n_partitions)]
-            results = self._map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition")
+            results = self.map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition")
             totals = pl.concat([items for items, _ in results]).group_by("item_id").agg(pl.col("count").sum())
             weak = totals.filter(pl.col("count") < k)["item_id"].to_numpy()
             if len(weak) == 0:
@@ -426,7 +415,7 @@ class PrepareJob:
             for p in range(self._n_partitions)
             if load_partition_record(samples_dir, p) is None
         ]
-        self._map(run_partition, todo, "samples", "partition")
+        self.map(run_partition, todo, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
     def _user_counts(self, removed_items: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -503,7 +492,7 @@ class PrepareJob:
             jobs.append(
                 (str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink, users)
             )
-        self._map(run_partition, jobs, "samples", "partition")
+        self.map(run_partition, jobs, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
     def _write(self, plan: dict[str, Any], with_features: bool) -> None:
@@ -516,16 +505,12 @@ class PrepareJob:
         if not storage.is_remote(self.target):
             Path(self.target).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
-        self.close()  # idle workers keep their peak memory: release it before the writer's peak
-        release_freed_memory()  # this process's too: it ran tasks
+        executor = self._start_executor(writer=False)
+        executor.release()  # idle workers keep their peak memory: release it before the writer's peak
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         args = (self.target, buckets_dir, bucket_size)
         tail = (n, with_features, self.config.shard_size_limit)
-        for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
-            if self._writer is not None:  # one part at a time: a part's memory is bounded by its buckets
-                self._writer.submit(write_part, *args, part, *tail).result()
-            else:
-                write_part(*args, part, *tail)
+        executor.write([(write_part, (*args, part, *tail)) for part in todo], "write")
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
         storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 

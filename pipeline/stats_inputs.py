@@ -198,12 +198,20 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
             workers=config.workers,
             work_dir=str(work / "prepare"),
             progress=config.progress,
+            engine=config.engine,
+            ray_address=config.ray_address,
         )
     )
     try:
         built = job.build_samples()
+        return _collect_built(config, work, sizes_for, job, built)
     finally:
         job.close()
+
+
+def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built: Any) -> Collected:
+    """``collect_sources``' two passes over the built partitions; the Ray engine runs the id pass on
+    the job's executor, the local one on a pool sized to the events (``Pool``)."""
     names = [spec.name for spec in job.sources.sources]
     features = list(built.users.get("features", []))
     parts = range(built.n_partitions)
@@ -235,9 +243,13 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
         (built.samples_dir, p, fine[bounds[p] : bounds[p + 1]], str(spill_dir), n_buckets, bits, len(features))
         for p in parts
     ]
-    workers = max(1, min(config.workers, events // PARALLEL_MIN_EVENTS_PER_WORKER))
-    with Pool(workers, config.progress) as pool:
-        pool.map(partition_spill, jobs, "stats: ids")
+    if config.engine == "ray":
+        job.map(partition_spill, jobs, "stats: ids", "partition")
+    else:
+        job.close()  # the build's workers: the id pass starts as many as its events need
+        workers = max(1, min(config.workers, events // PARALLEL_MIN_EVENTS_PER_WORKER))
+        with Pool(workers, config.progress) as pool:
+            pool.map(partition_spill, jobs, "stats: ids")
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
     reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
     return Collected(

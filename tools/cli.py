@@ -51,6 +51,17 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=int, default=2, help="processes running tasks, this one included (default 2: one spawned)"
     )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="where the steps run: local (this host's process pool, default) or ray (Ray tasks; byte-identical output)",
+    )
+    p.add_argument(
+        "--ray-address",
+        help="--engine ray: a running cluster (auto or HOST:PORT); default: start a Ray runtime on this host "
+        "with --workers CPUs for the job",
+    )
 
 
 def _sample_options(args: argparse.Namespace) -> dict:
@@ -66,6 +77,8 @@ def _sample_options(args: argparse.Namespace) -> dict:
         "cost_model_file": args.cost_model,
         "memory_limit": parse_size(args.memory_limit, "--memory-limit"),
         "workers": args.workers,
+        "engine": args.engine,
+        "ray_address": args.ray_address,
     }
 
 
@@ -403,7 +416,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     # Workers start before this process imports the pipeline, so both imports run at once; this
     # process runs tasks too (one worker fewer), with the workers' settings.
-    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 else None
+    local = args.engine == "local"
+    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 and local else None
     configure_task_process()
     try:
         with imports_without_gc():
