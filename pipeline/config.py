@@ -64,6 +64,7 @@ class PrepareConfig:
     cost_model_file: str | None = None
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     memory_limit: int = 2 * 2**30
+    plan_memory: int = 4 * 2**30  # the planner's bound: past it, windows of step groups (balance_windows)
     workers: int = 2
     max_reject_fraction: float = 0.05
     quarantine_examples: int = 20  # per reason
@@ -83,6 +84,8 @@ class PrepareConfig:
             raise ValueError(f"--memory-limit must be at least 256MB, got {self.memory_limit} bytes")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.plan_memory < 2**20:
+            raise ValueError(f"--plan-memory must be at least 1MB, got {self.plan_memory} bytes")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ValueError(f"--max-reject-fraction must be in [0, 1], got {self.max_reject_fraction}")
         if self.quarantine_examples < 0:
@@ -102,6 +105,7 @@ class PrepareConfig:
             "cost_model_file": self.cost_model_file,
             "balance": asdict(self.balance),
             "shard_size_limit": self.shard_size_limit,
+            "plan_memory": self.plan_memory,  # windows change the plan
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from freescale import storage
 from freescale.datasets.sources import SourcesConfig
 from freescale.pipeline import output as places
 from freescale.pipeline import scan
-from freescale.pipeline.balance import plan_step_groups
+from freescale.pipeline.balance_windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.executors import Executor, Progress, make_executor
@@ -439,7 +439,7 @@ class PrepareJob:
             raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
-        plan = plan_step_groups(costs, self.config.balance)
+        plan = plan_in_windows(costs, self.config.balance, self.config.plan_memory)
         self._log(f"plan: balanced in {plan.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
         info = {
             "users": users,  # every user with events, sorted: the samples phase ranks them per partition

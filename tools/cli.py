@@ -128,6 +128,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--shard-size-limit", default="64MB")
     p.add_argument(
+        "--plan-memory",
+        default="4GB",
+        help="memory the planner may hold (~400 bytes a sample); past it, samples are planned in windows of step "
+        "groups and the balance report's windowing section says how many (default 4GB: ~10M samples a window)",
+    )
+    p.add_argument(
         "--work-dir",
         help="where intermediate files go (default: .<output name>.freescale-work beside a local output; "
         "<tmp>/freescale-prepare-<uid> for s3://)",
@@ -400,6 +406,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         max_reject_fraction=args.max_reject_fraction,
         quarantine_examples=args.quarantine_examples,
         shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
+        plan_memory=parse_size(args.plan_memory, "--plan-memory"),
         work_dir=args.work_dir,
         overwrite=args.overwrite,
         progress=not args.quiet,
