@@ -1,7 +1,7 @@
 """Planning in windows of step groups, so the planner's memory is bounded (``--plan-memory``).
 
-``plan_step_groups`` holds ~300 bytes per sample while it plans (measured with tracemalloc on
-lognormal costs, 50k-200k samples, both modes: 270-332); a billion samples would need ~300 GB. Past
+``plan_step_groups`` holds ~300 bytes per sample while it plans (``memory.PLAN_BYTES_PER_SAMPLE``); a
+billion samples would need ~300 GB. Past
 the bound, samples are dealt into windows by one seeded permutation (so every window is a random
 sample of the dataset, like the random steps the planner starts from), each window of a whole number
 of step groups (G·k samples each) is planned on its own, and the plans are concatenated in window
@@ -22,18 +22,9 @@ from typing import Any
 import numpy as np
 
 from .balance import BalanceConfig, BalancePlan, plan_step_groups, predict_straggler_pct
+from .memory import PLAN_BYTES_PER_SAMPLE, window_samples
 
-PLAN_BYTES_PER_SAMPLE = 400  # the planner's measured peak (270-332 bytes per sample) with margin
 WINDOW_STREAM = 0x57494E  # random stream of the window membership ("WIN")
-
-
-def window_samples(n: int, config: BalanceConfig, plan_memory: int) -> int:
-    """Samples per window: all of them when their plan fits ``plan_memory``, else the most whole
-    step groups that fit (at least one)."""
-    if n * PLAN_BYTES_PER_SAMPLE <= plan_memory:
-        return n
-    unit = config.group_size * config.micro_batch_size
-    return max(plan_memory // PLAN_BYTES_PER_SAMPLE // unit, 1) * unit
 
 
 def plan_in_windows(costs: np.ndarray, config: BalanceConfig, plan_memory: int) -> BalancePlan:
@@ -41,7 +32,7 @@ def plan_in_windows(costs: np.ndarray, config: BalanceConfig, plan_memory: int) 
     module docstring). Same costs, config and bound → the same plan."""
     costs = np.asarray(costs, np.float64)
     n = costs.size
-    size = window_samples(n, config, plan_memory)
+    size = window_samples(n, config.group_size * config.micro_batch_size, plan_memory)
     if size >= n:
         plan = plan_step_groups(costs, config)
         plan.report["windowing"] = {"windows": 1, "window_samples": n, "plan_memory": plan_memory}

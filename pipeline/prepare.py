@@ -45,8 +45,8 @@ from tqdm import tqdm
 
 from freescale import storage
 from freescale.datasets.sources import SourcesConfig
+from freescale.pipeline import memory, scan
 from freescale.pipeline import output as places
-from freescale.pipeline import scan
 from freescale.pipeline.balance_windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.cost import CostModel
@@ -60,18 +60,15 @@ from freescale.pipeline.manifest import (
     read_manifest_if_any,
 )
 from freescale.pipeline.output import OutputLock, PrepareError
+from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
-from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files to create and for the samples phase to open (large: 30 tasks of 1M rows -> 14 of up
 # to 4M, prepare ~0.5 s faster). A task's memory is bounded by its chunks, not by its size.
 TARGET_ROWS_PER_TASK = 4_000_000
-# Bytes of an encoded event in a sample (item id 8, timestamp 8, action 4, source 1) plus slack for
-# the per-sample header and scalars: what a bucket of samples occupies in the writer.
-ENCODED_BYTES_PER_EVENT = 24
 
 
 WORK_LAYOUT = 7  # bump when spill, bucket, plan or marker formats or the read-task plan change
@@ -85,7 +82,7 @@ class BuiltSamples:
 
     scan: scan.ScanSummary
     users: dict[str, Any]
-    partitions: list[dict[str, Any]]
+    partitions: list[PartitionRecord]
     samples_dir: str
     n_partitions: int
 
@@ -211,7 +208,7 @@ class PrepareJob:
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
         manifest = json.loads(json.dumps(manifest, default=str))
         files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
-        self._publish(manifest, plan_info["offsets"], scan_summary, users_record, files)
+        self._publish(manifest, plan_info.offsets, scan_summary, users_record, files)
         shutil.rmtree(self.work, ignore_errors=True)
         return manifest
 
@@ -327,13 +324,14 @@ class PrepareJob:
     def preload_writer(self) -> bool:
         """Start the writer process with the job (``WriterProcess``) when reserving its memory leaves
         at least half of ``--memory-limit`` to the workers."""
-        return self.config.memory_limit - WRITER_PROCESS_BYTES >= self.config.memory_limit // 2
+        return memory.preload_writer(self.config.memory_limit)
 
     @property
     def n_partitions(self) -> int:
-        estimated = scan.estimate_events(self.sources, self.source_files)
-        reserved = WRITER_PROCESS_BYTES if self._writer_reserved else 0
-        return scan.choose_partition_count(estimated, self.config.memory_limit - reserved, self.config.workers)
+        formats = {source.name: source.format for source in self.sources.sources}
+        estimated = memory.estimate_events(formats, self.source_files)
+        budget = memory.worker_budget(self.config.memory_limit, self._writer_reserved)
+        return memory.choose_partition_count(estimated, budget, self.config.workers)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
         scan_dir = str(self.work / "scan")
@@ -407,7 +405,7 @@ class PrepareJob:
         places.save_npy_atomic(path, removed)  # its presence marks k-core done: whole or absent
         return str(path)
 
-    def _build_samples(self, removed_items: str | None, features: list[str]) -> list[dict[str, Any]]:
+    def _build_samples(self, removed_items: str | None, features: list[str]) -> list[PartitionRecord]:
         samples_dir = str(self.work / "samples")
         scan_dir = str(self.work / "scan")
         todo = [
@@ -426,77 +424,64 @@ class PrepareJob:
             return users, counts
         return scan.user_event_counts(str(self.work / "scan"), len(self.tasks))
 
-    def _plan(self, removed_items: str | None) -> dict[str, Any]:
+    def _plan(self, removed_items: str | None) -> SamplePlan:
         """Cost and place every sample before any is built: lengths follow from per-user counts."""
-        path = self.work / "plan.npz"
-        report_path = self.work / "plan.json"
-        if path.exists() and report_path.exists():
-            data = np.load(path)
-            return {**{k: data[k] for k in data.files}, "report": json.loads(report_path.read_text())}
+        done = SamplePlan.load_if_done(self.work)
+        if done is not None:
+            return done
         users, counts = self._user_counts(removed_items)
         meta = planned_samples(users, counts, self.config.samples)  # canonical (user_id, window) order
         if len(meta["length"]) == 0:
             raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
-        plan = plan_in_windows(costs, self.config.balance, self.config.plan_memory)
-        self._log(f"plan: balanced in {plan.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
-        info = {
-            "users": users,  # every user with events, sorted: the samples phase ranks them per partition
-            "partition": scan.partition_of(meta["user_id"], self._n_partitions),
-            "length": meta["length"],
-            "cost": costs,
-            "order": plan.order,
-            "offsets": plan.micro_batch_offsets,
-        }
-        np.savez(path, **info)
-        scan.save_json(report_path, plan.report)
-        return {**info, "report": plan.report}
+        balanced = plan_in_windows(costs, self.config.balance, self.config.plan_memory)
+        self._log(f"plan: balanced in {balanced.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
+        plan = SamplePlan(
+            users=users,
+            partition=scan.partition_of(meta["user_id"], self._n_partitions),
+            length=meta["length"],
+            cost=costs,
+            order=balanced.order,
+            offsets=balanced.micro_batch_offsets,
+            report=balanced.report,
+        )
+        plan.save(self.work)
+        return plan
 
-    def _bucket_size(self, plan: dict[str, Any]) -> int:
-        """Samples per bucket: a part's worth (``PART_SIZE``: a part then reads one bucket's files and
-        frees them), fewer when that many encoded samples (memory-mapped by the writer while it
-        writes the part, beside a shard's copy) would not fit what the writer process leaves of the
-        memory limit."""
-        n, total_events = len(plan["order"]), int(plan["length"].sum())
-        writer_budget = max(self.config.memory_limit - WRITER_PROCESS_BYTES, self.config.memory_limit // 8)
-        budget_events = max(writer_budget // (2 * ENCODED_BYTES_PER_EVENT), 1)
-        return max(1, min(PART_SIZE, int(n * budget_events // max(total_events, 1))))
+    def _bucket_size(self, plan: SamplePlan) -> int:
+        """Samples per write bucket (``memory.write_bucket_size``)."""
+        return memory.write_bucket_size(plan.n_samples, plan.total_events, self.config.memory_limit, PART_SIZE)
 
-    def _build_buckets(
-        self, removed_items: str | None, features: list[str], plan: dict[str, Any]
-    ) -> list[dict[str, Any]]:
+    def _build_buckets(self, removed_items: str | None, features: list[str], plan: SamplePlan) -> list[PartitionRecord]:
         """Build each partition's samples and encode them into plan-order buckets (``BucketSink``)."""
-        n = len(plan["order"])
-        position = np.empty(n, np.int64)
-        position[plan["order"]] = np.arange(n)
-        micro_batch = np.repeat(np.arange(len(plan["offsets"]) - 1), np.diff(plan["offsets"]))[position]
+        position, micro_batch = plan.positions(), plan.micro_batches()
         bucket_size = self._bucket_size(plan)
         samples_dir = str(self.work / "samples")
-        user_partition = scan.partition_of(plan["users"], self._n_partitions)
+        user_partition = scan.partition_of(plan.users, self._n_partitions)
         jobs = []
         for p in range(self._n_partitions):
             if load_partition_record(samples_dir, p) is not None:
                 continue
-            mine = np.flatnonzero(plan["partition"] == p)  # canonical order, as build_samples returns them
+            mine = np.flatnonzero(plan.partition == p)  # canonical order, as build_samples returns them
             sink = BucketSink(
                 str(self.work / "buckets"),
                 position[mine],
-                plan["cost"][mine],
+                plan.cost[mine],
                 micro_batch[mine],
-                plan["length"][mine].astype(np.int32),
+                plan.length[mine].astype(np.int32),
                 bucket_size,
                 bool(features),
             )
-            users = plan["users"][user_partition == p]
+            users = plan.users[user_partition == p]
             jobs.append(
                 (str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink, users)
             )
         self.map(run_partition, jobs, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
-    def _write(self, plan: dict[str, Any], with_features: bool) -> None:
-        n = len(plan["order"])
+    def _write(self, plan: SamplePlan, with_features: bool) -> None:
+        n = plan.n_samples
         bucket_size = self._bucket_size(plan)
         n_buckets = -(-n // bucket_size)
         buckets_dir = str(self.work / "buckets")

@@ -29,11 +29,11 @@ import ray
 from ray.exceptions import RayTaskError
 
 from freescale.pipeline.executors import Call, Progress
+from freescale.pipeline.memory import ray_object_store_bytes
 from freescale.pipeline.processes import ALLOCATOR_SETTINGS, POLARS_THREADS_PER_WORKER, configure_task_process
 
 TASK_RETRIES = 3  # attempts after a worker died (node lost, OOM-killed, SIGKILL)
 FORWARDED_ENV_PREFIXES = ("AWS_", "S3_ENDPOINT_URL", "FREESCALE_")
-MIN_OBJECT_STORE_BYTES = 100 * 2**20
 # Fault injection for the retry tests (tests/test_prepare_ray.py): "<step function>:<marker path>".
 # The first task of that step to create the marker SIGKILLs its own worker process; Ray retries it.
 KILL_ONCE_ENV = "FREESCALE_KILL_TASK_ONCE"
@@ -89,7 +89,7 @@ class RayExecutor:
             self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
             ray.init(
                 num_cpus=workers,
-                object_store_memory=max(memory_limit // 4, MIN_OBJECT_STORE_BYTES),
+                object_store_memory=ray_object_store_bytes(memory_limit),
                 include_dashboard=False,
                 _temp_dir=self._temp_dir,
                 **common,

@@ -32,19 +32,12 @@ import polars as pl
 
 from freescale.pipeline import stats_figures as figures
 
-BYTES_PER_RECORD_IN_MEMORY = 48  # a record while a bucket is sorted (key, count, sort copies)
 BASE_TABLES = ("item", "action", "user")
 
 
 def table_names(features: list[str]) -> list[str]:
     """``item``, ``action`` (per event), ``user`` and ``user.<feature>`` (per sample)."""
     return [*BASE_TABLES, *(f"user.{name}" for name in features)]
-
-
-def bucket_count(records: int, memory_limit: int) -> int:
-    """Buckets such that one bucket's records fit in half the memory limit."""
-    budget = max(memory_limit // 2, 32 * 2**20)
-    return max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
 
 
 def fine_bits(n_fine: int) -> int:

@@ -25,9 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from freescale.pipeline import stats_ids
+from freescale.pipeline import memory, stats_ids
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.processes import run_calls, start_pool
+from freescale.pipeline.records import RowTotals
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
@@ -162,19 +163,16 @@ def reduce_spills(spill_dir: str, n_buckets: int, reducer: stats_ids.IdReducer, 
 
 def _rows_from_built(built: Any) -> dict[str, Any]:
     """Row accounting of ``prepare``'s phases 1–3 (the same names as the manifest's ``rows``)."""
-    filtered: dict[str, int] = {}
-    for record in built.partitions:
-        for reason, count in record["filtered"].items():
-            filtered[reason] = filtered.get(reason, 0) + count
-    used = sum(record["events_used"] for record in built.partitions)
+    totals = RowTotals.of(built.partitions)
+    filtered, used = totals.filtered, totals.events_used
     rows = {
         "events_read": built.scan.rows_read,
         "events_read_by_source": dict(sorted(built.scan.rows_read_by_source.items())),
         "events_used": used,
         "events_rejected": {"total": built.scan.rejected_total, "by_reason": dict(sorted(built.scan.rejected.items()))},
         "events_filtered": {"total": sum(filtered.values()), "by_reason": dict(sorted(filtered.items()))},
-        "users": sum(record["users_kept"] for record in built.partitions),
-        "samples": sum(record["samples"] for record in built.partitions),
+        "users": totals.users,
+        "samples": totals.samples,
     }
     rows["balanced"] = rows["events_read"] == used + rows["events_rejected"]["total"] + rows["events_filtered"]["total"]
     return rows
@@ -235,7 +233,7 @@ def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built
     fine[canon[order]] = np.arange(n, dtype=np.int64) // g0
     bits = stats_ids.fine_bits(layouts[0].batch_of_fine.size)
     events = int(lengths[keep].sum())
-    n_buckets = stats_ids.bucket_count(events + n * (1 + len(features)), config.memory_limit)
+    n_buckets = memory.stats_bucket_count(events + n * (1 + len(features)), config.memory_limit)
     spill_dir = work / "spill"
     remove(spill_dir)  # records of an interrupted run would be counted twice
     spill_dir.mkdir(parents=True)
@@ -304,7 +302,7 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     sizes, headline = sizes_for(int(n_rows * min(config.sample_fraction, 1.0)))
     tracker = stats_ids.FineTracker(sizes)
     # The bucket count must be fixed before spilling: size it from the manifest's event count.
-    n_buckets = stats_ids.bucket_count(
+    n_buckets = memory.stats_bucket_count(
         int(manifest["rows"].get("events_used", n_rows)) + n_rows * (1 + len(features)), config.memory_limit
     )
     bits = stats_ids.fine_bits(n_rows)  # a fine batch starts at most once per row

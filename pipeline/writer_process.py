@@ -21,7 +21,6 @@ from typing import Any
 from freescale.pipeline.processes import exit_with_parent, imports_without_gc, skip_interpreter_teardown
 from freescale.pipeline.streaming_modules import mds_writer_class
 
-WRITER_PROCESS_BYTES = 600 * 2**20  # MDSWriter with torch (514 MB measured, torch 2.14) + the interpreter
 WRITER_NICE = 5  # below the workers, so the import yields to them, yet done by the write phase
 
 
