@@ -17,6 +17,7 @@ Imported only when the engine is chosen, so the local engine never pays for ``im
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,9 @@ FORWARDED_ENV_PREFIXES = ("AWS_", "S3_ENDPOINT_URL", "FREESCALE_")
 # Fault injection for the retry tests (tests/test_prepare_ray.py): "<step function>:<marker path>".
 # The first task of that step to create the marker SIGKILLs its own worker process; Ray retries it.
 KILL_ONCE_ENV = "FREESCALE_KILL_TASK_ONCE"
+# Profiling: a file to which the driver appends one JSON line per finished task (step, node, seconds):
+# what benchmarks/bench_prepare.py turns into the tasks' per-node throughput.
+TASK_TIMES_ENV = "FREESCALE_TASK_TIMES"
 
 
 def _worker_env() -> dict[str, str]:
@@ -56,13 +60,25 @@ def _kill_once_if_asked(fn: Callable[..., Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> Any:
-    """One step call in a Ray worker, set up like a local worker process."""
+def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> tuple[Any, str, float]:
+    """One step call in a Ray worker, set up like a local worker process; returns its result, the
+    node it ran on and its seconds."""
+    started = time.perf_counter()
     configure_task_process()
     with contextlib.suppress(OSError):
         os.chdir(cwd)
     _kill_once_if_asked(fn)
-    return fn(*args)
+    result = fn(*args)
+    return result, ray.get_runtime_context().get_node_id(), time.perf_counter() - started
+
+
+def _record_task_times(step: str, times: list[tuple[str, float]]) -> None:
+    path = os.environ.get(TASK_TIMES_ENV)
+    if not path or not times:
+        return
+    with open(path, "a") as out:
+        for node, seconds in times:
+            out.write(json.dumps({"step": step, "node": node, "seconds": round(seconds, 4)}) + "\n")
 
 
 class RayExecutor:
@@ -105,12 +121,14 @@ class RayExecutor:
         results: list[Any] = [None] * len(calls)
         errors: dict[int, BaseException] = {}
         pending = list(refs)
+        times: list[tuple[str, float]] = []
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
                     try:
-                        results[index[ref]] = ray.get(ref)
+                        results[index[ref]], node, seconds = ray.get(ref)
+                        times.append((node, seconds))
                     except RayTaskError as error:  # the step's own exception, as the local engine raises it
                         errors[index[ref]] = error.cause if error.cause is not None else error
                     except ray.exceptions.RayError as error:  # retries exhausted, node lost
@@ -124,6 +142,7 @@ class RayExecutor:
         finally:
             bar.close()
             self.progress.done(len(calls), desc, unit, started)
+            _record_task_times(desc, times)
         if errors:
             raise errors[min(errors)]
         return results

@@ -4,6 +4,7 @@ and during the write, and through a killed driver that is run again."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -128,3 +129,24 @@ def test_killed_driver_resumes_from_completion_markers(cluster, sources, local_o
     assert done, "the scan records are the markers a resumed job skips tasks by"
     finish(on_cluster(cluster, sources, str(out), "--work-dir", str(work)))
     assert dataset_files(local_files(str(out))) == local_output
+
+
+def test_stats_on_the_cluster_gives_the_local_figures(cluster, sources, tmp_path) -> None:
+    """``stats --engine ray`` runs prepare's steps and the id pass as Ray tasks: the same figures."""
+    reports = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / engine
+        command = [FREESCALE, "stats", sources, "--output", str(out), "--quiet", "--no-plots", "--engine", engine]
+        if engine == "ray":
+            command += ["--ray-address", cluster.address]
+        done = subprocess.run(
+            command, cwd=tempfile.gettempdir(), env=cluster.driver_env(), capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        reports[engine] = json.loads((out / "stats.json").read_text())
+    assert reports["ray"]["options"].pop("engine") == "ray"
+    assert reports["local"]["options"].pop("engine") == "local"
+    for report in reports.values():
+        report.pop("runtime_s")
+        report["options"].pop("ray_address")
+    assert reports["ray"] == reports["local"]
