@@ -35,7 +35,7 @@ from pathlib import Path
 from measure import FREESCALE, ensure_preset, run_measured, write_result
 
 WORKERS = 2  # task processes of either engine (the Ray runtime's CPUs)
-TASK_TIMES = "FREESCALE_TASK_TIMES"  # the Ray executor's task-time log (ray_executor.TASK_TIMES_ENV)
+TASK_TIMES = "FREESCALE_TASK_TIMES"  # the Ray executor's task-time log (executors.ray_tasks.TASK_TIMES_ENV)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"

@@ -64,7 +64,7 @@ class PrepareConfig:
     cost_model_file: str | None = None
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     memory_limit: int = 2 * 2**30
-    plan_memory: int = 4 * 2**30  # the planner's bound: past it, windows of step groups (balance_windows)
+    plan_memory: int = 4 * 2**30  # the planner's bound: past it, windows of step groups (balance.windows)
     workers: int = 2
     max_reject_fraction: float = 0.05
     quarantine_examples: int = 20  # per reason

@@ -17,7 +17,7 @@ from freescale import __version__, storage
 if TYPE_CHECKING:
     from freescale.pipeline.prepare import PrepareJob
     from freescale.pipeline.records import PartitionRecord, SamplePlan
-    from freescale.pipeline.scan import ScanSummary
+    from freescale.pipeline.steps.scan import ScanSummary
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -120,7 +120,7 @@ def _rows(
 def build_manifest(
     job: PrepareJob, summary: ScanSummary, users: dict[str, Any], samples: list[PartitionRecord], plan: SamplePlan
 ) -> dict[str, Any]:
-    from freescale.pipeline.writer import mds_columns
+    from freescale.pipeline.steps.writer import mds_columns
 
     config = job.config
     return {

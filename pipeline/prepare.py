@@ -45,9 +45,9 @@ from tqdm import tqdm
 
 from freescale import storage
 from freescale.datasets.sources import SourcesConfig
-from freescale.pipeline import memory, scan
+from freescale.pipeline import memory
 from freescale.pipeline import output as places
-from freescale.pipeline.balance_windows import plan_in_windows
+from freescale.pipeline.balance.windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.executors import Executor, Progress, make_executor
@@ -61,9 +61,10 @@ from freescale.pipeline.manifest import (
 )
 from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.records import PartitionRecord, SamplePlan
-from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.steps import scan
+from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
-from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files to create and for the samples phase to open (large: 30 tasks of 1M rows -> 14 of up
@@ -78,7 +79,7 @@ KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the l
 @dataclass
 class BuiltSamples:
     """What phases 1–3 produced: accounting records and per-partition sample files
-    (``freescale.pipeline.sequences.read_samples(samples_dir, p)``)."""
+    (``freescale.pipeline.steps.sequences.read_samples(samples_dir, p)``)."""
 
     scan: scan.ScanSummary
     users: dict[str, Any]

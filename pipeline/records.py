@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from freescale.pipeline.scan import save_json
+from freescale.pipeline.steps.scan import save_json
 
 PLAN_ARRAYS = "plan.npz"
 PLAN_REPORT = "plan.json"
@@ -78,7 +78,7 @@ class SamplePlan:
     cost: np.ndarray  # predicted cost of each sample (``cost.CostModel``)
     order: np.ndarray  # plan position -> sample
     offsets: np.ndarray  # micro-batch boundaries in ``order``
-    report: dict[str, Any]  # the balance report (``balance_report``, ``balance_windows``)
+    report: dict[str, Any]  # the balance report (``balance.report``, ``balance.windows``)
 
     @property
     def n_samples(self) -> int:

@@ -12,7 +12,7 @@ from prepare_configs import make_config
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.balance import BalanceConfig, plan_step_groups
-from freescale.pipeline.balance_windows import PLAN_BYTES_PER_SAMPLE, plan_in_windows, windowing_cost
+from freescale.pipeline.balance.windows import PLAN_BYTES_PER_SAMPLE, plan_in_windows, windowing_cost
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.prepare import prepare
 

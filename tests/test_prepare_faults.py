@@ -358,7 +358,7 @@ def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatc
     """A job stopped after its first part was written (marker set), re-run with --overwrite: the
     first part's marker must not make the rerun skip a part it no longer has."""
     from freescale.pipeline import prepare as prepare_module
-    from freescale.pipeline import writer
+    from freescale.pipeline.steps import writer
 
     monkeypatch.setattr(writer, "PART_SIZE", 7)
     monkeypatch.setattr(prepare_module, "PART_SIZE", 7)

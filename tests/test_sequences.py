@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.sequences import SORT_KEYS, build_samples, planned_samples, time_sort
+from freescale.pipeline.steps.sequences import SORT_KEYS, build_samples, planned_samples, time_sort
 
 
 def events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
@@ -163,7 +163,7 @@ def test_planned_samples_match_the_built_ones(counts, max_uih_len, min_len, stri
 def test_spill_timestamps_hold_every_valid_timestamp() -> None:
     """Spill files keep ``ts`` as uint32: every timestamp the readers accept must fit."""
     from freescale.datasets.convert import TS_MAX, TS_MIN
-    from freescale.pipeline.scan import SPILL_SCHEMA
+    from freescale.pipeline.steps.scan import SPILL_SCHEMA
 
     kind = SPILL_SCHEMA.field("ts").type
     assert kind == pa.uint32() and TS_MIN >= 0 and TS_MAX - 1 <= 2**32 - 1
@@ -179,7 +179,7 @@ def test_user_rank_table_finds_every_users_rank(distinct, picks, stranger):
     """``_user_rank``'s hash table gives each event its user's position in the sorted distinct ids
     (as a binary search would), and refuses a user that is not among them (0 included: empty slots
     hold key 0)."""
-    from freescale.pipeline.sequences import _user_rank
+    from freescale.pipeline.steps.sequences import _user_rank
 
     users = np.array(sorted(distinct), np.int64)
     events = users[np.array(picks) % len(users)]

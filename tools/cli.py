@@ -414,7 +414,7 @@ def prepare_config_from_args(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from freescale.pipeline.processes import (
+    from freescale.pipeline.executors.processes import (
         PREPARE_WORKER_MODULES,
         configure_task_process,
         imports_without_gc,
@@ -501,11 +501,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from freescale.pipeline.processes import configure_task_process
+    from freescale.pipeline.executors.processes import configure_task_process
 
     configure_task_process()  # this process runs tasks beside the workers (before polars is imported)
     from freescale.pipeline.stats import StatsConfig, run_stats
-    from freescale.pipeline.stats_report import print_stats_summary
+    from freescale.pipeline.stats.report import print_stats_summary
 
     def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
         if text is None:

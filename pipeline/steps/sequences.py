@@ -23,7 +23,7 @@ import pyarrow.ipc as ipc
 
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.records import PartitionRecord
-from freescale.pipeline.scan import read_partition, read_user_partition, remove_partition
+from freescale.pipeline.steps.scan import read_partition, read_user_partition, remove_partition
 from freescale.pipeline.vocabulary import save_partition_ids
 
 SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order

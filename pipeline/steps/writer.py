@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 
 from freescale import storage
 from freescale.pipeline.integrity import HASH_ALGO
-from freescale.pipeline.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
+from freescale.pipeline.steps.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.streaming_modules import mds_writer_class
 
 storage_join = storage.join

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
-from freescale.pipeline.writer_process import WriterProcess
+from freescale.pipeline.executors.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
+from freescale.pipeline.executors.writer_process import WriterProcess
 
 ENGINES = ("local", "ray")
 Call = tuple[Callable[..., Any], tuple]
@@ -140,7 +140,7 @@ def make_executor(
     if engine == "local":
         return LocalExecutor(workers, progress, pool, writer)
     if engine == "ray":
-        from freescale.pipeline.ray_executor import RayExecutor
+        from freescale.pipeline.executors.ray_tasks import RayExecutor
 
         return RayExecutor(ray_address, workers, progress, memory_limit)
     raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")

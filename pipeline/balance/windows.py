@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .balance import BalanceConfig, BalancePlan, plan_step_groups, predict_straggler_pct
-from .memory import PLAN_BYTES_PER_SAMPLE, window_samples
+from ..memory import PLAN_BYTES_PER_SAMPLE, window_samples
+from . import BalanceConfig, BalancePlan, plan_step_groups, predict_straggler_pct
 
 WINDOW_STREAM = 0x57494E  # random stream of the window membership ("WIN")
 

@@ -30,8 +30,8 @@ import ray
 from ray.exceptions import RayTaskError
 
 from freescale.pipeline.executors import Call, Progress
+from freescale.pipeline.executors.processes import ALLOCATOR_SETTINGS, POLARS_THREADS_PER_WORKER, configure_task_process
 from freescale.pipeline.memory import ray_object_store_bytes
-from freescale.pipeline.processes import ALLOCATOR_SETTINGS, POLARS_THREADS_PER_WORKER, configure_task_process
 
 TASK_RETRIES = 3  # attempts after a worker died (node lost, OOM-killed, SIGKILL)
 FORWARDED_ENV_PREFIXES = ("AWS_", "S3_ENDPOINT_URL", "FREESCALE_")

@@ -4,7 +4,7 @@ Raw sources go through ``PrepareJob.build_samples()`` (scan → k-core → sampl
 by ``--memory-limit``): the same readers, validation and sequence builder as ``prepare``, so the
 lengths reported are the lengths ``prepare`` would cost and balance. Two passes over its partition
 files follow, in worker processes: per-sample metadata (user, window, length, events per source),
-then the id records of ``stats_ids`` once every sample's position in the random batching is known.
+then the id records of ``stats.ids`` once every sample's position in the random batching is known.
 
 A prepared dataset is read once, in plan order, through ``PreparedDataset`` (local or ``s3://``).
 
@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from freescale.pipeline import memory, stats_ids
+from freescale.pipeline import memory
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.processes import run_calls, start_pool
+from freescale.pipeline.executors.processes import run_calls, start_pool
 from freescale.pipeline.records import RowTotals
+from freescale.pipeline.stats import ids as stats_ids
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
@@ -115,7 +116,7 @@ def _flat(column: pa.ChunkedArray) -> np.ndarray:
 
 def partition_meta(samples_dir: str, partition: int, n_sources: int) -> dict[str, np.ndarray]:
     """Pass 1 over a ``prepare`` partition: user, window, length and events per source per sample."""
-    from freescale.pipeline.sequences import read_samples
+    from freescale.pipeline.steps.sequences import read_samples
 
     table = read_samples(samples_dir, partition, ["user_id", "window", "length", "sources"])
     lengths = table.column("length").to_numpy().astype(np.int64)
@@ -134,7 +135,7 @@ def partition_spill(
     samples_dir: str, partition: int, fine: np.ndarray, spill_dir: str, n_buckets: int, bits: int, n_features: int
 ) -> int:
     """Pass 2: the id records of a partition's selected samples (``fine`` < 0: not selected)."""
-    from freescale.pipeline.sequences import read_samples
+    from freescale.pipeline.steps.sequences import read_samples
 
     columns = ["length", "item_ids", "actions", "user_id"] + (["user_features"] if n_features else [])
     table = read_samples(samples_dir, partition, columns)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from freescale.pipeline import stats_figures as figures
+from freescale.pipeline.stats import figures
 
 BASE_TABLES = ("item", "action", "user")
 
