@@ -113,7 +113,9 @@ def test_remote_output_work_dir_is_private_to_the_user(tiny_sources, tmp_path, m
 
 
 # --------------------------------------------------------------------------- corrupt input
-def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path) -> None:
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> None:
+    """Also from a Ray task: the step's own error, not Ray's wrapper with a remote traceback."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -131,7 +133,7 @@ def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path) -> None:
         '[dataset]\nname = "x"\n[[sources]]\nname = "log"\nformat = "parquet"\npath = "log.parquet"\n'
         '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
     )
-    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out")))
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--engine", engine))
     assert_one_line_error(code, err, str(path), "source 'log'")
 
 

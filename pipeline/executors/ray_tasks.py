@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import ALLOCATOR_SETTINGS, POLARS_THREADS_PER_WORKER, configure_task_process
 from freescale.pipeline.memory import ray_object_store_bytes
 
+AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TASK_RETRIES = 3  # attempts after a worker died (node lost, OOM-killed, SIGKILL)
 FORWARDED_ENV_PREFIXES = ("AWS_", "S3_ENDPOINT_URL", "FREESCALE_")
 # Fault injection for the retry tests (tests/test_prepare_ray.py): "<step function>:<marker path>".
@@ -95,8 +97,11 @@ class RayExecutor:
         self._remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_run_call)
 
     def _init(self, address: str | None, workers: int, memory_limit: int) -> None:
+        # Ray's notice that token authentication is on (its default since 2.5x) would be a second line
+        # beside the CLI's one-line errors; the job's own runtime needs no notice
+        logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
         runtime_env = {"env_vars": _worker_env()}
-        common = {"runtime_env": runtime_env, "log_to_driver": False, "logging_level": "WARNING"}
+        common = {"runtime_env": runtime_env, "log_to_driver": False, "logging_level": "ERROR"}
         if address:
             ray.init(address=address, **common)
         else:
