@@ -25,6 +25,9 @@ BYTES_PER_RECORD_IN_MEMORY = 48
 # The step-group planner's peak per sample (tracemalloc, lognormal costs, 50k-200k samples, both
 # modes: 270-332 bytes), with margin.
 PLAN_BYTES_PER_SAMPLE = 400
+# Past this many samples a windowed prepare does not also plan the whole dataset to report what
+# windowing cost: the comparison doubles the planning time, which grows with the samples.
+COMPARE_MAX_SAMPLES = 2_000_000
 MIN_TASK_BUDGET = 32 * MIB  # below this, per-task budgets stop shrinking (fixed costs dominate)
 MIN_OBJECT_STORE_BYTES = 100 * MIB
 
@@ -77,6 +80,18 @@ def window_samples(n_samples: int, unit: int, plan_memory: int) -> int:
     if n_samples * PLAN_BYTES_PER_SAMPLE <= plan_memory:
         return n_samples
     return max(plan_memory // PLAN_BYTES_PER_SAMPLE // unit, 1) * unit
+
+
+def whole_plan_comparable(n_samples: int, memory_limit: int) -> str | None:
+    """``None`` when a windowed job may also plan all ``n_samples`` at once to measure what windowing
+    cost (the whole plan within half of ``--memory-limit`` and at most ``COMPARE_MAX_SAMPLES``), else
+    the reason it may not, in one line."""
+    need = n_samples * PLAN_BYTES_PER_SAMPLE
+    if need > memory_limit // 2:
+        return f"a whole plan of {n_samples:,} samples needs ~{need / MIB:,.0f} MB, over half of --memory-limit"
+    if n_samples > COMPARE_MAX_SAMPLES:
+        return f"{n_samples:,} samples: over {COMPARE_MAX_SAMPLES:,}, planning them twice would cost too long"
+    return None
 
 
 def ray_object_store_bytes(memory_limit: int) -> int:

@@ -436,7 +436,7 @@ class PrepareJob:
             raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
-        balanced = plan_in_windows(costs, self.config.balance, self.config.plan_memory)
+        balanced = plan_in_windows(costs, self.config.balance, self.config.plan_memory, self.config.memory_limit)
         self._log(f"plan: balanced in {balanced.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
         plan = SamplePlan(
             users=users,

@@ -59,11 +59,27 @@ def test_fits_means_one_plan(costs) -> None:
 
 
 def test_windowing_cost_is_reported_against_the_whole_plan(costs) -> None:
-    cost = windowing_cost(costs, CONFIG, BOUND)
-    assert cost["windows"] >= 5
+    plan = plan_in_windows(costs, CONFIG, BOUND, compare_memory=2**30)
+    cost = plan.report["windowing"]["cost"]
+    assert plan.report["windowing"]["windows"] >= 5
+    assert cost == windowing_cost(costs, CONFIG, plan.report)
+    assert cost["whole"] == {
+        "imbalance_max": plan_step_groups(costs, CONFIG).report["imbalance"]["max"],
+        **{key: cost["whole"][key] for key in ("imbalance_mean", "straggler_pct", "composition_bias")},
+    }
+    assert cost["windowed"]["straggler_pct"] == plan.report["straggler_pct"]["plan"]
     assert cost["windowed"]["straggler_pct"] <= cost["whole"]["straggler_pct"] + 1.0
     assert cost["windowed"]["imbalance_max"] <= cost["whole"]["imbalance_max"] + 0.05
     assert 0 < cost["windowed"]["composition_bias"] < 1
+    delta = cost["windowed_minus_whole"]
+    assert delta["imbalance_max"] == cost["windowed"]["imbalance_max"] - cost["whole"]["imbalance_max"]
+
+
+def test_windowing_cost_says_why_it_was_not_compared(costs) -> None:
+    """A whole plan over half the memory given is not made: the report says so instead."""
+    plan = plan_in_windows(costs, CONFIG, BOUND, compare_memory=N * PLAN_BYTES_PER_SAMPLE)
+    assert "over half of --memory-limit" in plan.report["windowing"]["cost"]["skipped"]
+    assert "cost" not in plan_in_windows(costs, CONFIG, BOUND).report["windowing"]
 
 
 def test_prepare_with_a_small_plan_memory_reports_its_windows(tmp_path) -> None:
@@ -81,3 +97,8 @@ def test_prepare_with_a_small_plan_memory_reports_its_windows(tmp_path) -> None:
     assert windowed["fingerprint"] != whole["fingerprint"]  # another plan, another dataset
     cost, whole_pct = windowed["balance"]["straggler_pct"]["plan"], whole["balance"]["straggler_pct"]["plan"]
     assert cost <= whole_pct + 1.0 < windowed["balance"]["straggler_pct"]["random"]
+    compared = windowing["cost"]  # the whole plan fits --memory-limit: what windowing cost is reported
+    assert compared["whole"]["straggler_pct"] == whole_pct
+    assert compared["whole"]["imbalance_max"] == whole["balance"]["imbalance"]["max"]
+    assert compared["windowed"]["straggler_pct"] == cost
+    assert "cost" not in whole["balance"]["windowing"]

@@ -10,8 +10,10 @@ order. Memory then holds one window's planner state plus the per-sample arrays o
 
 What windowing costs: outliers are grouped within a window, not across the dataset, so a window's
 heaviest samples may share steps with lighter ones (imbalance), and composition bias is measured
-against the window rather than the dataset. ``windowing_cost`` plans the same costs both ways, for
-data whose whole plan fits; ``report["windowing"]`` records the windows and their spread.
+against the window rather than the dataset. ``report["windowing"]`` records the windows and their
+spread; given ``compare_memory`` (prepare passes ``--memory-limit``) and data whose whole plan fits it
+(``memory.whole_plan_comparable``), ``report["windowing"]["cost"]`` also plans the same costs whole and
+sets imbalance, straggler_pct and composition bias side by side (``windowing_cost``), or says why not.
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import PLAN_BYTES_PER_SAMPLE, window_samples
+from ..memory import PLAN_BYTES_PER_SAMPLE, whole_plan_comparable, window_samples
 from . import BalanceConfig, BalancePlan, plan_step_groups, predict_straggler_pct
 
 WINDOW_STREAM = 0x57494E  # random stream of the window membership ("WIN")
 
 
-def plan_in_windows(costs: np.ndarray, config: BalanceConfig, plan_memory: int) -> BalancePlan:
+def plan_in_windows(
+    costs: np.ndarray, config: BalanceConfig, plan_memory: int, compare_memory: int | None = None
+) -> BalancePlan:
     """``plan_step_groups(costs, config)`` when it fits ``plan_memory``, else windows of it (see the
-    module docstring). Same costs, config and bound → the same plan."""
+    module docstring). Same costs, config and bound → the same plan. ``compare_memory``: what a
+    whole plan may hold to report what windowing cost (``None``: no comparison)."""
     costs = np.asarray(costs, np.float64)
     n = costs.size
     size = window_samples(n, config.group_size * config.micro_batch_size, plan_memory)
@@ -47,6 +52,11 @@ def plan_in_windows(costs: np.ndarray, config: BalanceConfig, plan_memory: int) 
         reports.append(window.report)
     plan = BalancePlan(np.concatenate(orders), np.concatenate(offsets), config.group_size)
     plan.report = merged_report(plan, costs, reports, size, plan_memory)
+    if compare_memory is not None:
+        why_not = whole_plan_comparable(n, compare_memory)
+        plan.report["windowing"]["cost"] = (
+            windowing_cost(costs, config, plan.report) if why_not is None else {"skipped": why_not}
+        )
     return plan
 
 
@@ -113,18 +123,23 @@ def merged_report(
     }
 
 
-def windowing_cost(costs: np.ndarray, config: BalanceConfig, plan_memory: int) -> dict[str, Any]:
-    """The same costs planned whole and in windows of ``plan_memory``: imbalance, straggler_pct and
-    composition bias side by side (for data whose whole plan fits: tests, benchmarks)."""
-    whole = plan_step_groups(np.asarray(costs, np.float64), config).report
-    windowed = plan_in_windows(costs, config, plan_memory).report
+def _cost_figures(report: dict[str, Any]) -> dict[str, float]:
+    return {
+        "imbalance_max": report["imbalance"]["max"],
+        "imbalance_mean": report["imbalance"]["mean"],
+        "straggler_pct": report["straggler_pct"]["plan"],
+        "composition_bias": report["composition_bias"]["plan"],
+    }
 
-    def figures(report: dict[str, Any]) -> dict[str, float]:
-        return {
-            "imbalance_max": report["imbalance"]["max"],
-            "imbalance_mean": report["imbalance"]["mean"],
-            "straggler_pct": report["straggler_pct"]["plan"],
-            "composition_bias": report["composition_bias"]["plan"],
-        }
 
-    return {"windows": windowed["windowing"]["windows"], "whole": figures(whole), "windowed": figures(windowed)}
+def windowing_cost(costs: np.ndarray, config: BalanceConfig, windowed: dict[str, Any]) -> dict[str, Any]:
+    """What the windowed plan (its report ``windowed``) cost against planning the same costs whole:
+    imbalance, straggler_pct and composition bias of both, and windowed minus whole. The windowed
+    composition bias is measured against each window's samples, the whole one's against the dataset."""
+    whole = _cost_figures(plan_step_groups(np.asarray(costs, np.float64), config).report)
+    mine = _cost_figures(windowed)
+    return {
+        "whole": whole,
+        "windowed": mine,
+        "windowed_minus_whole": {key: mine[key] - whole[key] for key in whole},
+    }
