@@ -364,12 +364,10 @@ def test_sample_fraction_is_deterministic_and_reports_errors(tiny) -> None:
     )
 
 
-def test_worker_processes_give_the_same_figures(tiny, monkeypatch) -> None:
-    from freescale.pipeline.stats import inputs as stats_inputs
-
+def test_worker_processes_give_the_same_figures(tiny) -> None:
+    """Two workers run the build and the id pass in parallel (the id pass on the build's executor)."""
     config = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "progress": False, "output": None}
     serial = compute_stats(StatsConfig(workers=1, **config))
-    monkeypatch.setattr(stats_inputs, "PARALLEL_MIN_EVENTS_PER_WORKER", 1)  # tiny data: force the pool
     parallel = compute_stats(StatsConfig(workers=2, **config))
     for key in ("lengths", "sparsity", "straggler", "batch_overlap", "popularity", "ids"):
         assert parallel[key] == serial[key], key

@@ -27,13 +27,11 @@ from tqdm import tqdm
 
 from freescale.pipeline import memory
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.executors.processes import run_calls, start_pool
 from freescale.pipeline.records import RowTotals
 from freescale.pipeline.stats import ids as stats_ids
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
-PARALLEL_MIN_EVENTS_PER_WORKER = 20_000_000  # measured: below this, spawning workers costs more than it saves
 
 
 def selected(user_ids: np.ndarray, fraction: float) -> np.ndarray:
@@ -81,33 +79,6 @@ def canonical(users: np.ndarray, windows: np.ndarray, keep: np.ndarray, seed: in
     idx = np.flatnonzero(keep)
     canon = idx[np.lexsort((windows[idx], users[idx]))]
     return canon, np.random.default_rng([seed, RANDOM_ORDER_STREAM]).permutation(canon.size)
-
-
-class Pool:
-    """The id pass's runners, like ``prepare``'s: this process and ``workers - 1`` spawned ones
-    (``processes.run_calls``). A spawned worker pays about a second of imports, so
-    ``collect_sources`` asks for workers only when each gets ``PARALLEL_MIN_EVENTS_PER_WORKER``
-    events or more."""
-
-    def __init__(self, workers: int, progress: bool) -> None:
-        self.progress = progress
-        self.slots = workers - 1
-        self.executor = start_pool(self.slots) if self.slots else None
-
-    def map(self, fn: Callable, jobs: list[tuple], desc: str) -> list[Any]:
-        """``fn(*job)`` for each job, results in job order, with a progress bar."""
-        bar = tqdm(total=len(jobs), desc=desc, unit="partition", disable=not self.progress, leave=False)
-        try:
-            return run_calls(self.executor, self.slots, [(fn, job) for job in jobs], bar.update)
-        finally:
-            bar.close()
-
-    def __enter__(self) -> Pool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.executor is not None:
-            self.executor.shutdown(cancel_futures=True)
 
 
 def _flat(column: pa.ChunkedArray) -> np.ndarray:
@@ -209,8 +180,9 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
 
 
 def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built: Any) -> Collected:
-    """``collect_sources``' two passes over the built partitions; the Ray engine runs the id pass on
-    the job's executor, the local one on a pool sized to the events (``Pool``)."""
+    """``collect_sources``' two passes over the built partitions. The id pass runs on the build's
+    executor, whose workers are warm: a pool started for it paid ~1 s of spawn and imports per
+    worker, so on ``large`` (25M events) it ran in this process alone."""
     names = [spec.name for spec in job.sources.sources]
     features = list(built.users.get("features", []))
     parts = range(built.n_partitions)
@@ -242,13 +214,7 @@ def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built
         (built.samples_dir, p, fine[bounds[p] : bounds[p + 1]], str(spill_dir), n_buckets, bits, len(features))
         for p in parts
     ]
-    if config.engine == "ray":
-        job.map(partition_spill, jobs, "stats: ids", "partition")
-    else:
-        job.close()  # the build's workers: the id pass starts as many as its events need
-        workers = max(1, min(config.workers, events // PARALLEL_MIN_EVENTS_PER_WORKER))
-        with Pool(workers, config.progress) as pool:
-            pool.map(partition_spill, jobs, "stats: ids")
+    job.map(partition_spill, jobs, "stats: ids", "partition")
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
     reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
     return Collected(
