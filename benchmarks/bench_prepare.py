@@ -18,7 +18,9 @@ the whole tree and per process role (driver, pool/writer children, Ray system pr
 workers). The tasks' per-node throughput is events / (task seconds / CPUs of a node), from the
 task times the Ray executor records (``FREESCALE_TASK_TIMES``): what one node of a cluster processes
 per second when its CPUs are kept busy, and what a cluster of N nodes multiplies until the driver's
-serial steps (plan, index merge, manifest) dominate.
+serial steps (plan, index merge, manifest) dominate. ``wall_split`` splits the Ray run's wall time
+into the runtime's start, the tasks, their warm-up (imports) and the driver's serial steps and idle
+CPUs (``overhead_split``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from measure import FREESCALE, ensure_preset, run_measured, write_result
 
 WORKERS = 2  # task processes of either engine (the Ray runtime's CPUs)
 TASK_TIMES = "FREESCALE_TASK_TIMES"  # the Ray executor's task-time log (executors.ray_tasks.TASK_TIMES_ENV)
+RUNTIME_START = "ray runtime start"  # that log's line for ray.init (executors.ray_tasks.RUNTIME_START)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -95,14 +98,37 @@ def task_throughput(tasks: list[dict], events: int, cpus_per_node: int) -> dict:
     """Task seconds by step and node, and events / (task seconds / CPUs of a node)."""
     by_step: dict[str, float] = {}
     for task in tasks:
-        by_step[task["step"]] = by_step.get(task["step"], 0.0) + task["seconds"]
+        if task["step"] != RUNTIME_START:
+            by_step[task["step"]] = by_step.get(task["step"], 0.0) + task["seconds"]
     total = sum(by_step.values())
     return {
         "task_seconds_by_step": {step: round(value, 2) for step, value in by_step.items()},
         "task_seconds": round(total, 2),
-        "nodes": len({task["node"] for task in tasks}),
+        "nodes": len({task["node"] for task in tasks if task["step"] != RUNTIME_START}),
         "cpus_per_node": cpus_per_node,
         "per_node_events_per_s": events / (total / cpus_per_node) if total else None,
+    }
+
+
+def overhead_split(tasks: list[dict], wall_s: float, cpus: int) -> dict:
+    """Where the Ray run's wall time went, in wall seconds: the runtime's start (``ray.init`` in the
+    driver), the tasks at full parallelism (task seconds / CPUs) less their warm-up, the warm-up
+    (a process's first call of a step beyond the step's median call: the imports it pays, e.g. torch
+    in the write), and the rest: the driver's serial steps (plan, index merge, manifest, publish),
+    scheduling gaps and idle CPUs, and the imports a worker pays before a call starts."""
+    startup = sum(task["seconds"] for task in tasks if task["step"] == RUNTIME_START)
+    calls = [task for task in tasks if task["step"] != RUNTIME_START]
+    warmup = 0.0
+    for step in {task["step"] for task in calls}:
+        seconds = [task["seconds"] for task in calls if task["step"] == step]
+        typical = statistics.median(seconds)
+        warmup += sum(max(t["seconds"] - typical, 0.0) for t in calls if t["step"] == step and t["first_in_process"])
+    parallel = sum(task["seconds"] for task in calls) / cpus
+    return {
+        "runtime_start_s": round(startup, 2),
+        "tasks_s": round(parallel - warmup / cpus, 2),
+        "task_warmup_imports_s": round(warmup / cpus, 2),
+        "driver_serial_and_idle_s": round(wall_s - startup - parallel, 2),
     }
 
 
@@ -127,6 +153,7 @@ def ray_result(result: dict, runs: list[dict], events: int) -> None:
     )
     ratio = ray["events_per_s"] / local["events_per_s"]
     ray["tasks"] = task_throughput(runs[-1]["ray"]["tasks"], events, WORKERS)
+    ray["wall_split"] = overhead_split(runs[-1]["ray"]["tasks"], runs[-1]["ray"]["wall_s"], WORKERS)
     result["ray"] = {**ray, "throughput_ratio_vs_local": ratio, "manifest_identical_but_engine": identical}
     result["local_engine"] = local
     result["targets"]["ray_throughput_ratio_ge_0.7"] = ratio >= 0.7
@@ -148,6 +175,8 @@ def ray_result(result: dict, runs: list[dict], events: int) -> None:
     per_node = tasks["per_node_events_per_s"]
     print(f"ray tasks: {tasks['task_seconds']} task-s by step {tasks['task_seconds_by_step']}")
     print(f"tasks' throughput per node ({tasks['cpus_per_node']} CPUs): {per_node:,.0f} events/s")
+    split = ray["wall_split"]
+    print("ray wall time split (s, last run): " + ", ".join(f"{key} {value}" for key, value in split.items()))
     print(f"same manifest apart from the engine field: {identical}")
 
 

@@ -7,6 +7,7 @@ runtime's object store. The per-item byte figures are measurements (where and ho
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 MIB = 2**20
@@ -92,6 +93,44 @@ def whole_plan_comparable(n_samples: int, memory_limit: int) -> str | None:
     if n_samples > COMPARE_MAX_SAMPLES:
         return f"{n_samples:,} samples: over {COMPARE_MAX_SAMPLES:,}, planning them twice would cost too long"
     return None
+
+
+# A Ray runtime started on this host for a job (bench_prepare, large, peak RSS by process role): its
+# system processes (GCS, raylet, log monitor, ...: 6 of them, ~100 MB each), the driver (311 MB) and
+# a task worker, which holds the write step's imports (torch via mosaicml-streaming) and a part:
+# 1.23 GB measured.
+RAY_SYSTEM_BYTES = 600 * MIB
+RAY_DRIVER_BYTES = 320 * MIB
+RAY_WORKER_BYTES = 1230 * MIB
+
+
+@dataclass(frozen=True)
+class RaySizing:
+    """CPUs (concurrent task workers) and object store of a Ray runtime started for a job, and when
+    ``--memory-limit`` cannot hold even one worker, the one line that says so."""
+
+    cpus: int
+    object_store_bytes: int
+    warning: str | None
+
+
+def ray_sizing(memory_limit: int, workers: int) -> RaySizing:
+    """As many of ``workers`` task workers as fit what the limit leaves after the runtime's fixed
+    processes and object store. When not even one fits, fewer workers would not keep the limit
+    either: all ``workers`` run, and the warning gives the peak to expect."""
+    store = ray_object_store_bytes(memory_limit)
+    fixed = RAY_SYSTEM_BYTES + RAY_DRIVER_BYTES + store
+    fits = (memory_limit - fixed) // RAY_WORKER_BYTES
+    if fits >= 1:
+        return RaySizing(min(workers, int(fits)), store, None)
+    peak = fixed + workers * RAY_WORKER_BYTES
+    return RaySizing(
+        workers,
+        store,
+        f"ray engine: --memory-limit {memory_limit / MIB:,.0f} MB cannot hold Ray's runtime, driver and object "
+        f"store (~{fixed / MIB:,.0f} MB) plus one task worker (~{RAY_WORKER_BYTES / MIB:,.0f} MB, the write's "
+        f"imports); running {workers} workers, peak up to ~{peak / MIB:,.0f} MB",
+    )
 
 
 def ray_object_store_bytes(memory_limit: int) -> int:

@@ -17,6 +17,7 @@ byte-identical datasets (``tests/test_prepare_ray.py``).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -61,6 +62,10 @@ class Progress:
 
     def bar(self, total: int, desc: str, unit: str) -> tqdm:
         return tqdm(total=total, desc=desc, unit=unit, disable=not self.enabled, leave=False)
+
+    def warn(self, message: str) -> None:
+        """One line on stderr, shown even with ``--quiet``: what the job cannot do as asked."""
+        tqdm.write(message, file=sys.stderr)
 
     def done(self, n: int, desc: str, unit: str, started: float) -> None:
         if n:

@@ -3,8 +3,11 @@
 Imported only when the engine is chosen, so the local engine never pays for ``import ray``.
 
 - ``--ray-address auto|HOST:PORT`` joins a running cluster; without it a Ray runtime is started for
-  the job on this host (``workers`` CPUs, object store bounded by the memory limit, no dashboard,
-  its own temp dir) and stopped when the job ends, so the same command works on a laptop.
+  the job on this host and stopped when the job ends, so the same command works on a laptop: no
+  dashboard, its own temp dir, and as many of ``workers`` CPUs (concurrent task workers) and an
+  object store as ``--memory-limit`` holds beside the runtime's own processes (``memory.ray_sizing``;
+  when not even one worker fits, one line at start says so). A joined cluster's memory is its own:
+  one line says the limit then bounds only the job's partitions and buckets.
 - Tasks run with the local workers' settings (one polars thread, the allocator's purge delay) and
   the driver's object-storage settings (``AWS_*``, ``S3_ENDPOINT_URL``), in the driver's working
   directory, so relative paths mean the same thing. The work directory must be reachable from every
@@ -32,7 +35,7 @@ from ray.exceptions import RayTaskError
 
 from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import ALLOCATOR_SETTINGS, POLARS_THREADS_PER_WORKER, configure_task_process
-from freescale.pipeline.memory import ray_object_store_bytes
+from freescale.pipeline.memory import ray_sizing
 
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TASK_RETRIES = 3  # attempts after a worker died (node lost, OOM-killed, SIGKILL)
@@ -40,9 +43,11 @@ FORWARDED_ENV_PREFIXES = ("AWS_", "S3_ENDPOINT_URL", "FREESCALE_")
 # Fault injection for the retry tests (tests/test_prepare_ray.py): "<step function>:<marker path>".
 # The first task of that step to create the marker SIGKILLs its own worker process; Ray retries it.
 KILL_ONCE_ENV = "FREESCALE_KILL_TASK_ONCE"
-# Profiling: a file to which the driver appends one JSON line per finished task (step, node, seconds):
-# what benchmarks/bench_prepare.py turns into the tasks' per-node throughput.
+# Profiling: a file to which the driver appends one JSON line per finished task (step, node, seconds,
+# first_in_process) and one for the runtime's start: what benchmarks/bench_prepare.py turns into the
+# tasks' per-node throughput and the split of the wall time.
 TASK_TIMES_ENV = "FREESCALE_TASK_TIMES"
+RUNTIME_START = "ray runtime start"  # the log's line for ray.init's seconds in the driver
 
 
 def _worker_env() -> dict[str, str]:
@@ -62,25 +67,31 @@ def _kill_once_if_asked(fn: Callable[..., Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> tuple[Any, str, float]:
-    """One step call in a Ray worker, set up like a local worker process; returns its result, the
-    node it ran on and its seconds."""
+_STEPS_RUN: set[str] = set()  # the steps this worker process has run: a step's first call pays its imports
+
+
+def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> tuple[Any, dict[str, Any]]:
+    """One step call in a Ray worker, set up like a local worker process; returns its result and
+    its timing: node, seconds, and whether it was this process's first call of the step."""
     started = time.perf_counter()
     configure_task_process()
     with contextlib.suppress(OSError):
         os.chdir(cwd)
     _kill_once_if_asked(fn)
     result = fn(*args)
-    return result, ray.get_runtime_context().get_node_id(), time.perf_counter() - started
+    first = fn.__name__ not in _STEPS_RUN
+    _STEPS_RUN.add(fn.__name__)
+    node = ray.get_runtime_context().get_node_id()
+    return result, {"node": node, "seconds": round(time.perf_counter() - started, 4), "first_in_process": first}
 
 
-def _record_task_times(step: str, times: list[tuple[str, float]]) -> None:
+def _record_task_times(step: str, times: list[dict[str, Any]]) -> None:
     path = os.environ.get(TASK_TIMES_ENV)
     if not path or not times:
         return
     with open(path, "a") as out:
-        for node, seconds in times:
-            out.write(json.dumps({"step": step, "node": node, "seconds": round(seconds, 4)}) + "\n")
+        for timing in times:
+            out.write(json.dumps({"step": step, **timing}) + "\n")
 
 
 class RayExecutor:
@@ -102,20 +113,29 @@ class RayExecutor:
         logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
         runtime_env = {"env_vars": _worker_env()}
         common = {"runtime_env": runtime_env, "log_to_driver": False, "logging_level": "ERROR"}
+        started = time.perf_counter()
         if address:
+            self.progress.warn(
+                "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
+                "buckets, not the cluster's processes"
+            )
             ray.init(address=address, **common)
         else:
             # a short private path: Ray's sockets live under it (108-byte limit), and a shared
             # /tmp/ray would mix this runtime's session with other users' clusters
             self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
+            sizing = ray_sizing(memory_limit, workers)
+            if sizing.warning:
+                self.progress.warn(sizing.warning)
             ray.init(
-                num_cpus=workers,
-                object_store_memory=ray_object_store_bytes(memory_limit),
+                num_cpus=sizing.cpus,
+                object_store_memory=sizing.object_store_bytes,
                 include_dashboard=False,
                 _temp_dir=self._temp_dir,
                 **common,
             )
         self._started = True
+        _record_task_times(RUNTIME_START, [{"node": "driver", "seconds": round(time.perf_counter() - started, 4)}])
 
     def map(self, calls: list[Call], desc: str, unit: str) -> list[Any]:
         started = time.perf_counter()
@@ -126,14 +146,14 @@ class RayExecutor:
         results: list[Any] = [None] * len(calls)
         errors: dict[int, BaseException] = {}
         pending = list(refs)
-        times: list[tuple[str, float]] = []
+        times: list[dict[str, Any]] = []
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
                     try:
-                        results[index[ref]], node, seconds = ray.get(ref)
-                        times.append((node, seconds))
+                        results[index[ref]], timing = ray.get(ref)
+                        times.append(timing)
                     except RayTaskError as error:  # the step's own exception, as the local engine raises it
                         errors[index[ref]] = error.cause if error.cause is not None else error
                     except ray.exceptions.RayError as error:  # retries exhausted, node lost
