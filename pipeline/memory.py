@@ -69,9 +69,10 @@ def write_bucket_size(n_samples: int, total_events: int, memory_limit: int, part
     return max(1, min(part_size, int(n_samples * budget_events // max(total_events, 1))))
 
 
-def stats_bucket_count(records: int, memory_limit: int) -> int:
-    """Buckets of the stats id pass, so that one bucket's records sort within half the limit."""
-    budget = max(memory_limit // 2, MIN_TASK_BUDGET)
+def stats_bucket_count(records: int, memory_limit: int, workers: int = 1) -> int:
+    """Buckets of the stats id pass, so that ``workers`` buckets' records sort at once (each worker
+    counts one table of a bucket) within half the limit."""
+    budget = max(memory_limit // (2 * workers), MIN_TASK_BUDGET)
     return max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
 
 

@@ -82,7 +82,8 @@ def _reduce(
         )
     reducer = stats_ids.IdReducer(stats_ids.table_names([]), table_sizes, layouts, bits)
     for b in range(n_buckets):
-        reducer.reduce(str(tmp_path), b)
+        for j in range(len(reducer.tables)):
+            reducer.merge(reducer.count(str(tmp_path), b, j))
     assert not list(tmp_path.glob("*.npz"))
     return reducer
 

@@ -128,9 +128,24 @@ def partition_spill(
     )
 
 
-def reduce_spills(spill_dir: str, n_buckets: int, reducer: stats_ids.IdReducer, progress: bool) -> None:
-    for b in tqdm(range(n_buckets), desc="stats: id buckets", unit="bucket", disable=not progress, leave=False):
-        reducer.reduce(spill_dir, b)
+def reduce_spills(
+    spill_dir: str, n_buckets: int, reducer: stats_ids.IdReducer, run: Callable[[Callable, list[tuple]], list]
+) -> None:
+    """Count every (bucket, table) with ``run(fn, jobs)`` (the job's executor, or serially), then merge
+    the counts here: the sorts run in the workers, the driver only adds up."""
+    jobs = [(reducer, spill_dir, b, j) for b in range(n_buckets) for j in range(len(reducer.tables))]
+    for part in run(stats_ids.count_bucket, jobs):
+        reducer.merge(part)
+
+
+def _serially(progress: bool) -> Callable[[Callable, list[tuple]], list]:
+    """``run`` for ``reduce_spills`` in this process, with a progress bar."""
+
+    def run(fn: Callable, jobs: list[tuple]) -> list:
+        bar = tqdm(jobs, desc="stats: id buckets", unit="bucket", disable=not progress, leave=False)
+        return [fn(*job) for job in bar]
+
+    return run
 
 
 def _rows_from_built(built: Any) -> dict[str, Any]:
@@ -206,7 +221,7 @@ def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built
     fine[canon[order]] = np.arange(n, dtype=np.int64) // g0
     bits = stats_ids.fine_bits(layouts[0].batch_of_fine.size)
     events = int(lengths[keep].sum())
-    n_buckets = memory.stats_bucket_count(events + n * (1 + len(features)), config.memory_limit)
+    n_buckets = memory.stats_bucket_count(events + n * (1 + len(features)), config.memory_limit, config.workers)
     spill_dir = work / "spill"
     remove(spill_dir)  # records of an interrupted run would be counted twice
     spill_dir.mkdir(parents=True)
@@ -216,7 +231,7 @@ def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built
     ]
     job.map(partition_spill, jobs, "stats: ids", "partition")
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
-    reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
+    reduce_spills(str(spill_dir), n_buckets, reducer, lambda fn, calls: job.map(fn, calls, "stats: ids", "bucket"))
     return Collected(
         kind="sources",
         dataset=job.sources.name,
@@ -324,7 +339,7 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     group_batch = g * int(layout_cfg["micro_batch_size"]) if layout_cfg.get("mode") == "equal_count" else None
     layouts = tracker.layouts(position, n_groups, group_batch)
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
-    reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
+    reduce_spills(str(spill_dir), n_buckets, reducer, _serially(config.progress))
     canon, order = canonical(users_a, windows_a, keep_a, config.seed)
     mb_costs = np.bincount(micro_batch, weights=costs_a, minlength=len(offsets) - 1)
     return Collected(
