@@ -11,7 +11,7 @@ term). Length shapes (``--shapes``):
   length sampler instead of generating 24.6M events; users under ``--min-len`` 2 dropped as
   ``prepare`` does. Only 12 step groups at G = 256, and its longest user costs more than a rank's
   share of the whole dataset there: the ``floor`` column is the least straggler_pct *any* plan can
-  reach (``balance_report.straggler_floor_pct``).
+  reach (``balance.report.straggler_floor_pct``).
 * ``pareto`` — Pareto(α = 1.5) lengths from 50 (median ≈ 80), capped at 21,000 (the synthetic
   generator's ``length_dist = "pareto"``); 524,288 samples.
 
@@ -46,7 +46,7 @@ import numpy as np
 from measure import write_result
 
 from freescale.pipeline.balance import BalanceConfig, plan_step_groups
-from freescale.pipeline.balance_report import straggler_floor_pct
+from freescale.pipeline.balance.report import straggler_floor_pct
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_balance.json"
 STRATEGIES = ("random", "within_step", "planned")

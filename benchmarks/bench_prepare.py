@@ -10,6 +10,17 @@ Both are run ``--repeat`` times, interleaved (baseline, prepare, baseline, ...),
 the machine hits both sides; the medians are compared, and peak RSS is the largest of any run.
 
 Target (issue 2): prepare ≥ 0.5× the baseline's events/s, and peak RSS under ``--memory-limit``.
+
+The Ray arm (issue 19) runs the same ``prepare`` with ``--engine ray`` in the same interleaved rounds:
+a Ray runtime started for the job on this host with ``--workers`` CPUs (its start-up is part of the
+wall time, as a user sees it). Target: ≥ 0.7× the local engine's events/s. Peak RSS is reported for
+the whole tree and per process role (driver, pool/writer children, Ray system processes, Ray
+workers). The tasks' per-node throughput is events / (task seconds / CPUs of a node), from the
+task times the Ray executor records (``FREESCALE_TASK_TIMES``): what one node of a cluster processes
+per second when its CPUs are kept busy, and what a cluster of N nodes multiplies until the driver's
+serial steps (plan, index merge, manifest) dominate. ``wall_split`` splits the Ray run's wall time
+into the runtime's start, the tasks, their warm-up (imports) and the driver's serial steps and idle
+CPUs (``overhead_split``).
 """
 
 from __future__ import annotations
@@ -24,6 +35,10 @@ import tempfile
 from pathlib import Path
 
 from measure import FREESCALE, ensure_preset, run_measured, write_result
+
+WORKERS = 2  # task processes of either engine (the Ray runtime's CPUs)
+TASK_TIMES = "FREESCALE_TASK_TIMES"  # the Ray executor's task-time log (executors.ray_tasks.TASK_TIMES_ENV)
+RUNTIME_START = "ray runtime start"  # that log's line for ray.init (executors.ray_tasks.RUNTIME_START)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -62,13 +77,107 @@ def run_baseline(sources: Path, work: Path) -> dict:
     return {**result, "events": int(result["stdout"].strip().splitlines()[-1])}
 
 
-def run_prepare(sources: Path, work: Path, memory_limit: str) -> dict:
-    output = work / "prepared"
+def run_prepare(sources: Path, work: Path, memory_limit: str, engine: str = "local") -> dict:
+    output = work / f"prepared-{engine}"
     shutil.rmtree(output, ignore_errors=True)
-    command = [*FREESCALE, "prepare", "--sources", str(sources), "--output", str(output)]
+    command = [*FREESCALE, "prepare", "--sources", str(sources), "--output", str(output), "--engine", engine]
     options = ["--memory-limit", memory_limit, "--group-size", "64", "--micro-batch-size", "32", "--quiet"]
-    result = run_measured([*command, *options], "prepare")
-    return {**result, "manifest": json.loads((output / "manifest.json").read_text())}
+    options += ["--workers", str(WORKERS)]
+    times = work / "task_times.jsonl"
+    times.unlink(missing_ok=True)
+    result = run_measured(
+        [*command, *options], f"prepare --engine {engine}", env={**os.environ, TASK_TIMES: str(times)}
+    )
+    manifest = json.loads((output / "manifest.json").read_text())
+    shutil.rmtree(output, ignore_errors=True)
+    tasks = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
+    return {**result, "manifest": manifest, "tasks": tasks}
+
+
+def task_throughput(tasks: list[dict], events: int, cpus_per_node: int) -> dict:
+    """Task seconds by step and node, and events / (task seconds / CPUs of a node)."""
+    by_step: dict[str, float] = {}
+    for task in tasks:
+        if task["step"] != RUNTIME_START:
+            by_step[task["step"]] = by_step.get(task["step"], 0.0) + task["seconds"]
+    total = sum(by_step.values())
+    return {
+        "task_seconds_by_step": {step: round(value, 2) for step, value in by_step.items()},
+        "task_seconds": round(total, 2),
+        "nodes": len({task["node"] for task in tasks if task["step"] != RUNTIME_START}),
+        "cpus_per_node": cpus_per_node,
+        "per_node_events_per_s": events / (total / cpus_per_node) if total else None,
+    }
+
+
+def overhead_split(tasks: list[dict], wall_s: float, cpus: int) -> dict:
+    """Where the Ray run's wall time went, in wall seconds: the runtime's start (``ray.init`` in the
+    driver), the tasks at full parallelism (task seconds / CPUs) less their warm-up, the warm-up
+    (a process's first call of a step beyond the step's median call: the imports it pays, e.g. torch
+    in the write), and the rest: the driver's serial steps (plan, index merge, manifest, publish),
+    scheduling gaps and idle CPUs, and the imports a worker pays before a call starts."""
+    startup = sum(task["seconds"] for task in tasks if task["step"] == RUNTIME_START)
+    calls = [task for task in tasks if task["step"] != RUNTIME_START]
+    warmup = 0.0
+    for step in {task["step"] for task in calls}:
+        seconds = [task["seconds"] for task in calls if task["step"] == step]
+        typical = statistics.median(seconds)
+        warmup += sum(max(t["seconds"] - typical, 0.0) for t in calls if t["step"] == step and t["first_in_process"])
+    parallel = sum(task["seconds"] for task in calls) / cpus
+    return {
+        "runtime_start_s": round(startup, 2),
+        "tasks_s": round(parallel - warmup / cpus, 2),
+        "task_warmup_imports_s": round(warmup / cpus, 2),
+        "driver_serial_and_idle_s": round(wall_s - startup - parallel, 2),
+    }
+
+
+def arm(runs: list[dict], name: str, events: int) -> dict:
+    wall = statistics.median(run[name]["wall_s"] for run in runs)
+    peak = max(runs, key=lambda run: run[name]["peak_rss_bytes"])[name]
+    return {
+        "wall_s": wall,
+        "events_per_s": events / wall,
+        "peak_rss_bytes": peak["peak_rss_bytes"],
+        "peak_rss_by_role": peak["peak_rss_by_role"],
+        "runs_wall_s": [run[name]["wall_s"] for run in runs],
+        "runs_peak_rss_bytes": [run[name]["peak_rss_bytes"] for run in runs],
+    }
+
+
+def ray_result(result: dict, runs: list[dict], events: int) -> None:
+    """The Ray arm against the local engine: a side-by-side table, ratios, per-role RSS, tasks' throughput."""
+    local, ray = arm(runs, "prepare", events), arm(runs, "ray", events)
+    identical = all(
+        {**run["ray"]["manifest"], "engine": None} == {**run["prepare"]["manifest"], "engine": None} for run in runs
+    )
+    ratio = ray["events_per_s"] / local["events_per_s"]
+    ray["tasks"] = task_throughput(runs[-1]["ray"]["tasks"], events, WORKERS)
+    ray["wall_split"] = overhead_split(runs[-1]["ray"]["tasks"], runs[-1]["ray"]["wall_s"], WORKERS)
+    result["ray"] = {**ray, "throughput_ratio_vs_local": ratio, "manifest_identical_but_engine": identical}
+    result["local_engine"] = local
+    result["targets"]["ray_throughput_ratio_ge_0.7"] = ratio >= 0.7
+    print(f"\n{'engine on this host':24}{'local':>20}{'ray':>20}{'ray/local':>10}")
+    print(f"{'wall time (s)':24}{local['wall_s']:>20.1f}{ray['wall_s']:>20.1f}{ray['wall_s'] / local['wall_s']:>10.2f}")
+    print(f"{'events/s':24}{local['events_per_s']:>20,.0f}{ray['events_per_s']:>20,.0f}{ratio:>10.2f}")
+    rss = ray["peak_rss_bytes"] / local["peak_rss_bytes"]
+    mb = [side["peak_rss_bytes"] / 2**20 for side in (local, ray)]
+    print(f"{'peak RSS, tree (MB)':24}{mb[0]:>20,.0f}{mb[1]:>20,.0f}{rss:>10.2f}")
+    for role in sorted({*local["peak_rss_by_role"], *ray["peak_rss_by_role"]}):
+        cells = [
+            f"{e['max_peak_rss_bytes'] / 2**20:,.0f} x{e['processes']}"
+            if (e := side["peak_rss_by_role"].get(role))
+            else "-"
+            for side in (local, ray)
+        ]
+        print(f"{'  max ' + role + ' (MB)':24}{cells[0]:>20}{cells[1]:>20}")
+    tasks = ray["tasks"]
+    per_node = tasks["per_node_events_per_s"]
+    print(f"ray tasks: {tasks['task_seconds']} task-s by step {tasks['task_seconds_by_step']}")
+    print(f"tasks' throughput per node ({tasks['cpus_per_node']} CPUs): {per_node:,.0f} events/s")
+    split = ray["wall_split"]
+    print("ray wall time split (s, last run): " + ", ".join(f"{key} {value}" for key, value in split.items()))
+    print(f"same manifest apart from the engine field: {identical}")
 
 
 def main() -> None:
@@ -80,6 +189,7 @@ def main() -> None:
         "--repeat", type=int, default=3, help="interleaved runs of each (default 3); medians are compared"
     )
     parser.add_argument("--out", default=str(RESULTS / "bench_prepare.json"))
+    parser.add_argument("--no-ray", dest="ray", action="store_false", help="skip the --engine ray arm")
     args = parser.parse_args()
     if args.repeat < 1:
         raise SystemExit("--repeat must be >= 1")
@@ -89,14 +199,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     runs = []
     try:
-        for i in range(args.repeat):  # interleaved, so a slow spell of the machine hits both sides
+        for i in range(args.repeat):  # interleaved, so a slow spell of the machine hits every side
             base = run_baseline(sources, work)
             ours = run_prepare(sources, work, args.memory_limit)
-            runs.append({"baseline": base, "prepare": ours})
+            ray = run_prepare(sources, work, args.memory_limit, "ray") if args.ray else None
+            runs.append({"baseline": base, "prepare": ours, "ray": ray})
             ratio = base["wall_s"] / ours["wall_s"]
             print(
                 f"run {i + 1}/{args.repeat}: baseline {base['wall_s']:.1f} s, prepare {ours['wall_s']:.1f} s "
                 f"(ratio {ratio:.2f}), prepare peak RSS {ours['peak_rss_bytes'] / 2**20:,.0f} MB"
+                + (f"; ray {ray['wall_s']:.1f} s, peak RSS {ray['peak_rss_bytes'] / 2**20:,.0f} MB" if ray else "")
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -150,6 +262,9 @@ def main() -> None:
     )
     rss_ratio = ours_rss / max(base_rss, 1)
     print(f"{'peak RSS (MB)':24}{base_rss / 2**20:>20,.0f}{ours_rss / 2**20:>20,.0f}{rss_ratio:>10.2f}")
+    if args.ray:
+        ray_result(result, runs, events)
+    result["target_met"] = result["targets"]
     print(f"memory limit {limit / 2**20:,.0f} MB; targets: {result['targets']}")
     write_result(Path(args.out), result)
     print(f"wrote {args.out}")

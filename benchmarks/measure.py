@@ -15,13 +15,30 @@ import psutil
 FREESCALE = [str(Path(sys.executable).parent / "freescale")]
 
 
-def run_measured(cmd: list[str], label: str) -> dict:
+def process_role(process: psutil.Process, root: int) -> str:
+    """What a process of a measured tree is: the command itself, a Ray system process, a Ray worker,
+    or another child (the local engine's pool and writer processes)."""
+    if process.pid == root:
+        return "driver"
+    name = process.name()
+    if name.startswith("ray::") or "default_worker.py" in " ".join(process.cmdline()):
+        return "ray worker"
+    if name in ("gcs_server", "raylet") or "ray" in " ".join(process.cmdline()[:3]):
+        return "ray system"
+    return "child"
+
+
+def run_measured(cmd: list[str], label: str, env: dict[str, str] | None = None) -> dict:
     """Run ``cmd``; return wall seconds, the peak summed RSS of its whole process tree (workers
-    included, sampled every 50 ms) and its stdout."""
+    included, sampled every 50 ms), each process's peak RSS by role (``process_role``: the largest
+    process of each role and how many there were) and its stdout."""
     start = time.perf_counter()
     # Run outside the repository so the root folders (e.g. datasets/) cannot shadow installed packages.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(), env=env
+    )
     peak = 0
+    per_process: dict[int, tuple[str, int]] = {}
     stop = threading.Event()
 
     def sample() -> None:
@@ -30,7 +47,11 @@ def run_measured(cmd: list[str], label: str) -> dict:
         while not stop.is_set():
             try:
                 procs = [root, *root.children(recursive=True)]
-                peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+                rss = {p.pid: (p, p.memory_info().rss) for p in procs if p.is_running()}
+                peak = max(peak, sum(value for _, value in rss.values()))
+                for pid, (p, value) in rss.items():
+                    role = per_process[pid][0] if pid in per_process else process_role(p, proc.pid)
+                    per_process[pid] = (role, max(value, per_process.get(pid, ("", 0))[1]))
             except psutil.Error:
                 pass
             time.sleep(0.05)
@@ -43,7 +64,12 @@ def run_measured(cmd: list[str], label: str) -> dict:
     wall = time.perf_counter() - start
     if proc.returncode:
         raise SystemExit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
-    return {"wall_s": wall, "peak_rss_bytes": peak, "stdout": out}
+    roles: dict[str, dict[str, int]] = {}
+    for role, value in per_process.values():
+        entry = roles.setdefault(role, {"processes": 0, "max_peak_rss_bytes": 0})
+        entry["processes"] += 1
+        entry["max_peak_rss_bytes"] = max(entry["max_peak_rss_bytes"], value)
+    return {"wall_s": wall, "peak_rss_bytes": peak, "peak_rss_by_role": roles, "stdout": out}
 
 
 def write_result(path: Path, result: dict) -> None:

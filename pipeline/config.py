@@ -64,6 +64,7 @@ class PrepareConfig:
     cost_model_file: str | None = None
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     memory_limit: int = 2 * 2**30
+    plan_memory: int = 4 * 2**30  # the planner's bound: past it, windows of step groups (balance.windows)
     workers: int = 2
     max_reject_fraction: float = 0.05
     quarantine_examples: int = 20  # per reason
@@ -71,6 +72,8 @@ class PrepareConfig:
     work_dir: str | None = None
     overwrite: bool = False
     progress: bool = True
+    engine: str = "local"  # where the steps run (``executors``): not the dataset's identity
+    ray_address: str | None = None  # --engine ray: a running cluster ("auto", "HOST:PORT"); None starts one
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -81,10 +84,16 @@ class PrepareConfig:
             raise ValueError(f"--memory-limit must be at least 256MB, got {self.memory_limit} bytes")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.plan_memory < 2**20:
+            raise ValueError(f"--plan-memory must be at least 1MB, got {self.plan_memory} bytes")
         if not 0.0 <= self.max_reject_fraction <= 1.0:
             raise ValueError(f"--max-reject-fraction must be in [0, 1], got {self.max_reject_fraction}")
         if self.quarantine_examples < 0:
             raise ValueError(f"--quarantine-examples must be >= 0, got {self.quarantine_examples}")
+        if self.engine not in ("local", "ray"):
+            raise ValueError(f"--engine must be local or ray, got {self.engine!r}")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError("--ray-address needs --engine ray")
         if self.shard_size_limit < 2**16:
             raise ValueError(f"--shard-size-limit must be at least 64KB, got {self.shard_size_limit}")
 
@@ -96,6 +105,7 @@ class PrepareConfig:
             "cost_model_file": self.cost_model_file,
             "balance": asdict(self.balance),
             "shard_size_limit": self.shard_size_limit,
+            "plan_memory": self.plan_memory,  # windows change the plan
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from freescale import __version__, storage
 
 if TYPE_CHECKING:
     from freescale.pipeline.prepare import PrepareJob
-    from freescale.pipeline.scan import ScanSummary
+    from freescale.pipeline.records import PartitionRecord, SamplePlan
+    from freescale.pipeline.steps.scan import ScanSummary
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -24,6 +25,7 @@ OFFSETS_NAME = "micro_batch_offsets.npy"
 QUARANTINE_NAME = "quarantine.jsonl"
 INDEX_NAME = "index.json"
 RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in the manifest
+RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "engine", "ray_address")  # null in the manifest
 
 
 class ManifestError(ValueError):
@@ -89,26 +91,25 @@ def _length_summary(lengths: np.ndarray) -> dict[str, float]:
 
 
 def _rows(
-    summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, Any]], plan: dict[str, Any], group_size: int
+    summary: ScanSummary, users: dict[str, Any], samples: list[PartitionRecord], plan: SamplePlan, group_size: int
 ) -> dict[str, Any]:
-    filtered: dict[str, int] = {}
-    for record in samples:
-        for reason, count in record["filtered"].items():
-            filtered[reason] = filtered.get(reason, 0) + count
-    used = sum(record["events_used"] for record in samples)
+    from freescale.pipeline.records import RowTotals
+
+    totals = RowTotals.of(samples)
+    filtered, used = totals.filtered, totals.events_used
     rows = {
         "events_read": summary.rows_read,
         "events_read_by_source": dict(sorted(summary.rows_read_by_source.items())),
         "events_used": used,
         "events_rejected": {"total": summary.rejected_total, "by_reason": dict(sorted(summary.rejected.items()))},
         "events_filtered": {"total": sum(filtered.values()), "by_reason": dict(sorted(filtered.items()))},
-        "users": sum(record["users_kept"] for record in samples),
+        "users": totals.users,
         "users_table_rows_read": users.get("rows_read", 0),
         "users_table_rejected": dict(sorted(users.get("rejected", {}).items())),
-        "samples_without_profile": sum(record.get("samples_without_profile", 0) for record in samples),
-        "samples": len(plan["order"]),
-        "micro_batches": int(len(plan["offsets"]) - 1),
-        "step_groups": int((len(plan["offsets"]) - 1) // group_size),
+        "samples_without_profile": totals.samples_without_profile,
+        "samples": plan.n_samples,
+        "micro_batches": plan.n_micro_batches,
+        "step_groups": plan.n_micro_batches // group_size,
     }
     rows["balanced"] = rows["events_read"] == used + rows["events_rejected"]["total"] + rows["events_filtered"]["total"]
     if not rows["balanced"]:
@@ -117,9 +118,9 @@ def _rows(
 
 
 def build_manifest(
-    job: PrepareJob, summary: ScanSummary, users: dict[str, Any], samples: list[dict[str, Any]], plan: dict[str, Any]
+    job: PrepareJob, summary: ScanSummary, users: dict[str, Any], samples: list[PartitionRecord], plan: SamplePlan
 ) -> dict[str, Any]:
-    from freescale.pipeline.writer import mds_columns
+    from freescale.pipeline.steps.writer import mds_columns
 
     config = job.config
     return {
@@ -130,11 +131,12 @@ def build_manifest(
         "dataset": job.sources.name,
         "sources": job.source_files,
         # where and how this run wrote are not the dataset's identity: identical runs, identical bytes
-        "config": {**config.to_dict(), "output": None, "work_dir": None, "progress": None, "overwrite": None},
+        "config": {**config.to_dict(), **dict.fromkeys(RUN_ONLY_OPTIONS)},
+        "engine": config.engine,  # the only field in which the engines' outputs differ
         "rows": _rows(summary, users, samples, plan, config.balance.group_size),
         "cost_model": job.cost_model.to_dict(),
-        "lengths": _length_summary(plan["length"]),
-        "balance": {key: value for key, value in plan["report"].items() if key not in RUNTIME_KEYS},
+        "lengths": _length_summary(plan.length),
+        "balance": {key: value for key, value in plan.report.items() if key not in RUNTIME_KEYS},
         "layout": {
             "group_size": config.balance.group_size,
             "micro_batch_size": config.balance.micro_batch_size,

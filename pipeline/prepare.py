@@ -45,11 +45,12 @@ from tqdm import tqdm
 
 from freescale import storage
 from freescale.datasets.sources import SourcesConfig
+from freescale.pipeline import memory
 from freescale.pipeline import output as places
-from freescale.pipeline import scan
-from freescale.pipeline.balance import plan_step_groups
+from freescale.pipeline.balance.windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.cost import CostModel
+from freescale.pipeline.executors import Executor, Progress, make_executor
 from freescale.pipeline.manifest import (
     MANIFEST_NAME,
     OFFSETS_NAME,
@@ -59,19 +60,16 @@ from freescale.pipeline.manifest import (
     read_manifest_if_any,
 )
 from freescale.pipeline.output import OutputLock, PrepareError
-from freescale.pipeline.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
-from freescale.pipeline.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.records import PartitionRecord, SamplePlan
+from freescale.pipeline.steps import scan
+from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
-from freescale.pipeline.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
-from freescale.pipeline.writer_process import WRITER_PROCESS_BYTES, WriterProcess
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files to create and for the samples phase to open (large: 30 tasks of 1M rows -> 14 of up
 # to 4M, prepare ~0.5 s faster). A task's memory is bounded by its chunks, not by its size.
 TARGET_ROWS_PER_TASK = 4_000_000
-# Bytes of an encoded event in a sample (item id 8, timestamp 8, action 4, source 1) plus slack for
-# the per-sample header and scalars: what a bucket of samples occupies in the writer.
-ENCODED_BYTES_PER_EVENT = 24
 
 
 WORK_LAYOUT = 7  # bump when spill, bucket, plan or marker formats or the read-task plan change
@@ -81,11 +79,11 @@ KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the l
 @dataclass
 class BuiltSamples:
     """What phases 1–3 produced: accounting records and per-partition sample files
-    (``freescale.pipeline.sequences.read_samples(samples_dir, p)``)."""
+    (``freescale.pipeline.steps.sequences.read_samples(samples_dir, p)``)."""
 
     scan: scan.ScanSummary
     users: dict[str, Any]
-    partitions: list[dict[str, Any]]
+    partitions: list[PartitionRecord]
     samples_dir: str
     n_partitions: int
 
@@ -96,8 +94,9 @@ class PrepareJob:
     def __init__(self, config: PrepareConfig, pool: ProcessPoolExecutor | None = None) -> None:
         """``pool``: workers started earlier (``processes.start_pool``), used instead of starting new ones."""
         self._started = time.perf_counter()
-        self._executor = pool
-        self._writer: WriterProcess | None = None
+        self._pool = pool
+        self._executor: Executor | None = None
+        self._writer_reserved = False  # the local engine's writer process holds WRITER_PROCESS_BYTES
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (
@@ -185,15 +184,14 @@ class PrepareJob:
             raise
         finally:
             self.close()
-            self._close_writer()
             for lock in reversed(locks):
                 lock.release()
             with contextlib.suppress(OSError):
                 self.work_root.rmdir()  # only when no other job's work is left there
 
     def _run(self) -> dict[str, Any]:
-        if self.preload_writer:
-            self._writer = WriterProcess()
+        self._writer_reserved = self.preload_writer
+        self._start_executor(writer=self._writer_reserved)
         self._make_work_dirs()
         self._check_written_parts()
         scan_summary, users_record = self._scan()
@@ -211,7 +209,7 @@ class PrepareJob:
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
         manifest = json.loads(json.dumps(manifest, default=str))
         files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
-        self._publish(manifest, plan_info["offsets"], scan_summary, users_record, files)
+        self._publish(manifest, plan_info.offsets, scan_summary, users_record, files)
         shutil.rmtree(self.work, ignore_errors=True)
         return manifest
 
@@ -293,58 +291,48 @@ class PrepareJob:
             else:
                 fs.delete_file(entry.path)
 
-    @property
-    def pool_workers(self) -> int:
-        """Worker processes besides this one, which runs tasks too (``processes.run_calls``)."""
-        return self.config.workers - 1
-
-    def _pool(self) -> ProcessPoolExecutor | None:
-        """One spawn pool for the whole job: workers start (and import polars/pyarrow) once."""
-        if self.pool_workers == 0:
-            return None
+    def _start_executor(self, writer: bool) -> Executor:
+        """The ``--engine``'s executor, started once per job (``executors``)."""
         if self._executor is None:
-            self._executor = start_pool(self.pool_workers, PREPARE_WORKER_MODULES)
+            progress = Progress(self.config.progress, self._log)
+            self._executor = make_executor(
+                self.config.engine,
+                self.config.workers,
+                progress,
+                pool=self._pool,
+                writer=writer,
+                ray_address=self.config.ray_address,
+                memory_limit=self.config.memory_limit,
+            )
+            self._pool = None  # the executor owns it now
         return self._executor
 
     def close(self) -> None:
-        """Stop the workers (their idle memory is released before the writer's peak)."""
+        """Stop the executor's workers (and the local engine's writer process)."""
         if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
+            self._executor.close()
             self._executor = None
+        if self._pool is not None:  # a pool handed in for a job that never started its executor
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
-    def _close_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def _map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*job)`` for each job; see ``_run_calls``."""
-        return self._run_calls([(fn, job) for job in jobs], desc, unit)
-
-    def _run_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
-        """Run ``fn(*args)`` for each call in this process and the worker processes, with a progress
-        bar; results come back in call order."""
-        started = time.perf_counter()
-        bar = tqdm(total=len(calls), desc=desc, unit=unit, disable=not self.config.progress, leave=False)
-        try:
-            return run_calls(self._pool(), self.pool_workers, calls, bar.update)
-        finally:
-            bar.close()
-            if calls:
-                self._log(f"{desc}: {len(calls)} {unit}s in {time.perf_counter() - started:.1f}s")
+    def map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*job)`` for each job on the executor; results in job order."""
+        return self._start_executor(writer=False).map([(fn, job) for job in jobs], desc, unit)
 
     # ----------------------------------------------------------------- phases
     @property
     def preload_writer(self) -> bool:
         """Start the writer process with the job (``WriterProcess``) when reserving its memory leaves
         at least half of ``--memory-limit`` to the workers."""
-        return self.config.memory_limit - WRITER_PROCESS_BYTES >= self.config.memory_limit // 2
+        return memory.preload_writer(self.config.memory_limit)
 
     @property
     def n_partitions(self) -> int:
-        estimated = scan.estimate_events(self.sources, self.source_files)
-        reserved = WRITER_PROCESS_BYTES if self._writer is not None else 0
-        return scan.choose_partition_count(estimated, self.config.memory_limit - reserved, self.config.workers)
+        formats = {source.name: source.format for source in self.sources.sources}
+        estimated = memory.estimate_events(formats, self.source_files)
+        budget = memory.worker_budget(self.config.memory_limit, self._writer_reserved)
+        return memory.choose_partition_count(estimated, budget, self.config.workers)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
         scan_dir = str(self.work / "scan")
@@ -365,7 +353,7 @@ class PrepareJob:
         if scan.load_user_table_record(scan_dir) is None:  # small: last, beside the other worker's last task
             user_table = (self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
             todo.append((scan.run_user_table_task, user_table))
-        self._run_calls(todo, "scan", "task")
+        self._start_executor(writer=False).map(todo, "scan", "task")
         summary = scan.ScanSummary()
         for i in range(len(self.tasks)):
             summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
@@ -401,7 +389,7 @@ class PrepareJob:
         scan_dir = str(self.work / "scan")
         for iteration in range(self.config.samples.kcore_max_iterations):
             jobs = [(scan_dir, p, removed, k) for p in range(self._n_partitions)]
-            results = self._map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition")
+            results = self.map(kcore_item_counts, jobs, f"k-core pass {iteration + 1}", "partition")
             totals = pl.concat([items for items, _ in results]).group_by("item_id").agg(pl.col("count").sum())
             weak = totals.filter(pl.col("count") < k)["item_id"].to_numpy()
             if len(weak) == 0:
@@ -418,7 +406,7 @@ class PrepareJob:
         places.save_npy_atomic(path, removed)  # its presence marks k-core done: whole or absent
         return str(path)
 
-    def _build_samples(self, removed_items: str | None, features: list[str]) -> list[dict[str, Any]]:
+    def _build_samples(self, removed_items: str | None, features: list[str]) -> list[PartitionRecord]:
         samples_dir = str(self.work / "samples")
         scan_dir = str(self.work / "scan")
         todo = [
@@ -426,7 +414,7 @@ class PrepareJob:
             for p in range(self._n_partitions)
             if load_partition_record(samples_dir, p) is None
         ]
-        self._map(run_partition, todo, "samples", "partition")
+        self.map(run_partition, todo, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
     def _user_counts(self, removed_items: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -437,77 +425,64 @@ class PrepareJob:
             return users, counts
         return scan.user_event_counts(str(self.work / "scan"), len(self.tasks))
 
-    def _plan(self, removed_items: str | None) -> dict[str, Any]:
+    def _plan(self, removed_items: str | None) -> SamplePlan:
         """Cost and place every sample before any is built: lengths follow from per-user counts."""
-        path = self.work / "plan.npz"
-        report_path = self.work / "plan.json"
-        if path.exists() and report_path.exists():
-            data = np.load(path)
-            return {**{k: data[k] for k in data.files}, "report": json.loads(report_path.read_text())}
+        done = SamplePlan.load_if_done(self.work)
+        if done is not None:
+            return done
         users, counts = self._user_counts(removed_items)
         meta = planned_samples(users, counts, self.config.samples)  # canonical (user_id, window) order
         if len(meta["length"]) == 0:
             raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
-        plan = plan_step_groups(costs, self.config.balance)
-        self._log(f"plan: balanced in {plan.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
-        info = {
-            "users": users,  # every user with events, sorted: the samples phase ranks them per partition
-            "partition": scan.partition_of(meta["user_id"], self._n_partitions),
-            "length": meta["length"],
-            "cost": costs,
-            "order": plan.order,
-            "offsets": plan.micro_batch_offsets,
-        }
-        np.savez(path, **info)
-        scan.save_json(report_path, plan.report)
-        return {**info, "report": plan.report}
+        balanced = plan_in_windows(costs, self.config.balance, self.config.plan_memory, self.config.memory_limit)
+        self._log(f"plan: balanced in {balanced.report['runtime_s']:.2f}s")  # not in the manifest: not reproducible
+        plan = SamplePlan(
+            users=users,
+            partition=scan.partition_of(meta["user_id"], self._n_partitions),
+            length=meta["length"],
+            cost=costs,
+            order=balanced.order,
+            offsets=balanced.micro_batch_offsets,
+            report=balanced.report,
+        )
+        plan.save(self.work)
+        return plan
 
-    def _bucket_size(self, plan: dict[str, Any]) -> int:
-        """Samples per bucket: a part's worth (``PART_SIZE``: a part then reads one bucket's files and
-        frees them), fewer when that many encoded samples (memory-mapped by the writer while it
-        writes the part, beside a shard's copy) would not fit what the writer process leaves of the
-        memory limit."""
-        n, total_events = len(plan["order"]), int(plan["length"].sum())
-        writer_budget = max(self.config.memory_limit - WRITER_PROCESS_BYTES, self.config.memory_limit // 8)
-        budget_events = max(writer_budget // (2 * ENCODED_BYTES_PER_EVENT), 1)
-        return max(1, min(PART_SIZE, int(n * budget_events // max(total_events, 1))))
+    def _bucket_size(self, plan: SamplePlan) -> int:
+        """Samples per write bucket (``memory.write_bucket_size``)."""
+        return memory.write_bucket_size(plan.n_samples, plan.total_events, self.config.memory_limit, PART_SIZE)
 
-    def _build_buckets(
-        self, removed_items: str | None, features: list[str], plan: dict[str, Any]
-    ) -> list[dict[str, Any]]:
+    def _build_buckets(self, removed_items: str | None, features: list[str], plan: SamplePlan) -> list[PartitionRecord]:
         """Build each partition's samples and encode them into plan-order buckets (``BucketSink``)."""
-        n = len(plan["order"])
-        position = np.empty(n, np.int64)
-        position[plan["order"]] = np.arange(n)
-        micro_batch = np.repeat(np.arange(len(plan["offsets"]) - 1), np.diff(plan["offsets"]))[position]
+        position, micro_batch = plan.positions(), plan.micro_batches()
         bucket_size = self._bucket_size(plan)
         samples_dir = str(self.work / "samples")
-        user_partition = scan.partition_of(plan["users"], self._n_partitions)
+        user_partition = scan.partition_of(plan.users, self._n_partitions)
         jobs = []
         for p in range(self._n_partitions):
             if load_partition_record(samples_dir, p) is not None:
                 continue
-            mine = np.flatnonzero(plan["partition"] == p)  # canonical order, as build_samples returns them
+            mine = np.flatnonzero(plan.partition == p)  # canonical order, as build_samples returns them
             sink = BucketSink(
                 str(self.work / "buckets"),
                 position[mine],
-                plan["cost"][mine],
+                plan.cost[mine],
                 micro_batch[mine],
-                plan["length"][mine].astype(np.int32),
+                plan.length[mine].astype(np.int32),
                 bucket_size,
                 bool(features),
             )
-            users = plan["users"][user_partition == p]
+            users = plan.users[user_partition == p]
             jobs.append(
                 (str(self.work / "scan"), samples_dir, p, self.config.samples, removed_items, features, sink, users)
             )
-        self._map(run_partition, jobs, "samples", "partition")
+        self.map(run_partition, jobs, "samples", "partition")
         return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
 
-    def _write(self, plan: dict[str, Any], with_features: bool) -> None:
-        n = len(plan["order"])
+    def _write(self, plan: SamplePlan, with_features: bool) -> None:
+        n = plan.n_samples
         bucket_size = self._bucket_size(plan)
         n_buckets = -(-n // bucket_size)
         buckets_dir = str(self.work / "buckets")
@@ -516,16 +491,12 @@ class PrepareJob:
         if not storage.is_remote(self.target):
             Path(self.target).mkdir(parents=True, exist_ok=True)
         n_parts = -(-n // PART_SIZE)
-        self.close()  # idle workers keep their peak memory: release it before the writer's peak
-        release_freed_memory()  # this process's too: it ran tasks
+        executor = self._start_executor(writer=False)
+        executor.release()  # idle workers keep their peak memory: release it before the writer's peak
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         args = (self.target, buckets_dir, bucket_size)
         tail = (n, with_features, self.config.shard_size_limit)
-        for part in tqdm(todo, desc="write", unit="part", disable=not self.config.progress, leave=False):
-            if self._writer is not None:  # one part at a time: a part's memory is bounded by its buckets
-                self._writer.submit(write_part, *args, part, *tail).result()
-            else:
-                write_part(*args, part, *tail)
+        executor.write([(write_part, (*args, part, *tail)) for part in todo], "write")
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
         storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 

@@ -387,7 +387,7 @@ def test_stats_lower_bound_skips_the_k_form_on_free_steps() -> None:
     """``freescale stats`` figures: a free-count outlier step (one micro-batch holds the one heavy
     sample alone) is measured against the free lower bound, so max / lower_bound never drops below
     1; the k-items form still applies to equal-count steps."""
-    from freescale.pipeline.stats_figures import step_figures
+    from freescale.pipeline.stats.figures import step_figures
 
     free_step = np.array([10.0] + [1.0] * 10)  # bins: [10] and ten 1s: max 10 = total / 2 = largest
     equal_step = np.array([10.0, 1.0, 1.0, 1.0])  # k = 2: the 10 shares its bin with a 1

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from freescale.pipeline.balance_algos import (
+from freescale.pipeline.balance.algos import (
     _lpt,
     _nearest_pairs,
     kk_equal,
@@ -20,7 +20,7 @@ from freescale.pipeline.balance_algos import (
     lpt_free,
     refine_swaps,
 )
-from freescale.pipeline.balance_steps import stable_group
+from freescale.pipeline.balance.steps import stable_group
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -110,7 +110,7 @@ def test_many_parts_and_buckets_hold_the_same_samples(tiny_sources, prepared, tm
     from streaming import StreamingDataset
 
     from freescale.pipeline import prepare as prepare_module
-    from freescale.pipeline import writer
+    from freescale.pipeline.steps import writer
 
     monkeypatch.setattr(writer, "PART_SIZE", 7)
     monkeypatch.setattr(prepare_module, "PART_SIZE", 7)
@@ -296,7 +296,7 @@ def test_cli_reports_a_refused_prepare_as_a_user_error(tiny_sources, tmp_path, c
 def test_cli_stops_the_workers_when_prepare_is_refused(tiny_sources, tmp_path, monkeypatch) -> None:
     """Refused options or sources stop the pool at once: one left to interpreter exit could race its
     wake-up pipe there and print a traceback after the one-line error."""
-    import freescale.pipeline.processes as processes
+    import freescale.pipeline.executors.processes as processes
     from freescale.tools.cli import main as cli_main
 
     stopped = []
@@ -313,7 +313,7 @@ def test_cli_stops_the_workers_when_prepare_is_refused(tiny_sources, tmp_path, m
 
 POOL_FIRST_PROBE = """
 import sys
-import freescale.pipeline.processes as processes
+import freescale.pipeline.executors.processes as processes
 from freescale.tools.cli import main
 
 def start_pool(workers, modules):
@@ -334,7 +334,7 @@ def test_cli_starts_prepare_workers_before_importing_the_pipeline(tmp_path) -> N
 def test_imports_without_gc_freeze_what_they_create_and_restore_the_collector() -> None:
     import gc
 
-    from freescale.pipeline.processes import imports_without_gc
+    from freescale.pipeline.executors.processes import imports_without_gc
 
     gc.unfreeze()
     try:
@@ -347,7 +347,7 @@ def test_imports_without_gc_freeze_what_they_create_and_restore_the_collector() 
 
 
 WORKER_EXIT_PROBE = """
-from freescale.pipeline.processes import start_pool
+from freescale.pipeline.executors.processes import start_pool
 
 if __name__ == "__main__":
     pool = start_pool(1)
@@ -371,8 +371,8 @@ def test_pool_processes_exit_cleanly_without_interpreter_teardown(tmp_path) -> N
 def test_spill_files_are_removed_once_their_partition_is_built(tiny_sources, tmp_path) -> None:
     """Spill files go as soon as their partition's samples are built (their page cache is reused by
     the next files written); the per-task user counts the plan reads stay."""
-    from freescale.pipeline import scan
     from freescale.pipeline.prepare import PrepareJob
+    from freescale.pipeline.steps import scan
 
     job = PrepareJob(make_config(tiny_sources, str(tmp_path / "out"), work_dir=str(tmp_path / "work")))
     try:

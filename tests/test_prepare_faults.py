@@ -113,7 +113,9 @@ def test_remote_output_work_dir_is_private_to_the_user(tiny_sources, tmp_path, m
 
 
 # --------------------------------------------------------------------------- corrupt input
-def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path) -> None:
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> None:
+    """Also from a Ray task: the step's own error, not Ray's wrapper with a remote traceback."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -131,7 +133,9 @@ def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path) -> None:
         '[dataset]\nname = "x"\n[[sources]]\nname = "log"\nformat = "parquet"\npath = "log.parquet"\n'
         '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
     )
-    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out")))
+    # Ray: a limit that holds the runtime started for the job, so no sizing warning stands beside the error
+    roomy = ("--memory-limit", "8GB") if engine == "ray" else ()
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--engine", engine, *roomy))
     assert_one_line_error(code, err, str(path), "source 'log'")
 
 
@@ -358,7 +362,7 @@ def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatc
     """A job stopped after its first part was written (marker set), re-run with --overwrite: the
     first part's marker must not make the rerun skip a part it no longer has."""
     from freescale.pipeline import prepare as prepare_module
-    from freescale.pipeline import writer
+    from freescale.pipeline.steps import writer
 
     monkeypatch.setattr(writer, "PART_SIZE", 7)
     monkeypatch.setattr(prepare_module, "PART_SIZE", 7)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from freescale.pipeline.processes import run_calls, start_pool
+from freescale.pipeline.executors.processes import run_calls, start_pool
 
 
 def record_call(index: int, folder: str, seconds: float) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.sequences import _window_bounds
+from freescale.pipeline.steps.sequences import _window_bounds
 from freescale.pipeline.vocabulary import Vocabulary
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import CollateConfig, collate, split_query

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.sequences import SORT_KEYS, build_samples, planned_samples, time_sort
+from freescale.pipeline.steps.sequences import SORT_KEYS, build_samples, planned_samples, time_sort
 
 
 def events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
@@ -49,15 +49,15 @@ def test_sources_merge_in_time_order_and_accounting_balances() -> None:
     assert [r["user_id"] for r in rows] == [1, 2]
     assert rows[0]["item_ids"] == [11, 12, 10] and rows[0]["sources"] == [1, 0, 0]
     assert rows[0]["timestamps"] == [10, 20, 30]
-    assert record["filtered"] == {"kcore": 0, "min_len": 1, "truncated_max_uih_len": 0}
-    assert record["events_used"] + sum(record["filtered"].values()) == record["events_in"] == 6
+    assert record.filtered == {"kcore": 0, "min_len": 1, "truncated_max_uih_len": 0}
+    assert record.events_used + sum(record.filtered.values()) == record.events_in == 6
 
 
 def test_truncation_keeps_the_most_recent_events() -> None:
     frame = events([(7, item, item, 0) for item in range(10)])
     table, record = build(frame, max_uih_len=4, min_len=2)
     assert table.column("item_ids").to_pylist() == [[6, 7, 8, 9]]
-    assert record["filtered"]["truncated_max_uih_len"] == 6 and record["events_used"] == 4
+    assert record.filtered["truncated_max_uih_len"] == 6 and record.events_used == 4
 
 
 def test_sliding_windows_cover_history_and_count_each_event_once() -> None:
@@ -66,7 +66,7 @@ def test_sliding_windows_cover_history_and_count_each_event_once() -> None:
     windows = table.column("item_ids").to_pylist()
     assert windows == [[6, 7, 8, 9], [3, 4, 5, 6], [0, 1, 2, 3]]
     assert table.column("window").to_pylist() == [0, 1, 2]
-    assert record["events_used"] == 10 and record["filtered"]["truncated_max_uih_len"] == 0
+    assert record.events_used == 10 and record.filtered["truncated_max_uih_len"] == 0
     assert all(len(w) >= 2 for w in windows)
 
 
@@ -82,7 +82,7 @@ def test_windows_end_every_stride_events(stride: int) -> None:
 
 def test_empty_partition() -> None:
     table, record = build(events([]), max_uih_len=5)
-    assert table.num_rows == 0 and record["events_in"] == 0
+    assert table.num_rows == 0 and record.events_in == 0
 
 
 def test_many_users_vectorised_matches_python() -> None:
@@ -100,7 +100,7 @@ def test_many_users_vectorised_matches_python() -> None:
     got = dict(zip(table.column("user_id").to_pylist(), table.column("item_ids").to_pylist()))
     assert got.keys() == expected.keys()
     assert got == expected  # ties in ts break by source, then by input row, in both
-    assert record["events_used"] + sum(record["filtered"].values()) == len(rows)
+    assert record.events_used + sum(record.filtered.values()) == len(rows)
 
 
 @pytest.mark.parametrize(("ts_high", "key_bits"), [(2**31, 64), (2**31, 40), (2**40, 64), (2**52, 64)])
@@ -163,7 +163,7 @@ def test_planned_samples_match_the_built_ones(counts, max_uih_len, min_len, stri
 def test_spill_timestamps_hold_every_valid_timestamp() -> None:
     """Spill files keep ``ts`` as uint32: every timestamp the readers accept must fit."""
     from freescale.datasets.convert import TS_MAX, TS_MIN
-    from freescale.pipeline.scan import SPILL_SCHEMA
+    from freescale.pipeline.steps.scan import SPILL_SCHEMA
 
     kind = SPILL_SCHEMA.field("ts").type
     assert kind == pa.uint32() and TS_MIN >= 0 and TS_MAX - 1 <= 2**32 - 1
@@ -179,7 +179,7 @@ def test_user_rank_table_finds_every_users_rank(distinct, picks, stranger):
     """``_user_rank``'s hash table gives each event its user's position in the sorted distinct ids
     (as a binary search would), and refuses a user that is not among them (0 included: empty slots
     hold key 0)."""
-    from freescale.pipeline.sequences import _user_rank
+    from freescale.pipeline.steps.sequences import _user_rank
 
     users = np.array(sorted(distinct), np.int64)
     events = users[np.array(picks) % len(users)]

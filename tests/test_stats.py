@@ -24,7 +24,7 @@ from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.prepare import prepare
 from freescale.pipeline.stats import SCHEMA_VERSION, TOP_LEVEL_KEYS, StatsConfig, compute_stats, run_stats
-from freescale.pipeline.stats_inputs import canonical
+from freescale.pipeline.stats.inputs import canonical
 from freescale.tools.cli import main as cli_main
 
 FAST = {"workers": 1, "progress": False, "output": None}
@@ -364,12 +364,10 @@ def test_sample_fraction_is_deterministic_and_reports_errors(tiny) -> None:
     )
 
 
-def test_worker_processes_give_the_same_figures(tiny, monkeypatch) -> None:
-    from freescale.pipeline import stats_inputs
-
+def test_worker_processes_give_the_same_figures(tiny) -> None:
+    """Two workers run the build and the id pass in parallel (the id pass on the build's executor)."""
     config = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "progress": False, "output": None}
     serial = compute_stats(StatsConfig(workers=1, **config))
-    monkeypatch.setattr(stats_inputs, "PARALLEL_MIN_EVENTS_PER_WORKER", 1)  # tiny data: force the pool
     parallel = compute_stats(StatsConfig(workers=2, **config))
     for key in ("lengths", "sparsity", "straggler", "batch_overlap", "popularity", "ids"):
         assert parallel[key] == serial[key], key
@@ -421,7 +419,7 @@ def test_errors_are_one_clear_line(tiny, prepared, tmp_path, capsys) -> None:
 def test_straggler_table_names_world_sizes_the_data_cannot_fill_instead_of_rows_of_na():
     from rich.console import Console
 
-    from freescale.pipeline.stats_report import straggler_table
+    from freescale.pipeline.stats.report import straggler_table
 
     filled = {"straggler_pct": 12.5, "imbalance": {"mean": 1.3}}
     empty = {"straggler_pct": None}

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from freescale.pipeline import stats_figures as figures
-from freescale.pipeline import stats_ids
 from freescale.pipeline.balance import BalanceConfig, plan_bin_costs, plan_step_groups, predict_straggler_pct
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.stats_inputs import selected
+from freescale.pipeline.stats import figures
+from freescale.pipeline.stats import ids as stats_ids
+from freescale.pipeline.stats.inputs import selected
 
 ATTENTION_ONLY = CostModel(a=1.0, b=0.0)
 
@@ -82,7 +82,8 @@ def _reduce(
         )
     reducer = stats_ids.IdReducer(stats_ids.table_names([]), table_sizes, layouts, bits)
     for b in range(n_buckets):
-        reducer.reduce(str(tmp_path), b)
+        for j in range(len(reducer.tables)):
+            reducer.merge(reducer.count(str(tmp_path), b, j))
     assert not list(tmp_path.glob("*.npz"))
     return reducer
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freescale.pipeline.mds_encode import encode_samples
-from freescale.pipeline.writer import LIST_COLUMNS, SCALAR_COLUMNS, fast_mds_writer, mds_columns
+from freescale.pipeline.steps.mds_encode import encode_samples
+from freescale.pipeline.steps.writer import LIST_COLUMNS, SCALAR_COLUMNS, fast_mds_writer, mds_columns
 
 
 def sample_strategy(with_features: bool):

@@ -51,6 +51,17 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=int, default=2, help="processes running tasks, this one included (default 2: one spawned)"
     )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="where the steps run: local (this host's process pool, default) or ray (Ray tasks; byte-identical output)",
+    )
+    p.add_argument(
+        "--ray-address",
+        help="--engine ray: a running cluster (auto or HOST:PORT); default: start a Ray runtime on this host "
+        "with --workers CPUs for the job",
+    )
 
 
 def _sample_options(args: argparse.Namespace) -> dict:
@@ -66,6 +77,8 @@ def _sample_options(args: argparse.Namespace) -> dict:
         "cost_model_file": args.cost_model,
         "memory_limit": parse_size(args.memory_limit, "--memory-limit"),
         "workers": args.workers,
+        "engine": args.engine,
+        "ray_address": args.ray_address,
     }
 
 
@@ -114,6 +127,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
         help="rejected rows kept as examples in quarantine.jsonl, per reason (default 20)",
     )
     p.add_argument("--shard-size-limit", default="64MB")
+    p.add_argument(
+        "--plan-memory",
+        default="4GB",
+        help="memory the planner may hold (~400 bytes a sample); past it, samples are planned in windows of step "
+        "groups and the balance report's windowing section says how many (default 4GB: ~10M samples a window)",
+    )
     p.add_argument(
         "--work-dir",
         help="where intermediate files go (default: .<output name>.freescale-work beside a local output; "
@@ -387,6 +406,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         max_reject_fraction=args.max_reject_fraction,
         quarantine_examples=args.quarantine_examples,
         shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
+        plan_memory=parse_size(args.plan_memory, "--plan-memory"),
         work_dir=args.work_dir,
         overwrite=args.overwrite,
         progress=not args.quiet,
@@ -394,7 +414,7 @@ def prepare_config_from_args(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from freescale.pipeline.processes import (
+    from freescale.pipeline.executors.processes import (
         PREPARE_WORKER_MODULES,
         configure_task_process,
         imports_without_gc,
@@ -403,7 +423,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     # Workers start before this process imports the pipeline, so both imports run at once; this
     # process runs tasks too (one worker fewer), with the workers' settings.
-    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 else None
+    local = args.engine == "local"
+    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 and local else None
     configure_task_process()
     try:
         with imports_without_gc():
@@ -480,11 +501,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from freescale.pipeline.processes import configure_task_process
+    from freescale.pipeline.executors.processes import configure_task_process
 
     configure_task_process()  # this process runs tasks beside the workers (before polars is imported)
     from freescale.pipeline.stats import StatsConfig, run_stats
-    from freescale.pipeline.stats_report import print_stats_summary
+    from freescale.pipeline.stats.report import print_stats_summary
 
     def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
         if text is None:

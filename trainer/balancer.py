@@ -3,7 +3,7 @@
 Every rank calls ``place_samples`` on the *same* global vectors (per-sample costs and home ranks,
 rank-major, home order within a rank; ``online.py`` exchanges them) and gets the same answer, so no
 placement is ever communicated. The function is pure numpy over that input and uses the planner's
-own LPT (``pipeline.balance_algos.lpt_free``: free sample counts per rank, so one giant sample can
+own LPT (``pipeline.balance.algos.lpt_free``: free sample counts per rank, so one giant sample can
 sit alone) — no second balancing algorithm lives in the trainer.
 
 Why the extra steps around LPT:
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from freescale.pipeline.balance_algos import lpt_free
+from freescale.pipeline.balance.algos import lpt_free
 
 
 def rank_loads(costs: np.ndarray, ranks: np.ndarray, world_size: int) -> np.ndarray:

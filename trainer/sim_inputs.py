@@ -129,7 +129,7 @@ def read_sources(toml: str, samples: Any, workers: int = 1, progress: bool = Fal
     """Raw sources through ``prepare``'s scan → k-core → samples (what ``stats`` does on raw sources)."""
     from freescale.pipeline.config import PrepareConfig
     from freescale.pipeline.prepare import PrepareJob
-    from freescale.pipeline.stats_inputs import partition_meta, remove
+    from freescale.pipeline.stats.inputs import partition_meta, remove
 
     work = Path(tempfile.mkdtemp(prefix="freescale-simulate-"))
     try:

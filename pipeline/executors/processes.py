@@ -32,7 +32,11 @@ ALLOCATOR_SETTINGS = {"MIMALLOC_PURGE_DELAY": "1000"}
 
 
 # What ``prepare``'s workers run: imported by the pool initializer, while the driver is still busy.
-PREPARE_WORKER_MODULES = ("freescale.pipeline.scan", "freescale.pipeline.sequences", "freescale.pipeline.writer")
+PREPARE_WORKER_MODULES = (
+    "freescale.pipeline.steps.scan",
+    "freescale.pipeline.steps.sequences",
+    "freescale.pipeline.steps.writer",
+)
 
 
 def start_pool(workers: int, modules: tuple[str, ...] = ()) -> ProcessPoolExecutor:

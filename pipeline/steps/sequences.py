@@ -11,12 +11,10 @@ items. Every event that does not reach a sample is counted under a reason, so
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -24,7 +22,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.scan import read_partition, read_user_partition, remove_partition, save_json
+from freescale.pipeline.records import PartitionRecord
+from freescale.pipeline.steps.scan import read_partition, read_user_partition, remove_partition
 from freescale.pipeline.vocabulary import save_partition_ids
 
 SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order
@@ -267,7 +266,7 @@ def _user_feature_lists(
 
 def build_samples(
     frame: pl.DataFrame, cfg: SampleConfig, scan_dir: str, partition: int, feature_names: list[str]
-) -> tuple[pa.Table, dict[str, Any]]:
+) -> tuple[pa.Table, PartitionRecord]:
     """Cut samples from sorted events; returns the sample table and its event accounting."""
     users_all = frame["user_id"].to_numpy()
     starts, counts = user_runs(users_all)
@@ -303,19 +302,19 @@ def build_samples(
         },
         schema=SAMPLE_SCHEMA,
     )
-    record = {
-        "events_in": len(users_all),
-        "events_used": used,
-        "filtered": {
-            "kcore": kcore_dropped,
-            "min_len": min_len_dropped,
-            "truncated_max_uih_len": len(users_all) - kcore_dropped - min_len_dropped - used,
+    record = PartitionRecord(
+        events_in=len(users_all),
+        events_used=int(used),
+        filtered={
+            "kcore": int(kcore_dropped),
+            "min_len": int(min_len_dropped),
+            "truncated_max_uih_len": int(len(users_all) - kcore_dropped - min_len_dropped - used),
         },
-        "users_in": users_in,
-        "users_kept": len(counts),
-        "samples": table.num_rows,
-        "samples_without_profile": missing_profiles if feature_names else 0,
-    }
+        users_in=int(users_in),
+        users_kept=len(counts),
+        samples=table.num_rows,
+        samples_without_profile=int(missing_profiles) if feature_names else 0,
+    )
     return table, record
 
 
@@ -336,7 +335,7 @@ def run_partition(
     feature_names: list[str],
     sink: Callable[[pa.Table, int], None] | None = None,
     users: np.ndarray | None = None,
-) -> dict[str, Any]:
+) -> PartitionRecord:
     """Build one partition's samples and hand them to ``sink(table, partition)`` (default: the sample
     file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead). ``users``:
     the partition's sorted user ids when known (saves finding them). The record JSON in
@@ -346,18 +345,17 @@ def run_partition(
     frame, events_in = sorted_events(scan_dir, partition, removed, users)
     removed_events = events_in - frame.height
     table, record = build_samples(frame, cfg, scan_dir, partition, feature_names)
-    record["events_in"] += removed_events
-    record["filtered"]["kcore"] += removed_events
+    record.events_in += removed_events
+    record.filtered["kcore"] += removed_events
     (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
     save_partition_ids(samples_dir, partition, table, feature_names)
-    save_json(Path(samples_dir) / f"p{partition:05d}.json", record)
+    record.save(Path(samples_dir) / f"p{partition:05d}.json")
     remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record
 
 
-def load_partition_record(samples_dir: str, partition: int) -> dict[str, Any] | None:
-    marker = Path(samples_dir) / f"p{partition:05d}.json"
-    return json.loads(marker.read_text()) if marker.exists() else None
+def load_partition_record(samples_dir: str, partition: int) -> PartitionRecord | None:
+    return PartitionRecord.load_if_done(Path(samples_dir) / f"p{partition:05d}.json")
 
 
 def read_samples(samples_dir: str, partition: int, columns: list[str] | None = None) -> pa.Table:

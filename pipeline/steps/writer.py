@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 
 from freescale import storage
 from freescale.pipeline.integrity import HASH_ALGO
-from freescale.pipeline.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
+from freescale.pipeline.steps.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.streaming_modules import mds_writer_class
 
 storage_join = storage.join
@@ -204,9 +204,12 @@ def write_part(
     """Write plan positions [part·PART_SIZE, (part+1)·PART_SIZE) as MDS shards under ``part-NNNNN/``.
 
     The marker ``write.part-NNNNN.done`` lets a resumed job skip finished parts; an unfinished
-    part's directory is emptied by ``MDSWriter`` when it is written again.
+    part's directory is emptied by ``MDSWriter`` when it is written again. Parts are independent:
+    the Ray engine writes them in parallel tasks.
     """
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
+    if part_done(buckets_dir, part):  # a retried task (Ray) whose first run got past the marker
+        return end - start
     written = 0
     with fast_mds_writer(
         with_user_features,
@@ -218,7 +221,9 @@ def write_part(
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
             written += writer.write_encoded(iter_bucket_samples(buckets_dir, bucket, start, end))
     Path(buckets_dir, f"write.{part_name(part)}.done").touch()
-    for bucket in range(start // bucket_size, end // bucket_size):  # buckets no later part reads
+    # buckets that lie wholly in this part: parts may be written at once (Ray), so a bucket shared
+    # with a neighbouring part stays until the work directory is removed
+    for bucket in range(-(-start // bucket_size), end // bucket_size):
         for path in bucket_files(buckets_dir, bucket):
             path.unlink()
     return written

@@ -18,10 +18,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from freescale.pipeline.processes import exit_with_parent, imports_without_gc, skip_interpreter_teardown
+from freescale.pipeline.executors.processes import exit_with_parent, imports_without_gc, skip_interpreter_teardown
 from freescale.pipeline.streaming_modules import mds_writer_class
 
-WRITER_PROCESS_BYTES = 600 * 2**20  # MDSWriter with torch (514 MB measured, torch 2.14) + the interpreter
 WRITER_NICE = 5  # below the workers, so the import yields to them, yet done by the write phase
 
 

@@ -182,7 +182,7 @@ def plot_popularity(ax: Any, report: dict[str, Any]) -> None:
 
 
 def plot_straggler(ax: Any, report: dict[str, Any]) -> None:
-    from freescale.pipeline.stats_report import fillable_world_sizes
+    from freescale.pipeline.stats.report import fillable_world_sizes
 
     st = report["straggler"]
     filled = fillable_world_sizes(st)[0]

@@ -36,34 +36,12 @@ SPILL_SCHEMA = pa.schema(
         EVENT_SCHEMA.field("source"),
     ]
 )
-# Bytes one event occupies while a partition is sorted and grouped (columns + sort copies).
-BYTES_PER_EVENT_IN_MEMORY = 160
-# Conservative on-disk bytes per event by format, to size partitions before reading anything.
-ESTIMATED_BYTES_PER_EVENT = {"parquet": 6, "arrow": 20}
-DEFAULT_BYTES_PER_EVENT = 20
 
 
 def partition_of(user_ids: np.ndarray, n_partitions: int) -> np.ndarray:
     """Deterministic user → partition map (Fibonacci hashing; independent of the input order)."""
     mixed = user_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return ((mixed >> np.uint64(29)) % np.uint64(n_partitions)).astype(np.int64)
-
-
-def choose_partition_count(estimated_events: int, memory_limit: int, workers: int) -> int:
-    """Enough partitions that ``workers`` partitions held at once fit in half the memory limit."""
-    per_worker_budget = max(memory_limit // (2 * workers), 32 * 2**20)
-    events_per_partition = max(per_worker_budget // BYTES_PER_EVENT_IN_MEMORY, 1)
-    return max(workers * 2, -(-estimated_events // events_per_partition))
-
-
-def estimate_events(config: SourcesConfig, files: list[dict[str, Any]]) -> int:
-    """Rough event count from file sizes, before reading anything, to size the partitions."""
-    formats = {source.name: source.format for source in config.sources}
-    return sum(
-        entry["size"] // ESTIMATED_BYTES_PER_EVENT.get(formats[entry["source"]], DEFAULT_BYTES_PER_EVENT)
-        for entry in files
-        if entry["source"] in formats
-    )
 
 
 @dataclass
@@ -261,8 +239,6 @@ __all__ = [
     "EVENT_SCHEMA",
     "SPILL_SCHEMA",
     "ScanSummary",
-    "choose_partition_count",
-    "estimate_events",
     "load_task_record",
     "load_user_table_record",
     "partition_of",

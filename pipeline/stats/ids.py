@@ -10,13 +10,14 @@ batch, so one set of records serves all of them.
 1. ``spill_chunk`` (per partition or chunk of rows, in worker processes): per table, the
    ``(id, fine)`` records, packed into one int64 key and deduplicated with counts when the ids
    are small enough, and spilled into ``n_buckets`` files by a hash of the id.
-2. ``IdReducer.reduce`` (one bucket at a time): records sorted by key give per id its occurrence
+2. ``IdReducer.count`` (one table of one bucket, in worker processes; ``IdReducer.merge`` adds the
+   results up in the driver): records sorted by key give per id its occurrence
    count (popularity), per layout the distinct ids of every batch and how many of them were also
    in the previous batch (an id in batches n-1 and n is two adjacent records), and per table
    size T which rows of a modulo-hashed table are taken.
 
-A bucket holds every record of its ids, so all counters are exact; memory holds one bucket, the
-per-batch counters and one byte per row of each hashed table size.
+A bucket holds every record of its ids, so all counters are exact; a worker holds one table's share
+of a bucket, the driver the per-batch counters and one byte per row of each hashed table size.
 """
 
 from __future__ import annotations
@@ -30,21 +31,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from freescale.pipeline import stats_figures as figures
+from freescale.pipeline.stats import figures
 
-BYTES_PER_RECORD_IN_MEMORY = 48  # a record while a bucket is sorted (key, count, sort copies)
 BASE_TABLES = ("item", "action", "user")
 
 
 def table_names(features: list[str]) -> list[str]:
     """``item``, ``action`` (per event), ``user`` and ``user.<feature>`` (per sample)."""
     return [*BASE_TABLES, *(f"user.{name}" for name in features)]
-
-
-def bucket_count(records: int, memory_limit: int) -> int:
-    """Buckets such that one bucket's records fit in half the memory limit."""
-    budget = max(memory_limit // 2, 32 * 2**20)
-    return max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
 
 
 def fine_bits(n_fine: int) -> int:
@@ -165,6 +159,27 @@ class Layout:
 
 
 @dataclass
+class BucketCounts:
+    """One table's counters over one bucket (``IdReducer.count``), what a worker hands back to
+    ``IdReducer.merge``: ids never span buckets, so distinct counts add up exactly."""
+
+    table: int
+    distinct: int
+    occurrences: int
+    min_id: int
+    max_id: int
+    freq_of_freq: dict[int, int]
+    rows: dict[int, tuple[np.ndarray, np.ndarray]]  # table size T -> (rows used, ids in each)
+    unique: list[np.ndarray]  # per layout: distinct ids per batch
+    overlap: list[np.ndarray]  # per layout: ids also in the previous batch
+
+
+def count_bucket(reducer: IdReducer, spill_dir: str, bucket: int, j: int) -> BucketCounts | None:
+    """``reducer.count``, as a step call for the executors (a module-level function)."""
+    return reducer.count(spill_dir, bucket, j)
+
+
+@dataclass
 class IdReducer:
     """Exact per-table counters, merged bucket after bucket."""
 
@@ -198,43 +213,62 @@ class IdReducer:
         ]
         self._order = sorted(range(len(self.layouts)), key=lambda i: (self.layouts[i].name != "step_group", sizes[i]))
 
-    def reduce(self, spill_dir: str, bucket: int) -> None:
-        """Merge one bucket of every table into the counters, then delete its files."""
-        for j in range(len(self.tables)):
-            files = sorted(Path(spill_dir).glob(f"t{j:03d}.b{bucket:05d}.c*.npz"))
-            if not files:
-                continue
-            keys, counts, uid = _sorted_records(files, self.bits)
-            for path in files:
-                path.unlink()
-            id_part, fine = keys >> self.bits, keys & ((1 << self.bits) - 1)
-            new_id = np.ones(keys.size, dtype=bool)
-            new_id[1:] = id_part[1:] != id_part[:-1]
-            starts = np.flatnonzero(new_id)
-            ids = id_part[starts] if uid is None else uid[id_part[starts]]
-            self._add_table(j, ids, np.add.reduceat(counts, starts))
-            self._add_layouts(j, fine, new_id)
-
-    def _add_table(self, j: int, ids: np.ndarray, freq: np.ndarray) -> None:
-        self.distinct[j] += ids.size
-        self.occurrences[j] += int(freq.sum())
-        low, high = int(ids.min()), int(ids.max())
-        self.min_id[j] = low if self.min_id[j] is None else min(self.min_id[j], low)
-        self.max_id[j] = high if self.max_id[j] is None else max(self.max_id[j], high)
+    def count(self, spill_dir: str, bucket: int, j: int) -> BucketCounts | None:
+        """Table ``j``'s counters over one bucket (``None``: no records), without changing this
+        reducer: (table, bucket) pairs are independent, so workers count them and ``merge`` adds
+        them up. Deletes the bucket's files of the table."""
+        files = sorted(Path(spill_dir).glob(f"t{j:03d}.b{bucket:05d}.c*.npz"))
+        if not files:
+            return None
+        keys, counts, uid = _sorted_records(files, self.bits)
+        for path in files:
+            path.unlink()
+        id_part, fine = keys >> self.bits, keys & ((1 << self.bits) - 1)
+        new_id = np.ones(keys.size, dtype=bool)
+        new_id[1:] = id_part[1:] != id_part[:-1]
+        starts = np.flatnonzero(new_id)
+        ids = id_part[starts] if uid is None else uid[id_part[starts]]
+        freq = np.add.reduceat(counts, starts)
         values, mult = np.unique(freq, return_counts=True)
-        self.freq_of_freq[j].update(dict(zip(values.tolist(), mult.tolist())))
-        for size in self.table_sizes:
+        unique, overlap = self._layout_counts(fine, new_id)
+        return BucketCounts(
+            table=j,
+            distinct=int(ids.size),
+            occurrences=int(freq.sum()),
+            min_id=int(ids.min()),
+            max_id=int(ids.max()),
+            freq_of_freq=dict(zip(values.tolist(), mult.tolist())),
+            rows={size: np.unique(ids % size, return_counts=True) for size in self.table_sizes},
+            unique=unique,
+            overlap=overlap,
+        )
+
+    def merge(self, part: BucketCounts | None) -> None:
+        """Add one (table, bucket)'s counters: sums, extremes, and per hashed row min(ids, 2)."""
+        if part is None:
+            return
+        j = part.table
+        self.distinct[j] += part.distinct
+        self.occurrences[j] += part.occurrences
+        self.min_id[j] = part.min_id if self.min_id[j] is None else min(self.min_id[j], part.min_id)
+        self.max_id[j] = part.max_id if self.max_id[j] is None else max(self.max_id[j], part.max_id)
+        self.freq_of_freq[j].update(part.freq_of_freq)
+        for size, (used, hits) in part.rows.items():
             state = self.rows.get((j, size))
             if state is None:
                 state = self.rows[(j, size)] = np.zeros(size, np.uint8)
-            used, hits = np.unique(ids % size, return_counts=True)
             state[used] = np.minimum(state[used].astype(np.int64) + hits, 2).astype(np.uint8)
+        for index in range(len(self.layouts)):
+            self.unique[index][j] += part.unique[index]
+            self.overlap[index][j] += part.overlap[index]
 
-    def _add_layouts(self, j: int, fine: np.ndarray, new_id: np.ndarray) -> None:
+    def _layout_counts(self, fine: np.ndarray, new_id: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Distinct ids per batch and those also in the previous batch, for every layout: after
         mapping fine batches to a layout's batches, an id in batches n-1 and n is two adjacent
         records. Layouts whose size is a multiple of the previous one start from its (smaller)
         deduplicated records."""
+        unique: list[np.ndarray] = [np.zeros(0, np.int64)] * len(self.layouts)
+        overlap: list[np.ndarray] = [np.zeros(0, np.int64)] * len(self.layouts)
         previous: tuple[int, np.ndarray, np.ndarray] | None = None  # (size, batch, first-of-id)
         for index in self._order:
             layout = self.layouts[index]
@@ -250,11 +284,12 @@ class IdReducer:
                 keep[1:] |= batch[1:] != batch[:-1]
                 batch, first = batch[keep], first[keep]
             nb = layout.n_batches
-            self.unique[index][j] += np.bincount(batch, minlength=nb)
+            unique[index] = np.bincount(batch, minlength=nb)
             again = ~first[1:] & (batch[1:] == batch[:-1] + 1)
-            self.overlap[index][j] += np.bincount(batch[1:][again], minlength=nb)
+            overlap[index] = np.bincount(batch[1:][again], minlength=nb)
             if size is not None and layout.name != "step_group":
                 previous = (size, batch, first)
+        return unique, overlap
 
     # ---------------------------------------------------------------------------------- results
     def ids_report(self) -> dict[str, Any]:

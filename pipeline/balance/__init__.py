@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .balance_report import build_report, lower_bound_over_mean, step_max_and_imbalance
-from .balance_steps import (
+from .report import build_report, lower_bound_over_mean, step_max_and_imbalance
+from .steps import (
     Ranked,
     Steps,
     assign_bins,

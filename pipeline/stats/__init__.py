@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from freescale import __version__, storage
-from freescale.pipeline import stats_figures as figures
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
-from freescale.pipeline.stats_inputs import Collected, collect_prepared, collect_sources, remove
+from freescale.pipeline.stats import figures
+from freescale.pipeline.stats.inputs import Collected, collect_prepared, collect_sources, remove
 
 SCHEMA_VERSION = 1
 STATS_NAME = "stats.json"
@@ -96,6 +96,8 @@ class StatsConfig:
     cost_model_file: str | None = None
     memory_limit: int = 2 * 2**30
     workers: int = 2
+    engine: str = "local"  # raw sources: where prepare's steps and the id pass run (``executors``)
+    ray_address: str | None = None  # --engine ray: a running cluster; None starts one
     work_dir: str | None = None  # raw sources: prepare's work files; kept there for a fast re-run
     cache_dir: str | None = None  # prepared dataset on s3://: local shard cache
     verify: bool = True  # prepared dataset: check shard hashes against the manifest (--no-verify skips)
@@ -436,7 +438,7 @@ def run_stats(config: StatsConfig) -> dict[str, Any]:
     if config.output is None:
         return report
     if config.plots:
-        from freescale.pipeline.stats_plots import write_plots
+        from freescale.pipeline.stats.plots import write_plots
 
         report["plots"] = write_plots(report, config.output)
     report["runtime_s"] = round(time.perf_counter() - started, 3)

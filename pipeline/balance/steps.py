@@ -21,7 +21,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from .balance_algos import KK_HEAD_PER_BIN, kk_equal, kk_free, lpt_equal, lpt_free, refine_swaps
+from .algos import KK_HEAD_PER_BIN, kk_equal, kk_free, lpt_equal, lpt_free, refine_swaps
 
 # Bound on padded elements handled by one vectorised call (keeps memory flat on huge inputs).
 _BLOCK_ELEMENTS = 1 << 22

@@ -4,7 +4,7 @@ Raw sources go through ``PrepareJob.build_samples()`` (scan → k-core → sampl
 by ``--memory-limit``): the same readers, validation and sequence builder as ``prepare``, so the
 lengths reported are the lengths ``prepare`` would cost and balance. Two passes over its partition
 files follow, in worker processes: per-sample metadata (user, window, length, events per source),
-then the id records of ``stats_ids`` once every sample's position in the random batching is known.
+then the id records of ``stats.ids`` once every sample's position in the random batching is known.
 
 A prepared dataset is read once, in plan order, through ``PreparedDataset`` (local or ``s3://``).
 
@@ -25,13 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from freescale.pipeline import stats_ids
+from freescale.pipeline import memory
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.processes import run_calls, start_pool
+from freescale.pipeline.records import RowTotals
+from freescale.pipeline.stats import ids as stats_ids
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
-PARALLEL_MIN_EVENTS_PER_WORKER = 20_000_000  # measured: below this, spawning workers costs more than it saves
 
 
 def selected(user_ids: np.ndarray, fraction: float) -> np.ndarray:
@@ -81,40 +81,13 @@ def canonical(users: np.ndarray, windows: np.ndarray, keep: np.ndarray, seed: in
     return canon, np.random.default_rng([seed, RANDOM_ORDER_STREAM]).permutation(canon.size)
 
 
-class Pool:
-    """The id pass's runners, like ``prepare``'s: this process and ``workers - 1`` spawned ones
-    (``processes.run_calls``). A spawned worker pays about a second of imports, so
-    ``collect_sources`` asks for workers only when each gets ``PARALLEL_MIN_EVENTS_PER_WORKER``
-    events or more."""
-
-    def __init__(self, workers: int, progress: bool) -> None:
-        self.progress = progress
-        self.slots = workers - 1
-        self.executor = start_pool(self.slots) if self.slots else None
-
-    def map(self, fn: Callable, jobs: list[tuple], desc: str) -> list[Any]:
-        """``fn(*job)`` for each job, results in job order, with a progress bar."""
-        bar = tqdm(total=len(jobs), desc=desc, unit="partition", disable=not self.progress, leave=False)
-        try:
-            return run_calls(self.executor, self.slots, [(fn, job) for job in jobs], bar.update)
-        finally:
-            bar.close()
-
-    def __enter__(self) -> Pool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.executor is not None:
-            self.executor.shutdown(cancel_futures=True)
-
-
 def _flat(column: pa.ChunkedArray) -> np.ndarray:
     return pc.list_flatten(column).to_numpy()
 
 
 def partition_meta(samples_dir: str, partition: int, n_sources: int) -> dict[str, np.ndarray]:
     """Pass 1 over a ``prepare`` partition: user, window, length and events per source per sample."""
-    from freescale.pipeline.sequences import read_samples
+    from freescale.pipeline.steps.sequences import read_samples
 
     table = read_samples(samples_dir, partition, ["user_id", "window", "length", "sources"])
     lengths = table.column("length").to_numpy().astype(np.int64)
@@ -133,7 +106,7 @@ def partition_spill(
     samples_dir: str, partition: int, fine: np.ndarray, spill_dir: str, n_buckets: int, bits: int, n_features: int
 ) -> int:
     """Pass 2: the id records of a partition's selected samples (``fine`` < 0: not selected)."""
-    from freescale.pipeline.sequences import read_samples
+    from freescale.pipeline.steps.sequences import read_samples
 
     columns = ["length", "item_ids", "actions", "user_id"] + (["user_features"] if n_features else [])
     table = read_samples(samples_dir, partition, columns)
@@ -155,26 +128,38 @@ def partition_spill(
     )
 
 
-def reduce_spills(spill_dir: str, n_buckets: int, reducer: stats_ids.IdReducer, progress: bool) -> None:
-    for b in tqdm(range(n_buckets), desc="stats: id buckets", unit="bucket", disable=not progress, leave=False):
-        reducer.reduce(spill_dir, b)
+def reduce_spills(
+    spill_dir: str, n_buckets: int, reducer: stats_ids.IdReducer, run: Callable[[Callable, list[tuple]], list]
+) -> None:
+    """Count every (bucket, table) with ``run(fn, jobs)`` (the job's executor, or serially), then merge
+    the counts here: the sorts run in the workers, the driver only adds up."""
+    jobs = [(reducer, spill_dir, b, j) for b in range(n_buckets) for j in range(len(reducer.tables))]
+    for part in run(stats_ids.count_bucket, jobs):
+        reducer.merge(part)
+
+
+def _serially(progress: bool) -> Callable[[Callable, list[tuple]], list]:
+    """``run`` for ``reduce_spills`` in this process, with a progress bar."""
+
+    def run(fn: Callable, jobs: list[tuple]) -> list:
+        bar = tqdm(jobs, desc="stats: id buckets", unit="bucket", disable=not progress, leave=False)
+        return [fn(*job) for job in bar]
+
+    return run
 
 
 def _rows_from_built(built: Any) -> dict[str, Any]:
     """Row accounting of ``prepare``'s phases 1–3 (the same names as the manifest's ``rows``)."""
-    filtered: dict[str, int] = {}
-    for record in built.partitions:
-        for reason, count in record["filtered"].items():
-            filtered[reason] = filtered.get(reason, 0) + count
-    used = sum(record["events_used"] for record in built.partitions)
+    totals = RowTotals.of(built.partitions)
+    filtered, used = totals.filtered, totals.events_used
     rows = {
         "events_read": built.scan.rows_read,
         "events_read_by_source": dict(sorted(built.scan.rows_read_by_source.items())),
         "events_used": used,
         "events_rejected": {"total": built.scan.rejected_total, "by_reason": dict(sorted(built.scan.rejected.items()))},
         "events_filtered": {"total": sum(filtered.values()), "by_reason": dict(sorted(filtered.items()))},
-        "users": sum(record["users_kept"] for record in built.partitions),
-        "samples": sum(record["samples"] for record in built.partitions),
+        "users": totals.users,
+        "samples": totals.samples,
     }
     rows["balanced"] = rows["events_read"] == used + rows["events_rejected"]["total"] + rows["events_filtered"]["total"]
     return rows
@@ -198,12 +183,21 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
             workers=config.workers,
             work_dir=str(work / "prepare"),
             progress=config.progress,
+            engine=config.engine,
+            ray_address=config.ray_address,
         )
     )
     try:
         built = job.build_samples()
+        return _collect_built(config, work, sizes_for, job, built)
     finally:
         job.close()
+
+
+def _collect_built(config: Any, work: Path, sizes_for: Callable, job: Any, built: Any) -> Collected:
+    """``collect_sources``' two passes over the built partitions. The id pass runs on the build's
+    executor, whose workers are warm: a pool started for it paid ~1 s of spawn and imports per
+    worker, so on ``large`` (25M events) it ran in this process alone."""
     names = [spec.name for spec in job.sources.sources]
     features = list(built.users.get("features", []))
     parts = range(built.n_partitions)
@@ -227,7 +221,7 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
     fine[canon[order]] = np.arange(n, dtype=np.int64) // g0
     bits = stats_ids.fine_bits(layouts[0].batch_of_fine.size)
     events = int(lengths[keep].sum())
-    n_buckets = stats_ids.bucket_count(events + n * (1 + len(features)), config.memory_limit)
+    n_buckets = memory.stats_bucket_count(events + n * (1 + len(features)), config.memory_limit, config.workers)
     spill_dir = work / "spill"
     remove(spill_dir)  # records of an interrupted run would be counted twice
     spill_dir.mkdir(parents=True)
@@ -235,11 +229,9 @@ def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[li
         (built.samples_dir, p, fine[bounds[p] : bounds[p + 1]], str(spill_dir), n_buckets, bits, len(features))
         for p in parts
     ]
-    workers = max(1, min(config.workers, events // PARALLEL_MIN_EVENTS_PER_WORKER))
-    with Pool(workers, config.progress) as pool:
-        pool.map(partition_spill, jobs, "stats: ids")
+    job.map(partition_spill, jobs, "stats: ids", "partition")
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
-    reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
+    reduce_spills(str(spill_dir), n_buckets, reducer, lambda fn, calls: job.map(fn, calls, "stats: ids", "bucket"))
     return Collected(
         kind="sources",
         dataset=job.sources.name,
@@ -292,7 +284,7 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     sizes, headline = sizes_for(int(n_rows * min(config.sample_fraction, 1.0)))
     tracker = stats_ids.FineTracker(sizes)
     # The bucket count must be fixed before spilling: size it from the manifest's event count.
-    n_buckets = stats_ids.bucket_count(
+    n_buckets = memory.stats_bucket_count(
         int(manifest["rows"].get("events_used", n_rows)) + n_rows * (1 + len(features)), config.memory_limit
     )
     bits = stats_ids.fine_bits(n_rows)  # a fine batch starts at most once per row
@@ -347,7 +339,7 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     group_batch = g * int(layout_cfg["micro_batch_size"]) if layout_cfg.get("mode") == "equal_count" else None
     layouts = tracker.layouts(position, n_groups, group_batch)
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
-    reduce_spills(str(spill_dir), n_buckets, reducer, config.progress)
+    reduce_spills(str(spill_dir), n_buckets, reducer, _serially(config.progress))
     canon, order = canonical(users_a, windows_a, keep_a, config.seed)
     mb_costs = np.bincount(micro_batch, weights=costs_a, minlength=len(offsets) - 1)
     return Collected(

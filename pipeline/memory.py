@@ -1,0 +1,140 @@
+"""The memory-budget arithmetic of ``prepare`` and ``stats``, in one place.
+
+Every bound a job keeps (``--memory-limit``, ``--plan-memory``) becomes a count here: partitions of the
+scan, samples per write bucket, records per stats bucket, samples per planning window, a started Ray
+runtime's object store. The per-item byte figures are measurements (where and how: beside each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 2**20
+# Bytes one event occupies while a partition is sorted and grouped (columns + sort copies).
+BYTES_PER_EVENT_IN_MEMORY = 160
+# Conservative on-disk bytes per event by format, to size partitions before reading anything.
+ESTIMATED_BYTES_PER_EVENT = {"parquet": 6, "arrow": 20}
+DEFAULT_BYTES_PER_EVENT = 20
+# Bytes of an encoded event in a sample (item id 8, timestamp 8, action 4, source 1) plus slack for
+# the per-sample header and scalars: what a bucket of samples occupies in the writer.
+ENCODED_BYTES_PER_EVENT = 24
+# The writer process: MDSWriter with torch (514 MB measured, torch 2.14) + the interpreter.
+WRITER_PROCESS_BYTES = 600 * MIB
+# A stats id record while a bucket is sorted (key, count, sort copies).
+BYTES_PER_RECORD_IN_MEMORY = 48
+# The step-group planner's peak per sample (tracemalloc, lognormal costs, 50k-200k samples, both
+# modes: 270-332 bytes), with margin.
+PLAN_BYTES_PER_SAMPLE = 400
+# Past this many samples a windowed prepare does not also plan the whole dataset to report what
+# windowing cost: the comparison doubles the planning time, which grows with the samples.
+COMPARE_MAX_SAMPLES = 2_000_000
+MIN_TASK_BUDGET = 32 * MIB  # below this, per-task budgets stop shrinking (fixed costs dominate)
+MIN_OBJECT_STORE_BYTES = 100 * MIB
+
+
+def preload_writer(memory_limit: int) -> bool:
+    """Start the writer process with the job when reserving its memory leaves at least half of
+    ``memory_limit`` to the workers."""
+    return memory_limit - WRITER_PROCESS_BYTES >= memory_limit // 2
+
+
+def worker_budget(memory_limit: int, writer_reserved: bool) -> int:
+    """What the scan/sample workers may hold together: the limit less the writer's reservation."""
+    return memory_limit - (WRITER_PROCESS_BYTES if writer_reserved else 0)
+
+
+def estimate_events(formats: dict[str, str], files: list[dict[str, Any]]) -> int:
+    """Rough event count from file sizes (``formats``: source name -> format), before reading anything."""
+    return sum(
+        entry["size"] // ESTIMATED_BYTES_PER_EVENT.get(formats[entry["source"]], DEFAULT_BYTES_PER_EVENT)
+        for entry in files
+        if entry["source"] in formats
+    )
+
+
+def choose_partition_count(estimated_events: int, budget: int, workers: int) -> int:
+    """Enough partitions that ``workers`` partitions held at once fit in half of ``budget``."""
+    per_worker_budget = max(budget // (2 * workers), MIN_TASK_BUDGET)
+    events_per_partition = max(per_worker_budget // BYTES_PER_EVENT_IN_MEMORY, 1)
+    return max(workers * 2, -(-estimated_events // events_per_partition))
+
+
+def write_bucket_size(n_samples: int, total_events: int, memory_limit: int, part_size: int) -> int:
+    """Samples per write bucket: a part's worth (a part then reads one bucket's files and frees them),
+    fewer when that many encoded samples (memory-mapped by the writer while it writes the part, beside
+    a shard's copy) would not fit what the writer process leaves of the memory limit."""
+    writer_budget = max(memory_limit - WRITER_PROCESS_BYTES, memory_limit // 8)
+    budget_events = max(writer_budget // (2 * ENCODED_BYTES_PER_EVENT), 1)
+    return max(1, min(part_size, int(n_samples * budget_events // max(total_events, 1))))
+
+
+def stats_bucket_count(records: int, memory_limit: int, workers: int = 1) -> int:
+    """Buckets of the stats id pass, so that ``workers`` buckets' records sort at once (each worker
+    counts one table of a bucket) within half the limit."""
+    budget = max(memory_limit // (2 * workers), MIN_TASK_BUDGET)
+    return max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
+
+
+def window_samples(n_samples: int, unit: int, plan_memory: int) -> int:
+    """Samples per planning window: all when their plan fits ``plan_memory``, else the most whole
+    step groups (``unit`` = G·k samples) that fit, at least one."""
+    if n_samples * PLAN_BYTES_PER_SAMPLE <= plan_memory:
+        return n_samples
+    return max(plan_memory // PLAN_BYTES_PER_SAMPLE // unit, 1) * unit
+
+
+def whole_plan_comparable(n_samples: int, memory_limit: int) -> str | None:
+    """``None`` when a windowed job may also plan all ``n_samples`` at once to measure what windowing
+    cost (the whole plan within half of ``--memory-limit`` and at most ``COMPARE_MAX_SAMPLES``), else
+    the reason it may not, in one line."""
+    need = n_samples * PLAN_BYTES_PER_SAMPLE
+    if need > memory_limit // 2:
+        return f"a whole plan of {n_samples:,} samples needs ~{need / MIB:,.0f} MB, over half of --memory-limit"
+    if n_samples > COMPARE_MAX_SAMPLES:
+        return f"{n_samples:,} samples: over {COMPARE_MAX_SAMPLES:,}, planning them twice would cost too long"
+    return None
+
+
+# A Ray runtime started on this host for a job (bench_prepare, large, peak RSS by process role): its
+# system processes (GCS, raylet, log monitor, ...: 6 of them, ~100 MB each), the driver (311 MB) and
+# a task worker, which holds the write step's imports (torch via mosaicml-streaming) and a part:
+# 1.23 GB measured.
+RAY_SYSTEM_BYTES = 600 * MIB
+RAY_DRIVER_BYTES = 320 * MIB
+RAY_WORKER_BYTES = 1230 * MIB
+
+
+@dataclass(frozen=True)
+class RaySizing:
+    """CPUs (concurrent task workers) and object store of a Ray runtime started for a job, and when
+    ``--memory-limit`` cannot hold even one worker, the one line that says so."""
+
+    cpus: int
+    object_store_bytes: int
+    warning: str | None
+
+
+def ray_sizing(memory_limit: int, workers: int) -> RaySizing:
+    """As many of ``workers`` task workers as fit what the limit leaves after the runtime's fixed
+    processes and object store. When not even one fits, fewer workers would not keep the limit
+    either: all ``workers`` run, and the warning gives the peak to expect."""
+    store = ray_object_store_bytes(memory_limit)
+    fixed = RAY_SYSTEM_BYTES + RAY_DRIVER_BYTES + store
+    fits = (memory_limit - fixed) // RAY_WORKER_BYTES
+    if fits >= 1:
+        return RaySizing(min(workers, int(fits)), store, None)
+    peak = fixed + workers * RAY_WORKER_BYTES
+    return RaySizing(
+        workers,
+        store,
+        f"ray engine: --memory-limit {memory_limit / MIB:,.0f} MB cannot hold Ray's runtime, driver and object "
+        f"store (~{fixed / MIB:,.0f} MB) plus one task worker (~{RAY_WORKER_BYTES / MIB:,.0f} MB, the write's "
+        f"imports); running {workers} workers, peak up to ~{peak / MIB:,.0f} MB",
+    )
+
+
+def ray_object_store_bytes(memory_limit: int) -> int:
+    """Object store of a Ray runtime started for a job: a quarter of its limit (tasks pass paths and
+    small records; the largest objects are the plan's per-partition arrays)."""
+    return max(memory_limit // 4, MIN_OBJECT_STORE_BYTES)
