@@ -23,7 +23,10 @@ downloads the shards it reads itself (atomically, into the shared private cache)
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from freescale import storage
 from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer.data import CollateConfig, collate, sequence_arrays
 
@@ -176,13 +180,68 @@ def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int) -> K
     return KJTBatch(step, features, torch.from_numpy(lengths), torch.from_numpy(targets), users)
 
 
+@dataclass
+class _Array:
+    """A tensor on its way from a worker: as a numpy array, pickled by value through the pipe."""
+
+    array: np.ndarray
+
+
+@dataclass
+class _KJT:
+    keys: list[str]
+    values: _Array
+    lengths: _Array
+
+
+def to_wire(obj: Any) -> Any:
+    """``obj`` with every tensor as a numpy array (``_Array``), KJTs as ``_KJT``, through dataclasses
+    and lists. Why: DataLoader workers send tensors through one shared-memory segment each, which
+    costs ~0.1 ms per tensor on each side, and a trainer ``Batch`` holds ~50 small tensors (measured:
+    receiving one cost as much as collating it); arrays pickled by value cost microseconds."""
+    if isinstance(obj, torch.Tensor):
+        return _Array(obj.numpy())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        wired = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            setattr(wired, f.name, to_wire(getattr(obj, f.name)))
+        return wired
+    if isinstance(obj, list):
+        return [to_wire(item) for item in obj]
+    if type(obj).__name__ == "KeyedJaggedTensor":
+        return _KJT(obj.keys(), to_wire(obj.values()), to_wire(obj.lengths()))
+    return obj
+
+
+def from_wire(obj: Any) -> Any:
+    """The inverse of ``to_wire`` (``torch.from_numpy``: no copy)."""
+    if isinstance(obj, _Array):
+        return torch.from_numpy(obj.array)
+    if isinstance(obj, _KJT):
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        return KeyedJaggedTensor(keys=obj.keys, values=from_wire(obj.values), lengths=from_wire(obj.lengths))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            setattr(obj, f.name, from_wire(getattr(obj, f.name)))
+        return obj
+    if isinstance(obj, list):
+        return [from_wire(item) for item in obj]
+    return obj
+
+
 class StepReads(Dataset):
-    """Map-style: step -> this rank's micro-batch of that step, in the configured output form."""
+    """Map-style: step -> this rank's micro-batch of that step, in the configured output form
+    (``to_wire`` form when read by a worker process)."""
 
     def __init__(self, dataset: PreparedDataset, config: Config, collate_cfg: CollateConfig | None) -> None:
         self.dataset, self.config, self.collate_cfg = dataset, config, collate_cfg
 
     def __getitem__(self, step: int) -> Samples | KJTBatch | Any:
+        item = self.read(step)
+        return to_wire(item) if self.config.num_workers else item
+
+    def read(self, step: int) -> Samples | KJTBatch | Any:
         c = self.config
         index = self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)
         samples = self.dataset.micro_batch(index)
@@ -191,6 +250,39 @@ class StepReads(Dataset):
         if c.output == "batch":
             return collate(samples, self.collate_cfg, step, c.rank)
         return kjt_batch(samples, self.collate_cfg, step)
+
+
+class ShardPrefetch:
+    """Downloads an ``s3://`` dataset's shards in the order this rank's steps first need them, on a
+    daemon thread of the calling process, so workers rarely wait for a download (streaming's own
+    reader downloads ahead the same way). A worker needing a shard being fetched waits on its lock
+    (``PreparedDataset.fetch_shard``); an error here is left for that worker's read to raise, with
+    its file name."""
+
+    def __init__(self, dataset: PreparedDataset, config: Config, end: int) -> None:
+        self.dataset, self.config, self.end = dataset, config, end
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="freescale-shard-prefetch", daemon=True)
+        self.thread.start()
+
+    def order(self) -> Iterator[int]:
+        c, seen = self.config, set()
+        for step in range(c.start_step, self.end):
+            if len(seen) == len(self.dataset.shards):
+                return
+            for shard in self.dataset.shards_of(self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)):
+                if shard not in seen:
+                    seen.add(shard)
+                    yield shard
+
+    def _run(self) -> None:
+        try:
+            for shard in self.order():
+                if self.stop.is_set():
+                    return
+                self.dataset.fetch_shard(shard)
+        except Exception:
+            return
 
 
 def _as_is(item: Any) -> Any:
@@ -231,6 +323,7 @@ class Loader:
                 prefetch_factor=config.prefetch_factor if workers else None,
             )
         self._iterator: Any = None
+        self._prefetch: ShardPrefetch | None = None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -240,8 +333,14 @@ class Loader:
         return max(0, self.end - self.config.start_step)
 
     def __iter__(self) -> Iterator[Any]:
-        self._iterator = iter(self._loader)
-        return self._iterator
+        self._iterator = iter(self._loader)  # workers fork first: never while the prefetch thread is in S3 calls
+        if storage.is_remote(self.dataset.uri) and self._prefetch is None:
+            self._prefetch = ShardPrefetch(self.dataset, self.config, self.end)
+        return self._batches(self._iterator)
+
+    def _batches(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        for item in iterator:
+            yield from_wire(item) if self.config.num_workers else item
 
     def state_dict(self) -> dict[str, Any]:
         c = self.config
@@ -264,3 +363,5 @@ class Loader:
         if shutdown is not None:
             shutdown()
         self._iterator = None
+        if self._prefetch is not None:
+            self._prefetch.stop.set()

@@ -19,6 +19,7 @@ already registered by another process, which DataLoader worker processes would b
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -217,14 +218,21 @@ class PreparedDataset:
     def _local_root(self) -> str:
         return self.cache_dir if storage.is_remote(self.uri) else self.uri
 
-    def _download(self, name: str, local: str) -> None:
-        """One shard from ``s3://`` into the cache, atomically: processes that fetch the same shard at
-        once (ranks, loader workers) each write a temporary file and rename it into place."""
+    def fetch_shard(self, shard_id: int) -> str:
+        """The local path of a shard, downloaded first for ``s3://`` (not yet checked: ``row`` checks).
+
+        One process downloads a shard; others that need it at the same time (ranks, loader workers,
+        the loader's prefetch thread) wait on a lock file beside it instead of fetching it again."""
+        name = self.shards[shard_id]["raw_data"]["basename"]
+        local = os.path.join(self._local_root(), name)
+        if not storage.is_remote(self.uri) or os.path.isfile(local):
+            return local
         os.makedirs(os.path.dirname(local), exist_ok=True)
-        tmp = f"{local}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as handle:
-            handle.write(storage.read_bytes(storage.join(self.uri, name)))
-        os.replace(tmp, local)
+        with open(f"{local}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.isfile(local):
+                storage.download(storage.join(self.uri, name), local)
+        return local
 
     def _check_shard(self, shard_id: int) -> None:
         """Header (always) and hash (``verify``) of a shard, once per process, before its first row."""
@@ -233,10 +241,8 @@ class PreparedDataset:
         shard = self.shards[shard_id]
         name = shard["raw_data"]["basename"]
         label = storage.join(self.uri, name)
-        local = os.path.join(self._local_root(), name)
+        local = self.fetch_shard(shard_id)
         if storage.is_remote(self.uri):
-            if not os.path.isfile(local):
-                self._download(name, local)
             label = f"{label} (cached as {local})"
         if not os.path.isfile(local):
             raise IntegrityError(f"{label}: missing; re-run `freescale prepare --overwrite`")
@@ -292,6 +298,11 @@ class PreparedDataset:
         group, sub = divmod(step, steps_per_group)
         group = int(self.group_order(epoch, seed)[group])
         return group * self.group_size + sub * world_size + rank
+
+    def shards_of(self, index: int) -> range:
+        """Shards holding micro-batch ``index``'s rows (what reading it will fetch)."""
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        return range(self._shard_of(start), self._shard_of(max(start, end - 1)) + 1)
 
     def micro_batch(self, index: int) -> list[dict[str, Any]]:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
