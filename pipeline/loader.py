@@ -266,8 +266,10 @@ class ShardPrefetch:
         self.thread.start()
 
     def order(self) -> Iterator[int]:
+        """Shards by first use over at most one epoch of steps (later epochs reread cached shards)."""
         c, seen = self.config, set()
-        for step in range(c.start_step, self.end):
+        horizon = min(self.end, c.start_step + self.dataset.steps_per_epoch(c.world_size))
+        for step in range(c.start_step, horizon):
             if len(seen) == len(self.dataset.shards):
                 return
             for shard in self.dataset.shards_of(self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)):
