@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
+import os
 import threading
 import warnings
 from collections.abc import Iterator
@@ -287,6 +289,20 @@ class ShardPrefetch:
             return
 
 
+WORKER_NICE = 19
+
+
+def _init_worker(worker_id: int) -> None:
+    """Worker processes run at nice 19: on a host with spare cores this changes nothing, and where a
+    worker shares its rank's core (``engine.pin_cpus``, one core per rank) it reads in the rank's idle
+    moments (collective waits) instead of taking scheduler slices from its compute, which other ranks
+    would wait for. When the rank does wait for a batch, the worker is the only one runnable. The
+    garbage collector is on again: a forked worker inherits the trainer's ``gc.disable()``, which
+    suits the timed loop, not a process that never flushes."""
+    os.nice(WORKER_NICE - os.nice(0))
+    gc.enable()
+
+
 def _as_is(item: Any) -> Any:
     """The collate function: a step is already one batch (no numpy -> tensor conversion of samples)."""
     return item
@@ -323,6 +339,7 @@ class Loader:
                 collate_fn=_as_is,
                 num_workers=workers,
                 prefetch_factor=config.prefetch_factor if workers else None,
+                worker_init_fn=_init_worker if workers else None,
             )
         self._iterator: Any = None
         self._prefetch: ShardPrefetch | None = None
