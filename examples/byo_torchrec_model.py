@@ -66,7 +66,9 @@ class NextItemModel(nn.Module):
         super().__init__()
         tables = [
             EmbeddingConfig(name="item_table", embedding_dim=dim, num_embeddings=num_items, feature_names=["item"]),
-            EmbeddingConfig(name="action_table", embedding_dim=dim, num_embeddings=num_actions, feature_names=["action"]),
+            EmbeddingConfig(
+                name="action_table", embedding_dim=dim, num_embeddings=num_actions, feature_names=["action"]
+            ),
         ]
         self.ec = EmbeddingCollection(tables=tables, device=torch.device("meta"))
         self.encoder = Encoder(dim, num_items)
