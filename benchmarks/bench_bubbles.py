@@ -170,7 +170,7 @@ def write_config(
     tables = {
         "model": s.model_table(),
         "model_extra": {"num_items": s.items, "num_actions": 8, "inbatch_negatives": s.inbatch_negatives},
-        "data": {"path": data, "max_steps": steps, "prefetch": 0},
+        "data": {"path": data, "max_steps": steps},
         "engine": {"threads": 1, "seed": s.seed, "pin_cpus": True, "overlap": s.overlap, **(engine_extra or {})},
         "eval": {"max_users": 0},
         "logging": {
@@ -223,8 +223,8 @@ def identical_rank(argv: list[str]) -> int:
 
     own = PreparedDataset.micro_batch_index
 
-    def rank0_index(self: PreparedDataset, step: int, rank: int, world_size: int) -> int:
-        return own(self, step, 0, world_size)
+    def rank0_index(self: PreparedDataset, step: int, rank: int, world_size: int, seed: int = 0) -> int:
+        return own(self, step, 0, world_size, seed)
 
     PreparedDataset.micro_batch_index = rank0_index  # type: ignore[method-assign]
     return rank_main(argv)

@@ -134,7 +134,7 @@ def write_config(path: Path, s: Settings, data: str, rows: int, overlap: str, ou
         "model": model_table(s),
         # ids folded modulo the table size on purpose: that is the knob that raises the overlap rate
         "model_extra": {"ids": "hashed", "num_items": rows, "num_actions": 8, "inbatch_negatives": s.inbatch_negatives},
-        "data": {"path": data, "max_steps": s.steps, "prefetch": 0},
+        "data": {"path": data, "max_steps": s.steps, "workers": 0},
         "engine": {"threads": 1, "seed": s.seed, "overlap": overlap},
         "eval": {"max_users": 0},
         "logging": {"out_dir": str(out), "log_every": 12, "progress": False, "skip_steps": s.skip_steps},

@@ -92,30 +92,6 @@ def make_data(s: Settings, work: Path) -> str:
     return str(out)
 
 
-def popularity(data: str, k: int) -> dict[str, dict[str, Any]]:
-    """Most-popular baseline on the protocol's validation and test targets: frequency over the
-    training events (every event but the evaluated users' held-out items), in exact rows."""
-    from freescale.pipeline.reader import PreparedDataset
-    from freescale.trainer.data import held_out
-    from freescale.trainer.evaluate import popularity_metrics
-
-    dataset = PreparedDataset(data)
-    vocab = dataset.vocabulary("item")
-    train, validation, test = [], [], []
-    for index in range(dataset.n_micro_batches):
-        for sample in dataset.micro_batch(index):
-            rows = vocab.rows(sample["item_ids"])
-            train.append(rows[: len(rows) - held_out(sample, 2, 0)])
-            if int(sample["window"]) == 0 and len(rows) >= 3:
-                validation.append(int(rows[-2]))
-                test.append(int(rows[-1]))
-    counts = np.concatenate(train)
-    return {
-        split: popularity_metrics(counts, np.array(targets), vocab.size, k)
-        for split, targets in (("validation", validation), ("test", test))
-    }
-
-
 def write_config(path: Path, s: Settings, data: str, out: Path, architecture: str, loss: str, every: int) -> str:
     tables = {
         "model": {
@@ -209,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{architecture}-{loss}"
             config = write_config(work / f"{name}.toml", s, data, work / name, architecture, loss, steps_per_epoch)
             rows.append({"model": f"{architecture} {loss} (2 ranks)", **train(config, work, steps_per_epoch)})
-        popular = popularity(data, s.k)
+        from freescale.trainer.evaluate import most_popular
+
+        popular = most_popular(PreparedDataset(data), s.k)
         rows.append({"model": "most popular", **popular})
         items = PreparedDataset(data).table_sizes()["item"]
         chance = {"protocol": "full", f"hr@{s.k}": s.k / items, f"ndcg@{s.k}": None}

@@ -6,13 +6,20 @@ micro-batch ``group·G + (s mod G/W)·W + r``. Any ``W`` dividing ``G`` therefor
 schedule is a pure function of the step counter (deterministic, resumable), and each rank reads only
 its own rows — the loader, not mosaicml-streaming's shuffle, decides placement (DESIGN §8).
 
-Rows are read by index through ``streaming.StreamingDataset`` (``shuffle=False``), which downloads
-the shards a rank touches from ``s3://`` into a local cache.
+Epochs: epoch 0 reads the groups in plan order; epoch ``e > 0`` reads them in the order of a
+permutation drawn from ``(seed, e)`` (``group_order``). Whole groups move, never micro-batches
+within a group, so every step still reads ``W`` micro-batches of one balanced group.
+
+Rows are read by index with mosaicml-streaming's MDS shard reader; a shard of an ``s3://`` dataset
+is first downloaded whole into a local cache. ``StreamingDataset`` (``rows``) is not on this path:
+its shared-memory registration is collective under torch.distributed and refuses a cache directory
+already registered by another process, which DataLoader worker processes would be.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -37,7 +44,7 @@ from freescale.pipeline.integrity import (
     safe_relative_path,
 )
 from freescale.pipeline.manifest import ManifestError, read_manifest
-from freescale.pipeline.streaming_modules import streaming_dataset_class
+from freescale.pipeline.streaming_modules import import_streaming_module, streaming_dataset_class
 from freescale.pipeline.vocabulary import Vocabulary
 
 INDEX_NAME = "index.json"
@@ -126,7 +133,16 @@ class PreparedDataset:
         self.n_step_groups = self.n_micro_batches // self.group_size
         self.cache_dir = cache_dir or (default_cache_dir(uri) if storage.is_remote(uri) else None)
         self._checked: set[int] = set()
+        self._readers: dict[int, Any] = {}
+        self._orders: dict[tuple[int, int], np.ndarray] = {}
         self._rows: Any = None
+        if storage.is_remote(uri):  # before any process (loader workers too) fetches a shard
+            self._refresh_cache_index()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for DataLoader worker processes: manifest, index and offsets travel (already
+        checked); shard readers, checked shards and the ``StreamingDataset`` are per process."""
+        return {**self.__dict__, "_checked": set(), "_readers": {}, "_rows": None}
 
     def _read_checked(self, name: str) -> bytes:
         uri = storage.join(self.uri, name)
@@ -173,8 +189,6 @@ class PreparedDataset:
             StreamingDataset = streaming_dataset_class()
 
             remote = self.uri if storage.is_remote(self.uri) else None
-            if remote:
-                self._refresh_cache_index()
             local = self.cache_dir if remote else self.uri
             self._rows = StreamingDataset(
                 remote=remote, local=local, shuffle=False, batch_size=1, allow_unsafe_types=False
@@ -201,6 +215,25 @@ class PreparedDataset:
     def _shard_of(self, row: int) -> int:
         return int(np.searchsorted(self._shard_ends, row, side="right"))
 
+    def _local_root(self) -> str:
+        return self.cache_dir if storage.is_remote(self.uri) else self.uri
+
+    def fetch_shard(self, shard_id: int) -> str:
+        """The local path of a shard, downloaded first for ``s3://`` (not yet checked: ``row`` checks).
+
+        One process downloads a shard; others that need it at the same time (ranks, loader workers,
+        the loader's prefetch thread) wait on a lock file beside it instead of fetching it again."""
+        name = self.shards[shard_id]["raw_data"]["basename"]
+        local = os.path.join(self._local_root(), name)
+        if not storage.is_remote(self.uri) or os.path.isfile(local):
+            return local
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        with open(f"{local}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.isfile(local):
+                storage.download(storage.join(self.uri, name), local)
+        return local
+
     def _check_shard(self, shard_id: int) -> None:
         """Header (always) and hash (``verify``) of a shard, once per process, before its first row."""
         if shard_id in self._checked:
@@ -208,25 +241,25 @@ class PreparedDataset:
         shard = self.shards[shard_id]
         name = shard["raw_data"]["basename"]
         label = storage.join(self.uri, name)
-        local = os.path.join(self.cache_dir if storage.is_remote(self.uri) else self.uri, name)
+        local = self.fetch_shard(shard_id)
         if storage.is_remote(self.uri):
-            if not os.path.isfile(local):
-                self.rows.prepare_shard(shard_id)
             label = f"{label} (cached as {local})"
         if not os.path.isfile(local):
             raise IntegrityError(f"{label}: missing; re-run `freescale prepare --overwrite`")
         entry = None if self.files is None else self.files[name]
         check_shard_file(local, label, int(shard["samples"]), entry, self.verify)
+        reader = import_streaming_module("streaming.base.format").reader_from_json(self._local_root(), None, shard)
+        reader.validate(allow_unsafe_types=False)
+        self._readers[shard_id] = reader
         self._checked.add(shard_id)
 
     def row(self, index: int) -> dict[str, Any]:
         """Row ``index`` (plan order), its shard checked first (``_check_shard``); decoding errors name the shard."""
         shard_id = self._shard_of(index)
         self._check_shard(shard_id)
+        start = int(self._shard_ends[shard_id - 1]) if shard_id else 0
         try:
-            return self.rows[index]
-        except ManifestError:
-            raise
+            return self._readers[shard_id].get_item(index - start)
         except Exception as error:  # a decoding error deep in streaming: name the file it came from
             name = self.shards[shard_id]["raw_data"]["basename"]
             raise IntegrityError(f"{storage.join(self.uri, name)}: cannot read row {index} ({error})") from error
@@ -243,15 +276,33 @@ class PreparedDataset:
         self.check_world_size(world_size)
         return self.n_step_groups * (self.group_size // world_size)
 
-    def micro_batch_index(self, step: int, rank: int, world_size: int) -> int:
-        """The micro-batch rank ``rank`` of ``world_size`` reads at ``step`` (epochs wrap around)."""
+    def group_order(self, epoch: int, seed: int) -> np.ndarray:
+        """Step groups in the order epoch ``epoch`` reads them: plan order in epoch 0, then a
+        permutation drawn from ``(seed, epoch)``, so a resumed run (any world size) reads the same."""
+        if epoch == 0:
+            return np.arange(self.n_step_groups)
+        key = (epoch, seed)
+        if key not in self._orders:
+            self._orders.clear()  # one epoch at a time is read: memory stays flat over long runs
+            self._orders[key] = np.random.default_rng([seed, epoch]).permutation(self.n_step_groups)
+        return self._orders[key]
+
+    def micro_batch_index(self, step: int, rank: int, world_size: int, seed: int = 0) -> int:
+        """The micro-batch rank ``rank`` of ``world_size`` reads at ``step``; after the first epoch the
+        step groups come in ``group_order(epoch, seed)``."""
         self.check_world_size(world_size)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside [0, {world_size})")
         steps_per_group = self.group_size // world_size
-        step %= self.steps_per_epoch(world_size)
+        epoch, step = divmod(step, self.steps_per_epoch(world_size))
         group, sub = divmod(step, steps_per_group)
+        group = int(self.group_order(epoch, seed)[group])
         return group * self.group_size + sub * world_size + rank
+
+    def shards_of(self, index: int) -> range:
+        """Shards holding micro-batch ``index``'s rows (what reading it will fetch)."""
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        return range(self._shard_of(start), self._shard_of(max(start, end - 1)) + 1)
 
     def micro_batch(self, index: int) -> list[dict[str, Any]]:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
@@ -270,6 +321,7 @@ class RankReader:
     rank: int
     step: int = 0
     num_steps: int | None = None  # None: one epoch from the current step
+    seed: int = 0  # order of the step groups after the first epoch (``group_order``)
 
     def __post_init__(self) -> None:
         self.dataset.check_world_size(self.world_size)
@@ -281,7 +333,7 @@ class RankReader:
             self.num_steps if self.num_steps is not None else self.dataset.steps_per_epoch(self.world_size) - self.step
         )
         while self.step < end:
-            index = self.dataset.micro_batch_index(self.step, self.rank, self.world_size)
+            index = self.dataset.micro_batch_index(self.step, self.rank, self.world_size, self.seed)
             batch = self.dataset.micro_batch(index)
             step = self.step
             self.step += 1

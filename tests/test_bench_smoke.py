@@ -1,4 +1,4 @@
-"""Smoke run of bench_bubbles: every variant, the noise-floor rank entry included, runs end to end.
+"""Smoke runs of bench_bubbles (every variant, the noise-floor rank entry included) and bench_loader.
 
 Figures from a 6-step run on tiny data mean nothing; the test checks the benchmark's plumbing (the
 floor run starts its own torchrun with its own ``sys.path``, which once broke unnoticed) and that the
@@ -27,3 +27,22 @@ def test_bench_bubbles_quick_runs_every_variant(tmp_path: Path) -> None:
     comparisons = report["comparisons"]
     assert {"freescale_straggler_reduction_pct", "noise_floor_straggler_pct", "target_met"} <= comparisons.keys()
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_bench_loader_quick_reads_every_row_local_and_s3(tmp_path: Path) -> None:
+    """bench_loader's plumbing: the moto server process, both readers on both locations, the report."""
+    bench = BENCH.parent / "bench_loader.py"
+    out = tmp_path / "loader.json"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(r["location"], r["arm"]): r for r in report["rows"]}
+    assert set(rows) == {(loc, arm) for loc in ("local", "s3") for arm in ("bare streaming", "freescale loader")}
+    assert len({r["rows"] for r in rows.values()}) == 1  # every reader read every row once
+    assert {"ours_over_bare_local", "ours_over_bare_s3", "target_met"} <= report["comparisons"].keys()

@@ -270,3 +270,25 @@ def test_a_resumed_run_keeps_the_best_validation_of_before_the_resume(tmp_path: 
     got = json.loads((tmp_path / "b" / "bubbles.json").read_text())["protocol"]
     assert got["evaluations"] == expected["evaluations"] == 4
     assert _figures(got) == _figures(expected)
+
+
+def test_most_popular_scores_every_evaluated_users_held_out_items(tmp_path: Path) -> None:
+    """The demo's and bench_quality's baseline: one target per evaluated user and split, ranked by
+    training frequency, where the held-out items themselves are not training events."""
+    from train_cli import prepare_tiny
+
+    from freescale.pipeline.reader import PreparedDataset
+    from freescale.trainer.evaluate import most_popular
+
+    dataset = PreparedDataset(prepare_tiny(tmp_path))
+    samples = [s for m in range(dataset.n_micro_batches) for s in dataset.micro_batch(m)]
+    users = sum(1 for s in samples if int(s["window"]) == 0 and int(s["length"]) >= 3)
+    result = most_popular(dataset, 10)
+    vocab = dataset.vocabulary("item")
+    train = [vocab.rows(s["item_ids"])[: -2 if int(s["length"]) >= 3 else None] for s in samples]
+    counts = np.bincount(np.concatenate(train), minlength=vocab.size)
+    top = set(np.argsort(-counts, kind="stable")[:10].tolist())
+    tests = [int(vocab.rows(s["item_ids"])[-1]) for s in samples if int(s["length"]) >= 3]
+    for split in ("validation", "test"):
+        assert result[split]["users"] == users and 0.0 < result[split]["ndcg@10"] <= result[split]["hr@10"] < 1.0
+    assert result["test"]["hr@10"] >= np.mean([t in top for t in tests])  # ties count in the target's favour

@@ -176,9 +176,18 @@ def test_nonfinite_loss_stops_the_run_after_the_allowed_skips(tiny_dataset, tmp_
     assert "Traceback" not in result.stderr
 
 
+def parent_pid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def job_processes(config: str) -> dict[str, list[int]]:
-    """Pids of this job's torchrun agent and ranks, found by the config path on their command lines."""
-    found: dict[str, list[int]] = {"agent": [], "rank": []}
+    """Pids of this job's torchrun agent, ranks and the ranks' loader workers (forked: same command
+    line, a rank as parent), found by the config path on their command lines."""
+    found: dict[str, list[int]] = {"agent": [], "rank": [], "worker": []}
+    trainer = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -191,7 +200,9 @@ def job_processes(config: str) -> dict[str, list[int]]:
         if b"freescale.trainer.lifetime" in argv or b"torch.distributed.run" in argv:
             found["agent"].append(int(entry.name))
         elif b"freescale.trainer" in argv:
-            found["rank"].append(int(entry.name))
+            trainer.append(int(entry.name))
+    for pid in trainer:
+        found["worker" if parent_pid(pid) in trainer else "rank"].append(pid)
     return found
 
 
@@ -230,17 +241,18 @@ def start_long_run(tiny_dataset: str, root: Path, **extra: dict) -> tuple[subpro
 def test_ranks_end_with_the_launcher(tiny_dataset, tmp_path, sig: int) -> None:
     launcher, config = start_long_run(tiny_dataset, tmp_path)
     job = job_processes(config)
-    assert len(job["rank"]) == 2 and len(job["agent"]) == 1, job
+    assert len(job["rank"]) == 2 and len(job["agent"]) == 1 and len(job["worker"]) == 2, job  # data.workers = 1
+    everyone = job["rank"] + job["agent"] + job["worker"]
     try:
         launcher.send_signal(sig)
         launcher.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in job["rank"] + job["agent"]) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in everyone) and time.monotonic() < deadline:
             time.sleep(0.1)
-        survivors = [pid for pid in job["rank"] + job["agent"] if alive(pid)]
+        survivors = [pid for pid in everyone if alive(pid)]
         assert survivors == [], f"still running {signal.Signals(sig).name} + 10 s after the launcher: {survivors}"
     finally:
-        for pid in job["rank"] + job["agent"]:
+        for pid in everyone:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
@@ -346,7 +358,7 @@ def test_a_stopped_rank_ends_the_job_naming_it(tiny_dataset, tmp_path) -> None:
         assert "engine.collective_timeout_s = 5 s" in err
         assert elapsed < timeout + 10, elapsed
     finally:
-        for pid in job["rank"] + job["agent"]:
+        for pid in job["rank"] + job["agent"] + job["worker"]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

@@ -123,7 +123,8 @@ class DataConfig:
     max_steps: int = 0  # > 0: stop after this many steps (wrapping around epochs)
     max_seconds: float = 0.0  # > 0: also stop at the first log flush after this much training time
     holdout_last: bool = True  # never train on a user's evaluation items (validation and test; eval.validation)
-    prefetch: int = 2  # micro-batches read ahead by a background thread (0: read inline)
+    workers: int = 1  # loader worker processes reading ahead (0: read in the training process)
+    prefetch: int = 2  # micro-batches each loader worker keeps ready
     seed: int = 0  # negatives and dropout draw from (seed, step, rank)
 
     def __post_init__(self) -> None:
@@ -131,7 +132,8 @@ class DataConfig:
         _check(self.epochs > 0, "data.epochs", "must be > 0", self.epochs)
         _check(self.max_steps >= 0, "data.max_steps", "must be >= 0", self.max_steps)
         _check(self.max_seconds >= 0, "data.max_seconds", "must be >= 0", self.max_seconds)
-        _check(self.prefetch >= 0, "data.prefetch", "must be >= 0", self.prefetch)
+        _check(self.workers >= 0, "data.workers", "must be >= 0", self.workers)
+        _check(self.prefetch >= 1, "data.prefetch", "must be >= 1", self.prefetch)
         _check(isinstance(self.verify, bool), "data.verify", "must be true or false", self.verify)
         _check(self.seed >= 0, "data.seed", "must be >= 0", self.seed)
 

@@ -1,12 +1,13 @@
-"""From prepared micro-batches to model-ready jagged batches, read ahead in a background thread.
+"""From prepared micro-batches to model-ready jagged batches (the trainer's collation).
 
-The loader position is the step counter: ``RankReader`` maps (step, rank, world size) to a
-micro-batch, so resuming is "start at step k" and nothing else needs saving. Random choices that
-belong to a step (negatives) are drawn from ``numpy.random.default_rng([seed, step, rank])`` for
-the same reason: a resumed run draws exactly what the uninterrupted run drew, and the single-process
-reference can reproduce any rank's step.
+The public loader (``pipeline/loader.py``) calls ``collate`` in its worker processes, so it stays off
+the critical path. The loader position is the step counter: ``PreparedDataset.micro_batch_index``
+maps (step, rank, world size) to a micro-batch, so resuming is "start at step k" and nothing else
+needs saving. Random choices that belong to a step (negatives) are drawn from
+``numpy.random.default_rng([seed, step, rank])`` for the same reason: a resumed run draws exactly
+what the uninterrupted run drew, and the single-process reference can reproduce any rank's step.
 
-Collation (CPU, in the prefetch thread so it stays off the critical path): raw ids become table rows
+Collation: raw ids become table rows
 (exactly, through the dataset's vocabularies; or folded modulo the table size in ``hashed`` mode),
 the user's evaluation items are held out (``held_out``: the validation and test items never become
 training targets), sequences keep their most recent ``max_uih_len`` events (the count of events
@@ -15,16 +16,13 @@ this drops is kept per batch, for the run summary), and the jagged layout (lengt
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from freescale.pipeline.reader import PreparedDataset, RankReader
+from freescale.pipeline.reader import PreparedDataset
 from freescale.pipeline.vocabulary import Vocabulary
 from freescale.trainer.jagged import JaggedLayout, build_layout
 
@@ -203,81 +201,6 @@ def collate(
         truncated=int(truncated),
         user_ids=torch.tensor([int(samples[i]["user_id"]) for i in kept], dtype=torch.int64),
     )
-
-
-def open_dataset(uri: str, cache_dir: str | None, verify: bool = True) -> PreparedDataset:
-    """A ``PreparedDataset`` whose MDS rows are opened now, on every rank together.
-
-    Under torchrun mosaicml-streaming calls ``dist.barrier()`` while registering its shared memory,
-    so the first access must happen on all ranks at the same point of the main thread — not lazily
-    inside the prefetch thread. Rows are read map-style by global index, so the per-rank partition
-    streaming computes is never used.
-    """
-    dataset = PreparedDataset(uri, cache_dir=cache_dir, verify=verify)
-    _ = dataset.rows  # collective open (and the row-count check) here, see above
-    return dataset
-
-
-class StepLoader:
-    """``(step, Batch)`` for steps ``[start, end)`` of one rank, read ahead by a daemon thread.
-
-    The thread only reads and collates (numpy, the GIL is released in MDS decoding and numpy
-    kernels); ``prefetch=0`` reads inline, which the benchmarks use to keep timings single-threaded.
-    """
-
-    def __init__(
-        self,
-        dataset: PreparedDataset,
-        world_size: int,
-        rank: int,
-        start: int,
-        end: int,
-        cfg: CollateConfig,
-        prefetch: int = 2,
-    ) -> None:
-        self.reader = RankReader(dataset, world_size=world_size, rank=rank, step=start, num_steps=end - start)
-        self.cfg, self.rank, self.prefetch = cfg, rank, prefetch
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _batches(self) -> Iterator[Batch]:
-        for step, samples in self.reader:
-            yield collate(samples, self.cfg, step, self.rank)
-
-    def _produce(self) -> None:
-        try:
-            for batch in self._batches():
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-            self._queue.put(StopIteration())
-        except BaseException as error:  # surfaced in the training thread
-            self._queue.put(error)
-
-    def __iter__(self) -> Iterator[Batch]:
-        if self.prefetch == 0:
-            yield from self._batches()
-            return
-        self._thread = threading.Thread(target=self._produce, name="freescale-prefetch", daemon=True)
-        self._thread.start()
-        while True:
-            item = self._queue.get()
-            if isinstance(item, StopIteration):
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
 
 def eval_samples(

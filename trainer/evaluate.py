@@ -18,8 +18,8 @@ diverged model (every score equal, or NaN) must report HR@k = 0, not 1 — with 
 tied or NaN target and every user counted as a hit. The target's own row is left out by id, since
 its score recomputed through a different matmul may differ from the target score in the last bit.
 
-``popularity_metrics`` is the most-popular baseline under the same protocol, computed from the
-training events, for the quality benchmark.
+``most_popular`` is the most-popular baseline under the same protocol, computed from the training
+events, for the quality benchmark and the demo.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from freescale.trainer.data import CollateConfig, collate
+from freescale.pipeline.reader import PreparedDataset
+from freescale.trainer.data import CollateConfig, collate, held_out
 
 EVAL_CHUNK = 64
 SCORE_CHUNK_ROWS = 65_536
@@ -188,4 +189,28 @@ def popularity_metrics(train_items: np.ndarray, eval_targets: np.ndarray, num_it
         "users": len(eval_targets),
         **result,
         "note": "score = training frequency; ties broken in the target's favour",
+    }
+
+
+def most_popular(dataset: PreparedDataset, k: int) -> dict[str, dict[str, Any]]:
+    """Most-popular baseline on the protocol's validation and test targets of every evaluated user
+    (window-0 samples with at least 3 events): item frequency over the training events (every event
+    but the held-out validation and test items), in exact rows. Why here: the demo and
+    ``bench_quality`` print it next to the model, and both must score the baseline alike."""
+    vocab = dataset.vocabulary("item")
+    if vocab is None:
+        raise ValueError(f"{dataset.uri}: no item vocabulary (prepared by an older FreeScale); re-run prepare")
+    stride = int(dataset.manifest.get("config", {}).get("samples", {}).get("window_stride") or 0)
+    train, validation, test = [], [], []
+    for index in range(dataset.n_micro_batches):
+        for sample in dataset.micro_batch(index):
+            rows = vocab.rows(sample["item_ids"])
+            train.append(rows[: len(rows) - held_out(sample, 2, stride)])
+            if int(sample["window"]) == 0 and len(rows) >= 3:
+                validation.append(int(rows[-2]))
+                test.append(int(rows[-1]))
+    counts = np.concatenate(train)
+    return {
+        split: popularity_metrics(counts, np.array(targets), vocab.size, k)
+        for split, targets in (("validation", validation), ("test", test))
     }

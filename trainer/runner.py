@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import math
 import os
 import shutil
 import signal
@@ -36,11 +35,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from freescale.pipeline import loader
 from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer import bubbles
 from freescale.trainer.checkpoint import resolve_resume
 from freescale.trainer.config import RunConfig
-from freescale.trainer.data import CollateConfig, StepLoader, eval_samples, open_dataset, split_query
+from freescale.trainer.data import CollateConfig, eval_samples, split_query
 from freescale.trainer.engine import Engine
 from freescale.trainer.evaluate import evaluate
 from freescale.trainer.instrument import StepRecord, clock_offsets, gather_records
@@ -137,9 +137,34 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def total_steps(cfg: RunConfig, dataset: PreparedDataset, world_size: int) -> int:
-    if cfg.data.max_steps:
-        return cfg.data.max_steps
-    return max(1, math.ceil(cfg.data.epochs * dataset.steps_per_epoch(world_size)))
+    return loader.total_steps(dataset, world_size, cfg.data.epochs, cfg.data.max_steps)
+
+
+def make_loader(
+    cfg: RunConfig,
+    dataset: PreparedDataset,
+    collate_cfg: CollateConfig,
+    rank: int,
+    world_size: int,
+    start: int,
+    end: int,
+) -> loader.Loader:
+    """The public loader reading this rank's ``Batch`` of steps ``[start, end)``: the trainer reads the
+    way any user's model does. A resumed run starts at its checkpoint's step, which is all the loader
+    state a run needs (the schedule is a function of the step)."""
+    config = loader.Config(
+        path=cfg.data.path,
+        world_size=world_size,
+        rank=rank,
+        output="batch",
+        start_step=start,
+        num_steps=end - start,
+        seed=cfg.data.seed,
+        num_workers=cfg.data.workers,
+        prefetch_factor=cfg.data.prefetch,
+        collate=collate_cfg,
+    )
+    return loader.Loader(config, dataset)
 
 
 class TrainingError(RuntimeError):
@@ -181,7 +206,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.out = Path(cfg.logging.out_dir)
-        self.dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None, cfg.data.verify)
+        self.dataset = PreparedDataset(cfg.data.path, cache_dir=cfg.data.cache_dir or None, verify=cfg.data.verify)
         self.dataset.check_world_size(world_size)
         cfg, self.tables, self.collate_cfg = run_tables(cfg, self.dataset)
         self.cfg = cfg
@@ -205,9 +230,7 @@ class Trainer:
             keep_metrics_before(self.metrics_file, start)
         if start:
             self._restore_tracker(start)
-        loader = StepLoader(
-            self.dataset, self.world_size, self.rank, start, end, self.collate_cfg, self.cfg.data.prefetch
-        )
+        batches = make_loader(self.cfg, self.dataset, self.collate_cfg, self.rank, self.world_size, start, end)
         progress = self._progress(start, end)
         if self.rank == 0:
             self._announce()
@@ -215,11 +238,11 @@ class Trainer:
         gc.freeze()  # start-up objects are never scanned again (see the module docstring)
         gc.disable()  # collections run at flushes, outside step timing
         try:
-            end = self._loop(self._counted(iter(loader)), start, end, progress)
+            end = self._loop(self._counted(iter(batches)), start, end, progress)
         finally:
             gc.enable()
             gc.unfreeze()
-            loader.close()
+            batches.close()
             self.engine.close()
             if progress is not None:
                 progress.close()

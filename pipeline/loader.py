@@ -1,0 +1,386 @@
+"""The balanced streaming loader: rank ``r`` of ``W`` gets its micro-batch of every step, for any model.
+
+A prepared dataset (``freescale prepare``, local or ``s3://``) is a sequence of step groups of ``G``
+cost-balanced micro-batches; ``PreparedDataset.micro_batch_index`` says which one rank ``r`` of ``W``
+reads at step ``s`` (``pipeline/reader.py``; epochs after the first permute whole groups by seed).
+This module turns that schedule into a torchdata ``StatefulDataLoader``:
+
+- the sampler is the step range ``[start_step, end)``; the dataset is map-style, step -> this rank's
+  micro-batch, so worker processes read and collate ahead while the model computes, and
+  ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly (torchdata counts the steps the
+  caller consumed, not the ones workers prefetched) — across epochs too, since the epoch is part of
+  the step number;
+- ``output`` picks what a step yields: ``samples`` (``Samples``: the prepared rows, numpy), ``batch``
+  (the FreeScale trainer's ``trainer.data.Batch``) or ``kjt`` (``KJTBatch``: a TorchRec
+  ``KeyedJaggedTensor`` of keys ``item``, ``action``, ``timestamp`` plus lengths and next-item
+  targets). Ids become table rows through the dataset's exact vocabularies, with the trainer's own
+  collation code (``trainer.data.sequence_arrays``): one mapping, whoever reads.
+
+Workers receive the ``PreparedDataset`` by fork or pickle; its shard readers and checked-shard set
+are per process (``PreparedDataset.__getstate__``), so each worker opens, checks and, for ``s3://``,
+downloads the shards it reads itself (atomically, into the shared private cache).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import math
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from freescale import storage
+from freescale.pipeline.reader import PreparedDataset
+from freescale.trainer.data import CollateConfig, collate, sequence_arrays
+
+OUTPUTS = ("samples", "batch", "kjt")
+KJT_KEYS = ("item", "action", "timestamp")
+
+
+@dataclass
+class Config:
+    """What to read and how. ``num_steps = 0`` reads ``epochs`` passes from step 0 (or from
+    ``start_step`` to that end); ``collate = None`` (``batch``/``kjt``) maps ids through the dataset's
+    exact vocabularies and holds out each user's validation and test items (``default_collate``)."""
+
+    path: str
+    world_size: int = 1
+    rank: int = 0
+    output: str = "kjt"
+    start_step: int = 0
+    num_steps: int = 0
+    epochs: float = 1.0
+    seed: int = 0  # order of the step groups in epochs after the first
+    num_workers: int = 2  # worker processes reading ahead (0: read in the calling process)
+    prefetch_factor: int = 2  # micro-batches each worker reads ahead
+    cache_dir: str | None = None  # s3:// shard cache (default: private per-user temp directory)
+    verify: bool = True  # hash each shard against the manifest when first read
+    collate: CollateConfig | None = None
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("path", bool(self.path), "must name a prepared dataset (directory or s3:// prefix)"),
+            ("output", self.output in OUTPUTS, f"must be one of {', '.join(OUTPUTS)}"),
+            ("world_size", self.world_size >= 1, "must be >= 1"),
+            ("rank", 0 <= self.rank < max(1, self.world_size), f"must be in [0, world_size = {self.world_size})"),
+            ("start_step", self.start_step >= 0, "must be >= 0"),
+            ("num_steps", self.num_steps >= 0, "must be >= 0 (0: epochs)"),
+            ("epochs", self.epochs > 0, "must be > 0"),
+            ("num_workers", self.num_workers >= 0, "must be >= 0"),
+            ("prefetch_factor", self.prefetch_factor >= 1, "must be >= 1"),
+        )
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"loader option '{name}' {rule}, got {getattr(self, name)!r}")
+
+
+def total_steps(dataset: PreparedDataset, world_size: int, epochs: float, max_steps: int = 0) -> int:
+    """Steps of a run: ``max_steps`` when set, else ``epochs`` passes (at least one step); the
+    trainer and the loader stop at the same step by both using this."""
+    if max_steps:
+        return max_steps
+    return max(1, math.ceil(epochs * dataset.steps_per_epoch(world_size)))
+
+
+def default_collate(dataset: PreparedDataset) -> CollateConfig:
+    """Exact id rows from the dataset's vocabularies, no negatives, the prepared sequence length, the
+    leave-one-out holdout (validation + test items never become targets) and prepare's window stride."""
+    samples = dataset.manifest.get("config", {}).get("samples", {})
+    item, action = dataset.vocabulary("item"), dataset.vocabulary("action")
+    if item is None or action is None:
+        raise ValueError(f"{dataset.uri}: no id vocabularies (prepared by an older FreeScale); pass Config.collate")
+    return CollateConfig(
+        num_items=item.size,
+        num_actions=action.size,
+        max_len=int(samples.get("max_uih_len") or 2**31 - 1),
+        num_negatives=0,
+        inbatch_negatives=0,
+        window_stride=int(samples.get("window_stride") or 0),
+        item_vocab=item,
+        action_vocab=action,
+    )
+
+
+@dataclass
+class Samples:
+    """``output = "samples"``: one step's micro-batch as prepared (dicts of numpy arrays, raw ids)."""
+
+    step: int
+    micro_batch: int
+    samples: list[dict[str, Any]]
+
+
+@dataclass
+class KJTBatch:
+    """``output = "kjt"``: one step's micro-batch for a TorchRec model.
+
+    ``features`` holds each sample's *input* events (all but its last, after holdout and truncation)
+    under keys ``item``, ``action`` (table rows) and ``timestamp`` (seconds), one jagged row per
+    sample; ``targets[j]`` is the item row of the event after input ``j`` (next-item training at
+    every position). Registered as TorchRec ``Pipelineable`` (``register_pipelineable``), so TorchRec's
+    train pipelines move it to the device themselves."""
+
+    step: int
+    features: Any  # torchrec KeyedJaggedTensor
+    lengths: torch.Tensor  # [B] input events per sample
+    targets: torch.Tensor  # [sum(lengths)] next item row of every input event
+    user_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> KJTBatch:
+        move = {"device": device, "non_blocking": non_blocking}
+        return KJTBatch(
+            self.step,
+            self.features.to(**move),
+            self.lengths.to(**move),
+            self.targets.to(**move),
+            self.user_ids.to(**move),
+        )
+
+    def record_stream(self, stream: Any) -> None:
+        self.features.record_stream(stream)
+        for tensor in (self.lengths, self.targets, self.user_ids):
+            tensor.record_stream(stream)
+
+    def pin_memory(self) -> KJTBatch:
+        tensors = (self.lengths, self.targets, self.user_ids)
+        return KJTBatch(self.step, self.features.pin_memory(), *(t.pin_memory() for t in tensors))
+
+
+def register_pipelineable() -> None:
+    """Declare ``KJTBatch`` a TorchRec ``Pipelineable`` (an ABC): TorchRec is imported only here, so
+    the ``samples``/``batch`` outputs and the FreeScale trainer never need it."""
+    from torchrec.streamable import Pipelineable
+
+    Pipelineable.register(KJTBatch)
+
+
+def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int) -> KJTBatch:
+    """Prepared samples -> ``KJTBatch`` (ids through ``sequence_arrays``, as the trainer collates)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    parts = [sequence_arrays(sample, cfg, cfg.holdout_last) for sample in samples]
+    kept = [i for i, part in enumerate(parts) if len(part[0]) >= 2]
+    inputs = [[parts[i][j][:-1] for i in kept] for j in range(3)]  # item, action, timestamp
+    lengths = np.array([len(parts[i][0]) - 1 for i in kept], dtype=np.int64)
+    values = [np.concatenate(column) if kept else np.zeros(0, np.int64) for column in inputs]
+    targets = np.concatenate([parts[i][0][1:] for i in kept]) if kept else np.zeros(0, np.int64)
+    features = KeyedJaggedTensor(
+        keys=list(KJT_KEYS),
+        values=torch.from_numpy(np.concatenate(values)),
+        lengths=torch.from_numpy(np.tile(lengths, len(KJT_KEYS))),
+    )
+    users = torch.tensor([int(samples[i]["user_id"]) for i in kept], dtype=torch.int64)
+    return KJTBatch(step, features, torch.from_numpy(lengths), torch.from_numpy(targets), users)
+
+
+@dataclass
+class _Array:
+    """A tensor on its way from a worker: as a numpy array, pickled by value through the pipe."""
+
+    array: np.ndarray
+
+
+@dataclass
+class _KJT:
+    keys: list[str]
+    values: _Array
+    lengths: _Array
+
+
+def to_wire(obj: Any) -> Any:
+    """``obj`` with every tensor as a numpy array (``_Array``), KJTs as ``_KJT``, through dataclasses
+    and lists. Why: DataLoader workers send tensors through one shared-memory segment each, which
+    costs ~0.1 ms per tensor on each side, and a trainer ``Batch`` holds ~50 small tensors (measured:
+    receiving one cost as much as collating it); arrays pickled by value cost microseconds."""
+    if isinstance(obj, torch.Tensor):
+        return _Array(obj.numpy())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        wired = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            setattr(wired, f.name, to_wire(getattr(obj, f.name)))
+        return wired
+    if isinstance(obj, list):
+        return [to_wire(item) for item in obj]
+    if type(obj).__name__ == "KeyedJaggedTensor":
+        return _KJT(obj.keys(), to_wire(obj.values()), to_wire(obj.lengths()))
+    return obj
+
+
+def from_wire(obj: Any) -> Any:
+    """The inverse of ``to_wire`` (``torch.from_numpy``: no copy)."""
+    if isinstance(obj, _Array):
+        return torch.from_numpy(obj.array)
+    if isinstance(obj, _KJT):
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        return KeyedJaggedTensor(keys=obj.keys, values=from_wire(obj.values), lengths=from_wire(obj.lengths))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            setattr(obj, f.name, from_wire(getattr(obj, f.name)))
+        return obj
+    if isinstance(obj, list):
+        return [from_wire(item) for item in obj]
+    return obj
+
+
+class StepReads(Dataset):
+    """Map-style: step -> this rank's micro-batch of that step, in the configured output form
+    (``to_wire`` form when read by a worker process)."""
+
+    def __init__(self, dataset: PreparedDataset, config: Config, collate_cfg: CollateConfig | None) -> None:
+        self.dataset, self.config, self.collate_cfg = dataset, config, collate_cfg
+
+    def __getitem__(self, step: int) -> Samples | KJTBatch | Any:
+        item = self.read(step)
+        return to_wire(item) if self.config.num_workers else item
+
+    def read(self, step: int) -> Samples | KJTBatch | Any:
+        c = self.config
+        index = self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)
+        samples = self.dataset.micro_batch(index)
+        if c.output == "samples":
+            return Samples(step, index, samples)
+        if c.output == "batch":
+            return collate(samples, self.collate_cfg, step, c.rank)
+        return kjt_batch(samples, self.collate_cfg, step)
+
+
+class ShardPrefetch:
+    """Downloads an ``s3://`` dataset's shards in the order this rank's steps first need them, on a
+    daemon thread of the calling process, so workers rarely wait for a download (streaming's own
+    reader downloads ahead the same way). A worker needing a shard being fetched waits on its lock
+    (``PreparedDataset.fetch_shard``); an error here is left for that worker's read to raise, with
+    its file name."""
+
+    def __init__(self, dataset: PreparedDataset, config: Config, end: int) -> None:
+        self.dataset, self.config, self.end = dataset, config, end
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="freescale-shard-prefetch", daemon=True)
+        self.thread.start()
+
+    def order(self) -> Iterator[int]:
+        """Shards by first use over at most one epoch of steps (later epochs reread cached shards)."""
+        c, seen = self.config, set()
+        horizon = min(self.end, c.start_step + self.dataset.steps_per_epoch(c.world_size))
+        for step in range(c.start_step, horizon):
+            if len(seen) == len(self.dataset.shards):
+                return
+            for shard in self.dataset.shards_of(self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)):
+                if shard not in seen:
+                    seen.add(shard)
+                    yield shard
+
+    def _run(self) -> None:
+        try:
+            for shard in self.order():
+                if self.stop.is_set():
+                    return
+                self.dataset.fetch_shard(shard)
+        except Exception:
+            return
+
+
+WORKER_NICE = 19
+
+
+def _init_worker(worker_id: int) -> None:
+    """Worker processes run at nice 19: on a host with spare cores this changes nothing, and where a
+    worker shares its rank's core (``engine.pin_cpus``, one core per rank) it reads in the rank's idle
+    moments (collective waits) instead of taking scheduler slices from its compute, which other ranks
+    would wait for. When the rank does wait for a batch, the worker is the only one runnable. The
+    garbage collector is on again: a forked worker inherits the trainer's ``gc.disable()``, which
+    suits the timed loop, not a process that never flushes."""
+    os.nice(WORKER_NICE - os.nice(0))
+    gc.enable()
+
+
+def _as_is(item: Any) -> Any:
+    """The collate function: a step is already one batch (no numpy -> tensor conversion of samples)."""
+    return item
+
+
+class Loader:
+    """Rank ``config.rank``'s micro-batches of steps ``[start_step, end)``, read ahead by worker processes.
+
+    ``dataset``: an already opened ``PreparedDataset`` of ``config.path`` (the trainer passes its own);
+    else it is opened here. ``state_dict()`` after consuming ``k`` steps, loaded into a fresh loader of
+    the same config, yields exactly the steps an uninterrupted loader would have yielded next."""
+
+    def __init__(self, config: Config, dataset: PreparedDataset | None = None) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.config = config
+        self.dataset = dataset or PreparedDataset(config.path, cache_dir=config.cache_dir, verify=config.verify)
+        self.dataset.check_world_size(config.world_size)
+        self.end = config.start_step + (
+            config.num_steps or total_steps(self.dataset, config.world_size, config.epochs) - config.start_step
+        )
+        collate_cfg = None
+        if config.output != "samples":
+            collate_cfg = config.collate or default_collate(self.dataset)
+        if config.output == "kjt":
+            register_pipelineable()
+        workers = config.num_workers
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital in __init__
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            self._loader = StatefulDataLoader(
+                StepReads(self.dataset, config, collate_cfg),
+                batch_size=None,
+                sampler=range(config.start_step, max(config.start_step, self.end)),
+                collate_fn=_as_is,
+                num_workers=workers,
+                prefetch_factor=config.prefetch_factor if workers else None,
+                worker_init_fn=_init_worker if workers else None,
+            )
+        self._iterator: Any = None
+        self._prefetch: ShardPrefetch | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.dataset.steps_per_epoch(self.config.world_size)
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.config.start_step)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._iterator = iter(self._loader)  # workers fork first: never while the prefetch thread is in S3 calls
+        if storage.is_remote(self.dataset.uri) and self._prefetch is None:
+            self._prefetch = ShardPrefetch(self.dataset, self.config, self.end)
+        return self._batches(self._iterator)
+
+    def _batches(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        for item in iterator:
+            yield from_wire(item) if self.config.num_workers else item
+
+    def state_dict(self) -> dict[str, Any]:
+        c = self.config
+        placement = {"world_size": c.world_size, "rank": c.rank, "seed": c.seed, "start_step": c.start_step}
+        return {**placement, "loader": self._loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` was taken; the placement must match (another world size, rank or
+        seed would read other micro-batches)."""
+        c = self.config
+        for name in ("world_size", "rank", "seed", "start_step"):
+            mine = getattr(c, name)
+            if state[name] != mine:
+                raise ValueError(f"loader state was taken with {name} {state[name]}, this loader has {mine}")
+        self._loader.load_state_dict(state["loader"])
+
+    def close(self) -> None:
+        """Stop the worker processes of the current pass (they also stop when it is exhausted)."""
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._iterator = None
+        if self._prefetch is not None:
+            self._prefetch.stop.set()

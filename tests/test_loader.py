@@ -1,0 +1,163 @@
+"""The public loader (``freescale.pipeline.loader``): placement, epoch order, outputs, exact resume.
+
+Every loader here runs with 2 worker processes prefetching unless a test says otherwise, so a resume
+test checks what matters: batches prefetched but not consumed before ``state_dict()`` come again.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from train_cli import prepare_tiny
+
+from freescale.pipeline.loader import Config, KJTBatch, Loader, default_collate, kjt_batch
+from freescale.pipeline.reader import PreparedDataset
+from freescale.trainer.data import collate
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return prepare_tiny(tmp_path_factory.mktemp("loader-data"))
+
+
+def placement(items: list) -> list[tuple[int, int, list[int]]]:
+    """(step, micro-batch, user ids) of ``samples`` outputs: what identifies a batch."""
+    return [(x.step, x.micro_batch, [int(s["user_id"]) for s in x.samples]) for x in items]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_resume_mid_epoch_with_workers_equals_an_uninterrupted_run(tiny, world_size) -> None:
+    rank = world_size - 1
+    config = Config(path=tiny, world_size=world_size, rank=rank, output="samples", epochs=2.0, num_workers=2)
+    full = placement(list(Loader(config)))
+    per_epoch = PreparedDataset(tiny).steps_per_epoch(world_size)
+    assert len(full) == 2 * per_epoch
+    for stop in (3, per_epoch + 2):  # in the first epoch and in the second
+        loader = Loader(config)
+        batches = iter(loader)
+        head = [next(batches) for _ in range(stop)]
+        state = loader.state_dict()
+        rest = list(batches)  # the interrupted loader keeps going: its state was a snapshot
+        loader.close()
+        resumed = Loader(config)
+        resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
+        assert placement(head) + placement(list(resumed)) == full
+        assert placement(head + rest) == full
+
+
+def test_kjt_resume_gives_identical_tensors(tiny) -> None:
+    config = Config(path=tiny, world_size=2, rank=1, output="kjt", epochs=2.0, num_workers=2, prefetch_factor=3)
+    full = list(Loader(config))
+    loader = Loader(config)
+    batches = iter(loader)
+    for _ in range(5):
+        next(batches)
+    resumed = Loader(config)
+    resumed.load_state_dict(loader.state_dict())
+    loader.close()
+    for a, b in zip(full[5:], list(resumed), strict=True):
+        assert a.step == b.step
+        assert torch.equal(a.features.values(), b.features.values())
+        assert torch.equal(a.features.lengths(), b.features.lengths())
+        assert torch.equal(a.targets, b.targets)
+
+
+def test_later_epochs_permute_whole_step_groups_by_seed(tiny) -> None:
+    dataset = PreparedDataset(tiny)
+    groups, size = dataset.n_step_groups, dataset.group_size
+    world = 2
+    per_epoch = dataset.steps_per_epoch(world)
+
+    def epoch_groups(epoch: int, seed: int) -> list[int]:
+        order = []
+        for step in range(epoch * per_epoch, (epoch + 1) * per_epoch):
+            indices = {dataset.micro_batch_index(step, rank, world, seed) // size for rank in range(world)}
+            assert len(indices) == 1  # every step reads W micro-batches of one balanced group
+            order.append(indices.pop())
+        return order[:: size // world]
+
+    first = epoch_groups(0, 0)
+    assert first == list(range(groups))
+    second = epoch_groups(1, 0)
+    assert sorted(second) == first and second != first
+    assert epoch_groups(1, 0) == second  # deterministic
+    assert epoch_groups(1, 5) != second  # another seed, another order
+    steps = [dataset.micro_batch_index(s, r, world, 0) for s in range(per_epoch, 2 * per_epoch) for r in range(world)]
+    assert sorted(steps) == list(range(dataset.n_micro_batches))  # each micro-batch once per epoch
+
+
+def test_outputs_agree_with_the_trainers_collation(tiny) -> None:
+    dataset = PreparedDataset(tiny)
+    cfg = default_collate(dataset)
+    config = Config(path=tiny, world_size=2, rank=0, num_steps=3, num_workers=0)
+    for raw, batch, kjt in zip(
+        Loader(Config(**{**config.__dict__, "output": "samples"})),
+        Loader(Config(**{**config.__dict__, "output": "batch"})),
+        Loader(config),
+        strict=True,
+    ):
+        assert raw.step == batch.step == kjt.step
+        assert isinstance(kjt, KJTBatch) and kjt.features.keys() == ["item", "action", "timestamp"]
+        expected = collate(raw.samples, cfg, raw.step, 0)
+        features = kjt.features.to_dict()
+        assert torch.equal(features["item"].values(), expected.item_ids[expected.input_index])
+        assert torch.equal(features["action"].values(), expected.action_ids[expected.input_index])
+        assert torch.equal(features["timestamp"].values(), expected.timestamps[expected.input_index])
+        assert torch.equal(kjt.targets, expected.item_ids[expected.target_index])
+        assert torch.equal(kjt.lengths, expected.lengths - 1)
+        assert torch.equal(batch.item_ids, expected.item_ids)
+        vocab = dataset.vocabulary("item")
+        raw_targets = vocab.raw(kjt.targets.numpy())
+        assert set(raw_targets.tolist()) <= {int(i) for s in raw.samples for i in s["item_ids"]}
+
+
+def test_kjt_of_an_empty_micro_batch() -> None:
+    from freescale.trainer.data import CollateConfig
+
+    cfg = CollateConfig(num_items=10, num_actions=2, max_len=8, num_negatives=0, inbatch_negatives=0)
+    batch = kjt_batch([], cfg, step=4)
+    assert batch.step == 4 and batch.features.values().numel() == 0 and batch.targets.numel() == 0
+
+
+def test_bad_options_and_states_are_named(tiny) -> None:
+    with pytest.raises(ValueError, match="loader option 'output'"):
+        Config(path=tiny, output="tensors")
+    with pytest.raises(ValueError, match="loader option 'rank'"):
+        Config(path=tiny, world_size=2, rank=2)
+    with pytest.raises(ValueError, match="loader option 'prefetch_factor'"):
+        Config(path=tiny, prefetch_factor=0)
+    with pytest.raises(ValueError, match="does not divide the dataset's group size 4"):
+        Loader(Config(path=tiny, world_size=3, rank=0))
+    state = Loader(Config(path=tiny, world_size=2, rank=0, output="samples", num_workers=0)).state_dict()
+    with pytest.raises(ValueError, match="loader state was taken with world_size 2, this loader has 4"):
+        Loader(Config(path=tiny, world_size=4, rank=0, output="samples")).load_state_dict(state)
+
+
+def test_pickled_dataset_is_small_and_opens_its_own_shards(tiny) -> None:
+    dataset = PreparedDataset(tiny)
+    dataset.micro_batch(0)  # opens a shard reader in this process
+    blob = pickle.dumps(dataset)
+    assert len(blob) < 64_000
+    copy = pickle.loads(blob)
+    assert not copy._readers and not copy._checked
+    assert [int(s["user_id"]) for s in copy.micro_batch(5)] == [int(s["user_id"]) for s in dataset.micro_batch(5)]
+
+
+def test_s3_dataset_through_workers_reads_like_local(tiny, s3_bucket, tmp_path) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    for path in Path(tiny).rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(tiny)}")
+    remote = Config(
+        path=f"s3://{s3_bucket}/prepared", cache_dir=str(tmp_path / "cache"), world_size=2, rank=1, output="samples"
+    )
+    local = Config(path=tiny, world_size=2, rank=1, output="samples", num_workers=0)
+    assert placement(list(Loader(remote))) == placement(list(Loader(local)))
+    assert np.all([(tmp_path / "cache" / s["raw_data"]["basename"]).is_file() for s in PreparedDataset(tiny).shards])
