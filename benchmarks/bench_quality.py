@@ -58,6 +58,8 @@ class Settings:
     epochs: float = 40.0  # at most; early stopping usually ends sooner
     patience: int = 3  # epochs without a better validation NDCG@10
     micro_batch_size: int = 32
+    dense_lr: float = 0.002  # the same optimizer settings for every model
+    sparse_lr: float = 0.05
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -143,7 +145,7 @@ def write_config(path: Path, s: Settings, data: str, out: Path, architecture: st
             "temperature": 0.05,
         },
         "data": {"path": data, "epochs": s.epochs, "seed": s.seed},
-        "optimizer": {"dense_lr": 0.002, "sparse_lr": 0.05},
+        "optimizer": {"dense_lr": s.dense_lr, "sparse_lr": s.sparse_lr},
         "engine": {"threads": 1, "seed": s.seed},
         "eval": {"k": s.k, "every": every, "patience": s.patience, "metric": "ndcg"},
         "logging": {"out_dir": str(out), "log_every": 50, "progress": False},
