@@ -14,8 +14,10 @@ everything, as production logs do:
 * ``users.csv``: ``user_id``, ``age_bucket``, ``country_id``.
 
 User ``k`` is ``"u%06d" % k`` in text logs and ``stable_id`` of that string in the click log, so all
-sources agree after reading. An optional planted Markov chain (``markov_prob``) makes the next item a
-deterministic function of the previous one, which the trainer's quality benchmark can learn. Output is
+sources agree after reading. Two optional planted structures give models something to learn: a Markov
+chain (``markov_prob``) makes the next item a deterministic function of the previous one; sessions
+(``sessions``, ``sessions.py``) make it depend on the time gap to it, the previous action and the
+user's long-term interest, as real logs do (the quality benchmark uses them). Output is
 byte-identical for equal configs: every random draw comes from generators seeded by (seed, purpose,
 chunk), and chunks are cut by a deterministic event budget so memory stays bounded for large presets.
 """
@@ -37,6 +39,7 @@ from .config import SourcesConfig, SourceSpec, UserTableSpec
 from .convert import TS_MAX
 from .corrupt import bad_csv_lines, bad_jsonl_lines, interleave
 from .ids import stable_id
+from .sessions import SessionParams, engaged_actions, plant_sessions
 
 __all__ = ["ACTIONS", "GeneratorConfig", "generate", "sample_lengths", "user_names"]
 
@@ -70,6 +73,9 @@ class GeneratorConfig:
     ``length_dist`` ``lognormal`` uses ``median``/``sigma``; ``pareto`` uses ``pareto_alpha``/``pareto_min``.
     ``zipf`` is the item-popularity exponent (higher: more repeated ids, more batch overlap).
     ``malformed_fraction`` adds that share of bad rows to each text log (on top of the valid ones).
+    ``sessions`` plants the session structure of ``sessions.py`` (items and timestamps; the actions
+    stay as drawn): ``session_len`` mean events per session, ``topics`` interest topics,
+    ``session_noise`` share of exploring events. It replaces the Markov chain (``markov_prob`` = 0).
     """
 
     name: str = "synthetic"
@@ -87,6 +93,10 @@ class GeneratorConfig:
     markov_prob: float = 0.0
     markov_a: int = 31
     markov_b: int = 7
+    sessions: bool = False
+    session_len: float = 3.0
+    topics: int = 50
+    session_noise: float = 0.1
     purchase_fraction: float = 0.1
     review_fraction: float = 0.05
     click_files: int = 2
@@ -111,6 +121,7 @@ class GeneratorConfig:
             "min_len",
             "max_len",
             "markov_a",
+            "topics",
             "click_files",
             "purchase_files",
             "review_files",
@@ -120,12 +131,13 @@ class GeneratorConfig:
             _positive(key, getattr(self, key), integer=True)
         for key in ("median", "sigma", "pareto_alpha", "zipf", "window_days"):
             _positive(key, getattr(self, key))
-        for key in ("markov_prob", "purchase_fraction", "review_fraction", "malformed_fraction"):
+        for key in ("markov_prob", "purchase_fraction", "review_fraction", "malformed_fraction", "session_noise"):
             _fraction(key, getattr(self, key))
         if self.length_dist not in ("lognormal", "pareto"):
             raise ValueError(
                 f"GeneratorConfig: option 'length_dist' must be lognormal or pareto; got {self.length_dist!r}"
             )
+        self._check_sessions()
         if self.min_len > self.max_len:
             raise ValueError(f"GeneratorConfig: option 'min_len' ({self.min_len}) exceeds 'max_len'")
         if self.n_items > 2**31 or self.markov_a >= 2**31 or not 0 <= self.markov_b < 2**31:
@@ -134,6 +146,21 @@ class GeneratorConfig:
             raise ValueError("GeneratorConfig: options 'purchase_fraction' + 'review_fraction' exceed 1")
         if not 0 <= self.start_time + self.window_days * 86_400 + self.max_len < TS_MAX:
             raise ValueError("GeneratorConfig: options 'start_time' + 'window_days' must end before 2100")
+
+    def _check_sessions(self) -> None:
+        if not isinstance(self.sessions, bool):
+            raise ValueError(f"GeneratorConfig: option 'sessions' must be true or false; got {self.sessions!r}")
+        if not self.session_len >= 1.0:
+            raise ValueError(f"GeneratorConfig: option 'session_len' must be >= 1; got {self.session_len!r}")
+        if self.topics > self.n_items:
+            raise ValueError(f"GeneratorConfig: option 'topics' ({self.topics}) exceeds 'n_items'")
+        if self.sessions and self.markov_prob > 0:
+            raise ValueError(
+                "GeneratorConfig: options 'sessions' and 'markov_prob' are two planted structures; use one"
+            )
+
+    def session_params(self) -> SessionParams:
+        return SessionParams(**{f.name: getattr(self, f.name) for f in fields(SessionParams)})
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -239,7 +266,7 @@ def _chunk_events(
     items = _apply_markov(sampler.draw(rng, n), pos, rng, cfg)
     p_click = 1.0 - cfg.purchase_fraction - cfg.review_fraction
     channel = rng.choice(3, size=n, p=[max(p_click, 0.0), cfg.purchase_fraction, cfg.review_fraction])
-    return {
+    ev = {
         "user": np.repeat(np.arange(u0, u1, dtype=np.int64), lens),
         "item": items,
         "ts": _timestamps(rng, lens, cfg),
@@ -249,6 +276,12 @@ def _chunk_events(
         "ms": rng.integers(0, 1000, n),
         "rating": rng.integers(1, 6, n),
     }
+    if cfg.sessions:  # after every other draw, so configs without sessions keep their bytes
+        engaged = engaged_actions(ev["channel"], ev["click_kind"])
+        session_rng = np.random.default_rng([cfg.seed, 7, chunk])
+        planted = plant_sessions(session_rng, lens, np.arange(u0, u1), engaged, items, cfg.session_params())
+        ev["item"], ev["ts"] = planted.items, planted.ts
+    return ev
 
 
 class _Writers:
@@ -466,6 +499,7 @@ def _summary(cfg: GeneratorConfig, lengths: np.ndarray, stats: dict[str, dict]) 
         "actions": ACTIONS,
         "user_id": "text logs: 'u' + zero-padded index (width >= 6); clicks.uid: stable_id of that string",
         "markov": {"prob": cfg.markov_prob, "a": cfg.markov_a, "b": cfg.markov_b, "n_items": cfg.n_items},
+        "sessions": {"on": cfg.sessions, "session_len": cfg.session_len, "topics": cfg.topics},
         "lengths": {
             "min": int(lengths.min()),
             "median": float(np.median(lengths)),

@@ -78,7 +78,7 @@ class MicroBatchTimer:
         actions = self.actions.clone().requires_grad_()
         item_rows, action_rows = items[batch.item_ids], actions[batch.action_ids]
         inputs, targets = batch.input_index, batch.target_index
-        out = self.model(item_rows[inputs], action_rows[inputs], batch.layout, batch.timestamps[inputs])
+        out = self.model(item_rows[inputs], action_rows[inputs], batch.layout, *batch.attention_times())
         loss = sampled_softmax_loss(
             out,
             item_rows[targets],

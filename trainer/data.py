@@ -119,6 +119,10 @@ class Batch:
         }
         return replace(self, layout=self.layout.to(device), **tensors)
 
+    def attention_times(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(time of each input, time of the event it predicts): what the model's time bias reads."""
+        return self.timestamps[self.input_index], self.timestamps[self.target_index]
+
     def last_input_rows(self) -> torch.Tensor:
         """Row (within the M inputs) of each sample's last input: its query for evaluation."""
         return self.layout.offsets[1:] - 1

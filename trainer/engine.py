@@ -108,7 +108,7 @@ def batch_loss(
     """Autoregressive sampled-softmax loss of one micro-batch given its features' embedding rows."""
     items, actions = rows["item"], rows["action"]
     inputs = batch.input_index
-    outputs = model(items[inputs], actions[inputs], batch.layout, batch.timestamps[inputs])
+    outputs = model(items[inputs], actions[inputs], batch.layout, *batch.attention_times())
     targets = batch.target_index
     return sampled_softmax_loss(
         outputs, items[targets], rows["neg"], batch.item_ids[targets], batch.negative_ids, temperature
@@ -121,7 +121,7 @@ def batch_queries(
     """Each sample's query (output at its last input), its target's row and target id (evaluation)."""
     items, actions = rows["item"], rows["action"]
     inputs = batch.input_index
-    outputs = model(items[inputs], actions[inputs], batch.layout, batch.timestamps[inputs])
+    outputs = model(items[inputs], actions[inputs], batch.layout, *batch.attention_times())
     last = batch.last_input_rows()
     target_rows = batch.target_index[last]
     return outputs[last], items[target_rows], batch.item_ids[target_rows]

@@ -9,9 +9,16 @@ HSTU layer (generative-recommenders, "Actions Speak Louder than Words"): a fused
 causal mask and a relative bias of position distance and log-bucketed time gap; a gated output
 ``x + W_o · (u ⊙ LN(attn · v))``. ``n`` is the sample's own length (GR divides by the padded batch
 max); that keeps a sample's output independent of which samples share its micro-batch, which the
-jagged layout, the sharded/reference equivalence test and resume exactness rely on.
+jagged layout, the sharded/reference equivalence test and resume exactness rely on. The time bias of
+query ``i`` and key ``j`` buckets ``t_{i+1} - t_j``, as GR does: position ``i`` predicts the event at
+``t_{i+1}`` and knows *when* it is asked (the request time, known when serving), so it can tell a
+continuing session from a return after a long gap. Only that timestamp of the target is read, never
+its item or action.
 
-SASRec: pre-LN softmax self-attention plus feed-forward blocks with learned absolute positions.
+SASRec (Kang & McAuley 2018): pre-LN softmax self-attention plus feed-forward blocks; no timestamps.
+
+Inputs of both: item + action embedding of each event (the same tables) plus a learned absolute
+position embedding (SASRec's; GR's HSTU adds one too, on top of its relative bias).
 
 Loss: sampled softmax over l2-normalised embeddings with a temperature, autoregressive next-item on
 every position; the negatives of a micro-batch are ``num_negatives`` uniform random items plus
@@ -48,15 +55,23 @@ class GroupContext:
     mask: torch.Tensor  # [B, 1, L, L] bool: causal and real keys
     row_scale: torch.Tensor  # [B, 1, L, L] float: mask / n (HSTU's pointwise normalisation)
     distance: torch.Tensor | None  # [L, L] long: clamped i - j (HSTU position bias)
-    gaps: torch.Tensor | None  # [B, L, L] long: time bucket of t_i - t_j (HSTU time bias)
+    gaps: torch.Tensor | None  # [B, L, L] long: time bucket of t_{i+1} - t_j (HSTU time bias)
 
 
 def attention_contexts(
-    layout: JaggedLayout, timestamps: torch.Tensor, max_distance: int, time_buckets: int | None
+    layout: JaggedLayout,
+    timestamps: torch.Tensor,
+    query_times: torch.Tensor,
+    max_distance: int,
+    time_buckets: int | None,
 ) -> list[GroupContext]:
-    """``GroupContext`` of every group; ``time_buckets=None`` skips the HSTU bias indices."""
+    """``GroupContext`` of every group; ``time_buckets=None`` skips the HSTU bias indices.
+
+    ``timestamps``: each input event's time; ``query_times``: the time of the event each position
+    predicts (the module docstring says why the time bias reads it).
+    """
     contexts = []
-    ts_source = pad_source(timestamps)
+    ts_source, query_source = pad_source(timestamps), pad_source(query_times)
     for group in layout.groups:
         width = group.max_len
         causal = torch.ones(width, width, dtype=torch.bool, device=group.valid.device).tril()
@@ -65,8 +80,8 @@ def attention_contexts(
         if time_buckets is not None:
             steps = torch.arange(width, device=group.valid.device)
             distance = (steps[:, None] - steps[None, :]).clamp(0, max_distance - 1)
-            ts = to_padded(ts_source, group)
-            gaps = time_bucket(ts[:, :, None] - ts[:, None, :], time_buckets)
+            ts, queries = to_padded(ts_source, group), to_padded(query_source, group)
+            gaps = time_bucket(queries[:, :, None] - ts[:, None, :], time_buckets)
         row_scale = mask / group.lengths.to(torch.float32)[:, None, None, None]
         contexts.append(GroupContext(mask, row_scale, distance, gaps))
     return contexts
@@ -147,6 +162,8 @@ class SequentialTransducer(nn.Module):
         self.max_distance = model.max_uih_len
         self.time_buckets = extra.time_buckets if extra.architecture == "hstu" else None
         self.dropout = nn.Dropout(extra.dropout)
+        self.position = nn.Embedding(model.max_uih_len, model.d_model)
+        nn.init.normal_(self.position.weight, std=0.02)
         if extra.architecture == "hstu":
             self.layers = nn.ModuleList(
                 HSTULayer(model.d_model, model.num_heads, model.max_uih_len, extra.time_buckets, extra.dropout)
@@ -154,8 +171,6 @@ class SequentialTransducer(nn.Module):
             )
             self.final_norm: nn.Module = nn.Identity()
         else:
-            self.position = nn.Embedding(model.max_uih_len, model.d_model)
-            nn.init.normal_(self.position.weight, std=0.02)
             self.layers = nn.ModuleList(
                 SASRecLayer(model.d_model, model.num_heads, extra.ffn_multiplier, extra.dropout)
                 for _ in range(model.num_layers)
@@ -163,14 +178,20 @@ class SequentialTransducer(nn.Module):
             self.final_norm = nn.LayerNorm(model.d_model)
 
     def forward(
-        self, item_rows: torch.Tensor, action_rows: torch.Tensor, layout: JaggedLayout, timestamps: torch.Tensor
+        self,
+        item_rows: torch.Tensor,
+        action_rows: torch.Tensor,
+        layout: JaggedLayout,
+        timestamps: torch.Tensor,
+        query_times: torch.Tensor,
     ) -> torch.Tensor:
-        """``item_rows``/``action_rows``: [N, d] embeddings of the input positions → [N, d]."""
+        """``item_rows``/``action_rows``: [N, d] embeddings of the input positions → [N, d].
+
+        ``timestamps`` [N]: each input's time; ``query_times`` [N]: its target's time (HSTU only).
+        """
         x = (item_rows + action_rows) * self.scale
-        if self.architecture == "sasrec":
-            x = x + self.position(layout.positions.clamp(max=self.position.num_embeddings - 1))
-        x = self.dropout(x)
-        contexts = attention_contexts(layout, timestamps, self.max_distance, self.time_buckets)
+        x = self.dropout(x + self.position(layout.positions.clamp(max=self.position.num_embeddings - 1)))
+        contexts = attention_contexts(layout, timestamps, query_times, self.max_distance, self.time_buckets)
         for layer in self.layers:
             x = layer(x, layout, contexts)
         return self.final_norm(x)

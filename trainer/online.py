@@ -123,7 +123,8 @@ class Received:
     """What this rank computes: leaves of the units and of each source's negatives."""
 
     units: torch.Tensor  # [P, 3d] leaf: input item, input action, target rows
-    timestamps: torch.Tensor  # [P]
+    timestamps: torch.Tensor  # [P] input times
+    query_times: torch.Tensor  # [P] target times (the HSTU time bias reads both)
     target_ids: torch.Tensor  # [P]
     negatives: torch.Tensor  # [ΣK_s, d] leaf
     negative_ids: torch.Tensor  # [ΣK_s]
@@ -244,9 +245,9 @@ class OnlineBalancing:
         them) this home's negatives, padded to the unit rows' width."""
         w, d = self.world_size, self.tables.dim
         dest = torch.from_numpy(plan.dest[plan.mine()]).to(self.device)
-        payload = torch.cat(
-            [units.detach(), bits(batch.timestamps[batch.input_index]), bits(batch.item_ids[batch.target_index])], dim=1
-        )
+        times, query_times = batch.attention_times()
+        target_ids = batch.item_ids[batch.target_index]
+        payload = torch.cat([units.detach(), bits(times), bits(query_times), bits(target_ids)], dim=1)
         sent = dispatch_jagged(JaggedRows(payload, (batch.lengths - 1).to(self.device)), dest, w)
         route = sent.plan
         own = torch.cat([negatives.detach(), bits(batch.negative_ids)], dim=1)
@@ -267,7 +268,8 @@ class OnlineBalancing:
         received_rows = Received(
             units=values[:, : 3 * d].clone().requires_grad_(),
             timestamps=unbits(values[:, 3 * d : 3 * d + 2]),
-            target_ids=unbits(values[:, 3 * d + 2 :]),
+            query_times=unbits(values[:, 3 * d + 2 : 3 * d + 4]),
+            target_ids=unbits(values[:, 3 * d + 4 :]),
             negatives=negs[:, :d].clone().requires_grad_(),
             negative_ids=unbits(negs[:, d : d + 2]),
         )
@@ -282,7 +284,7 @@ class OnlineBalancing:
         lengths = torch.from_numpy(plan.positions[plan.received()])
         layout = build_layout(lengths, self.cfg.model_extra.length_group_ratio).to(self.device)
         units = got.units
-        outputs = self.model(units[:, :d], units[:, d : 2 * d], layout, got.timestamps)
+        outputs = self.model(units[:, :d], units[:, d : 2 * d], layout, got.timestamps, got.query_times)
         loss = outputs.sum() * 0.0 + got.negatives.sum() * 0.0  # every parameter in the graph, even when empty
         home_positions, from_source, sources = plan.home_positions(), plan.value_counts_from(), plan.sources()
         partials, p0, k0 = [], 0, 0
