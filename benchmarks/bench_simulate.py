@@ -203,53 +203,74 @@ def own_source(path: str, steps: int, skip: int = SKIP_STEPS):
     return source
 
 
-def calibration(s: Settings, data: dict[str, Any], floor: dict[str, Any], steps: int) -> dict[str, Any]:
-    """``compute.scale`` and ``step_overhead_s`` from the noise-floor run: it trained rank 0's
-    micro-batch of each planned step on both ranks."""
+def calibration(
+    cost_path: str, data: str, run: dict[str, Any], steps: int, ranks: tuple[int, ...] = (0,), skip: int = SKIP_STEPS
+) -> dict[str, Any]:
+    """``compute.scale`` and ``step_overhead_s`` from a measured 2-rank run: its mean forward+backward
+    against the cost model's prediction for the micro-batches of ``ranks`` it trained (the noise-floor
+    run trains rank 0's on both ranks), the rest of its busy time as per-step overhead; its
+    ``straggler_pct`` as the noise floor."""
     from freescale.pipeline.cost import CostModel
     from freescale.pipeline.reader import PreparedDataset
 
-    cost = CostModel.from_file(data["cost_path"])
+    cost = CostModel.from_file(cost_path)
     per_mb = float(cost.details.get("per_micro_batch_s", 0.0))
-    ds = PreparedDataset(data["datasets"]["planned"]["path"])
+    ds = PreparedDataset(data)
     predicted = []
-    for step in range(SKIP_STEPS, steps):
-        m = ds.micro_batch_index(step, 0, 2)
-        lengths = np.array([int(x["length"]) for x in ds.micro_batch(m)])
-        predicted.append(float(cost.cost(lengths).sum()) + per_mb)
-    measured_fb = 1e-3 * (floor["stage_ms"]["forward"] + floor["stage_ms"]["backward"])
-    busy = 1e-3 * floor["step_ms"] * (floor["compute_pct"] + floor["data_pct"]) / 100.0
+    for step in range(skip, steps):
+        for rank in ranks:
+            lengths = np.array([int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(step, rank, 2))])
+            predicted.append(float(cost.cost(lengths).sum()) + per_mb)
+    measured_fb = 1e-3 * (run["stage_ms"]["forward"] + run["stage_ms"]["backward"])
+    busy = 1e-3 * run["step_ms"] * (run["compute_pct"] + run["data_pct"]) / 100.0
     return {
         "scale": measured_fb / float(np.mean(predicted)),
         "step_overhead_s": max(0.0, busy - measured_fb),
         "predicted_forward_backward_s": float(np.mean(predicted)),
         "measured_forward_backward_s": measured_fb,
-        "noise_floor_pct": floor["straggler_pct"],
+        "noise_floor_pct": run["straggler_pct"],
         # the fit's mean |relative error| as a normal spread's cv (E|x| = cv·sqrt(2/π))
         "cost_error_cv": float(cost.details.get("fit_relative_error_mean", 0.0)) * float(np.sqrt(np.pi / 2)),
     }
 
 
-def predict(s: Settings, data, calib, net, facts, params, variant: str, overlap: str, steps: int) -> dict:
+def payload_bytes(facts: dict[str, Any], d_model: int, negatives: int, params: int) -> dict[str, float]:
+    """Bytes per rank and step of each trainer collective (distinct ids of a micro-batch and its
+    shared negatives; in-batch negatives are targets, no new ids)."""
+    unique = facts["unique_fraction"] * (facts["rank0_events"] + negatives)
+    return {
+        "input_dist.counts": 2 * 8.0,
+        "input_dist.ids": 8.0 * unique,
+        "embedding_comm.rows": 4.0 * d_model * unique,
+        "gradient_comm.embeddings": 4.0 * d_model * unique,
+        "gradient_comm.dense": 4.0 * params,
+    }
+
+
+def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params: int, source: Any,
+            arm: str, overlap: str, ranks_per_node: int = 2) -> dict[str, Any]:  # fmt: skip
+    """The simulator's figures for one measured 2-rank run (``net``: latency, bandwidth and all-reduce
+    latency of the link between the ranks; ``source``: the run's own layout, ``own_source``)."""
     from freescale.trainer.sim_config import ComputeConfig, JitterConfig, NetworkConfig, SimConfig, WorkloadConfig
     from freescale.trainer.simulate import find, simulate
 
+    lat, bw = net["latency_us"], net["bandwidth_gbytes_s"]
     cfg = SimConfig(
         world_sizes=(2,),
-        arms=("random",) if variant == "random" else ("plan",),
+        arms=(arm,),
         overlaps=(overlap,),
         compute=ComputeConfig(
-            cost_model=data["cost_path"],
+            cost_model=cost_path,
             scale=calib["scale"],
             step_overhead_s=calib["step_overhead_s"],
             cost_error_cv=calib["cost_error_cv"],
         ),
         network=NetworkConfig(
-            ranks_per_node=2,
-            intra_latency_us=net["latency_us"],
-            intra_bandwidth_gbytes_s=net["bandwidth_gbytes_s"],
-            inter_latency_us=net["latency_us"],
-            inter_bandwidth_gbytes_s=net["bandwidth_gbytes_s"],
+            ranks_per_node=ranks_per_node,
+            intra_latency_us=lat,
+            intra_bandwidth_gbytes_s=bw,
+            inter_latency_us=lat,
+            inter_bandwidth_gbytes_s=bw,
             all_reduce_latency_us=net["all_reduce_latency_us"],
             # The in-training collective time on this host is waiting (scheduling, the peer), not CPU
             # work that would slow the compute it overlaps: gloo copies a few hundred KB per step.
@@ -260,14 +281,13 @@ def predict(s: Settings, data, calib, net, facts, params, variant: str, overlap:
             micro_batch_size=s.micro_batch_size,
             embedding_dim=s.d_model,
             num_layers=s.num_layers,
-            negatives=s.num_negatives,
+            negatives=s.num_negatives,  # in-batch negatives are targets: no new ids
             unique_fraction=facts["unique_fraction"],
             dense_params=params,
             batch_overlap_rate=facts["batch_overlap_rate"],
         ),
     )
-    report = simulate(cfg, own_source(data["datasets"][variant]["path"], steps))
-    return find(report, 2, cfg.arms[0], overlap)
+    return find(simulate(cfg, source), 2, arm, overlap)
 
 
 def project(rate: float) -> dict[str, Any]:
@@ -286,6 +306,17 @@ def project(rate: float) -> dict[str, Any]:
     report = simulate(cfg, parse_distribution("lognormal:median=300,sigma=1.2,cap=21000"))
     report["profile"] = {"name": profile.name, "path": profile.path, "description": profile.description}
     return report
+
+
+def compare(name: str, m: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """One validation row: measured and predicted figures and the error in percentage points."""
+    row: dict[str, Any] = {"run": name, "measured": {}, "predicted": {}, "error_pp": {}}
+    for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct"):
+        row["measured"][key], row["predicted"][key] = m[key], p[key]
+        row["error_pp"][key] = p[key] - m[key]
+    row["measured"]["step_ms"], row["predicted"]["step_ms"] = m["step_ms"], 1e3 * p["step_s"]
+    row["measured"]["samples_per_s"], row["predicted"]["samples_per_s"] = m["samples_per_s"], p["samples_per_s"]
+    return row
 
 
 def worst_error(rows: list[dict[str, Any]]) -> float:
@@ -360,30 +391,20 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps))
         measured = {name: pool(rows) for name, rows in runs.items()}
         floor = measured.pop("identical/none")
-        calib = calibration(s, data, floor, steps)
-        unique = facts["unique_fraction"] * (facts["rank0_events"] + s.num_negatives)
-        payload = {
-            "input_dist.counts": 2 * 8.0,
-            "input_dist.ids": 8.0 * unique,
-            "embedding_comm.rows": 4.0 * s.d_model * unique,
-            "gradient_comm.embeddings": 4.0 * s.d_model * unique,
-            "gradient_comm.dense": 4.0 * params,
-        }
+        planned = data["datasets"]["planned"]["path"]
+        calib = calibration(data["cost_path"], planned, floor, steps)
+        payload = payload_bytes(facts, s.d_model, s.num_negatives, params)
         floors = [work / "none" / "runs" / f"freescale-identical-{r}" / "bubbles.json" for r in range(repeats)]
         net = insitu_network(floors, payload, gloo)
         print("== predict")
         rows = []
         for name, m in measured.items():
             variant, overlap = name.split("/")
-            p = predict(s, data, calib, net, facts, params, variant, overlap, steps)
-            row = {"run": name, "measured": {}, "predicted": {}, "error_pp": {}}
-            for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct"):
-                row["measured"][key] = m[key]
-                row["predicted"][key] = p[key]
-                row["error_pp"][key] = p[key] - m[key]
-            row["measured"]["step_ms"], row["predicted"]["step_ms"] = m["step_ms"], 1e3 * p["step_s"]
-            row["measured"]["samples_per_s"], row["predicted"]["samples_per_s"] = m["samples_per_s"], p["samples_per_s"]
-            rows.append(row)
+            arm = "random" if variant == "random" else "plan"
+            source = own_source(data["datasets"][variant]["path"], steps)
+            rows.append(
+                compare(name, m, predict(s, data["cost_path"], calib, net, facts, params, source, arm, overlap))
+            )
         worst = worst_error(rows)
         hosts = validate_hosts(args, work)
         hosts_worst = worst_error(hosts["validation"]) if "validation" in hosts else None

@@ -131,32 +131,6 @@ def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple
 
 
 # ------------------------------------------------------------------------------------------ calibration
-def compute_calibration(cost_path: str, data: str, run: dict[str, Any], steps: int, skip: int) -> dict[str, Any]:
-    """``compute.scale`` and ``step_overhead_s`` from a measured run: its mean forward+backward against
-    the cost model's prediction for the same micro-batches (both ranks, the measured steps)."""
-    from freescale.pipeline.cost import CostModel
-    from freescale.pipeline.reader import PreparedDataset
-
-    cost = CostModel.from_file(cost_path)
-    per_mb = float(cost.details.get("per_micro_batch_s", 0.0))
-    ds = PreparedDataset(data)
-    predicted = []
-    for step in range(skip, steps):
-        for rank in range(2):
-            lengths = np.array([int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(step, rank, 2))])
-            predicted.append(float(cost.cost(lengths).sum()) + per_mb)
-    measured_fb = 1e-3 * (run["stage_ms"]["forward"] + run["stage_ms"]["backward"])
-    busy = 1e-3 * run["step_ms"] * (run["compute_pct"] + run["data_pct"]) / 100.0
-    return {
-        "scale": measured_fb / float(np.mean(predicted)),
-        "step_overhead_s": max(0.0, busy - measured_fb),
-        "predicted_forward_backward_s": float(np.mean(predicted)),
-        "measured_forward_backward_s": measured_fb,
-        "noise_floor_pct": run["straggler_pct"],
-        "cost_error_cv": float(cost.details.get("fit_relative_error_mean", 0.0)) * float(np.sqrt(np.pi / 2)),
-    }
-
-
 def fit_cost_model(s: Any, work: Path) -> str:
     """The cost model of bench_network's model on this host (what ``freescale calibrate`` writes)."""
     import torch
@@ -195,54 +169,19 @@ def measure(s: Any, data: str, caps: list[float | None], work: Path, payload: di
     return rows
 
 
-# ------------------------------------------------------------------------------------------ predict
-def predict_hosts(s: Any, data: str, cost_path: str, calib: dict, link: dict, latency_us: float, facts: dict,
-                  params: int, overlap: str) -> dict[str, Any]:  # fmt: skip
-    """One 2-host run's prediction: one rank per node, the probed link between them."""
-    from bench_simulate import own_source
-
-    from freescale.trainer.sim_config import ComputeConfig, JitterConfig, NetworkConfig, SimConfig, WorkloadConfig
-    from freescale.trainer.simulate import find, simulate
-
-    link_args = dict(latency_us=latency_us, bandwidth_gbytes_s=link["bandwidth_gbytes_s"])
-    cfg = SimConfig(
-        world_sizes=(2,),
-        arms=("plan",),
-        overlaps=(overlap,),
-        compute=ComputeConfig(
-            cost_model=cost_path,
-            scale=calib["scale"],
-            step_overhead_s=calib["step_overhead_s"],
-            cost_error_cv=calib["cost_error_cv"],
-        ),
-        network=NetworkConfig(
-            ranks_per_node=1,
-            intra_latency_us=link_args["latency_us"],
-            intra_bandwidth_gbytes_s=link_args["bandwidth_gbytes_s"],
-            inter_latency_us=link_args["latency_us"],
-            inter_bandwidth_gbytes_s=link_args["bandwidth_gbytes_s"],
-            all_reduce_latency_us=link["all_reduce_latency_us"],
-            overlap_slowdown=0.0,
-        ),
-        jitter=JitterConfig(noise_floor_pct=calib["noise_floor_pct"], noise_floor_world_size=2),
-        workload=WorkloadConfig(
-            micro_batch_size=s.micro_batch_size,
-            embedding_dim=s.d_model,
-            num_layers=s.num_layers,
-            negatives=s.num_negatives,  # in-batch negatives are targets: no new ids
-            unique_fraction=facts["unique_fraction"],
-            dense_params=params,
-            batch_overlap_rate=facts["batch_overlap_rate"],
-        ),
-    )
-    source = own_source(data, s.steps, s.skip_steps)
-    return find(simulate(cfg, source), 2, "plan", overlap)
-
-
 def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     """The whole 2-host part: data, calibration, measurement, prediction; rows with errors in pp."""
     from bench_pec import model_table, prepare_point
-    from bench_simulate import data_facts, dense_params, insitu_network
+    from bench_simulate import (
+        calibration,
+        compare,
+        data_facts,
+        dense_params,
+        insitu_network,
+        own_source,
+        payload_bytes,
+        predict,
+    )
 
     work.mkdir(parents=True, exist_ok=True)
     data = prepare_point(s, s.points[0][0], work)
@@ -251,43 +190,28 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     facts = data_facts(data, 2, s.steps)
     if None not in caps:
         caps = [None, *caps]  # the uncapped none run calibrates compute
-    unique = facts["unique_fraction"] * (facts["rank0_events"] + s.num_negatives)
-    payload = {
-        "input_dist.counts": 2 * 8.0,
-        "input_dist.ids": 8.0 * unique,
-        "embedding_comm.rows": 4.0 * s.d_model * unique,
-        "gradient_comm.embeddings": 4.0 * s.d_model * unique,
-        "gradient_comm.dense": 4.0 * params,
-    }
+    payload = payload_bytes(facts, s.d_model, s.num_negatives, params)
     measured = measure(s, data, caps, work, payload)
     uncapped = next(r for r in measured if r["cap_mbit"] is None)
-    calib = compute_calibration(cost_path, data, uncapped["runs"]["none"], s.steps, s.skip_steps)
+    calib = calibration(cost_path, data, uncapped["runs"]["none"], s.steps, ranks=(0, 1), skip=s.skip_steps)
     bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
     insitu = insitu_network([bubbles], payload, {"all_to_all_fit": uncapped["link"]}, s.skip_steps)
+    source = own_source(data, s.steps, s.skip_steps)
     rows = []
     for r in measured:
+        # latency: the trainer's own collectives in the calibration run; bandwidth: the probe at this cap
+        net = {**r["link"], "latency_us": insitu["latency_us"]}
         for overlap in ("none", "pec"):
             if r["cap_mbit"] is None and overlap == "none":
                 continue  # the calibration run
-            m = r["runs"][overlap]
-            p = predict_hosts(s, data, cost_path, calib, r["link"], insitu["latency_us"], facts, params, overlap)
+            p = predict(s, cost_path, calib, net, facts, params, source, "plan", overlap, ranks_per_node=1)
             tag = "uncapped" if r["cap_mbit"] is None else f"{r['cap_mbit']:g} Mbit/s"
-            rows.append(compare(f"hosts {tag}/{overlap}", m, p))
+            rows.append(compare(f"hosts {tag}/{overlap}", r["runs"][overlap], p))
     return {
         "calibration": {"compute": calib, "network_in_training": insitu, "data": facts, "dense_params": params},
         "links": {str(r["cap_mbit"]): r["link"] for r in measured},
         "validation": rows,
     }
-
-
-def compare(name: str, m: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {"run": name, "measured": {}, "predicted": {}, "error_pp": {}}
-    for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct"):
-        row["measured"][key], row["predicted"][key] = m[key], p[key]
-        row["error_pp"][key] = p[key] - m[key]
-    row["measured"]["step_ms"], row["predicted"]["step_ms"] = m["step_ms"], 1e3 * p["step_s"]
-    row["measured"]["samples_per_s"], row["predicted"]["samples_per_s"] = m["samples_per_s"], p["samples_per_s"]
-    return row
 
 
 if __name__ == "__main__":

@@ -585,11 +585,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def is_user_error(error: Exception) -> bool:
-    """Errors a user can fix: bad options or input (``SourceError`` and ``ManifestError`` are
-    ``ValueError``s), a missing file, a prepare job that refuses to go on.
-
-    Checked without importing the pipeline up front: ``cmd_prepare`` starts its workers before that
-    import (~0.7 s) so both run at once, and a ``PrepareError`` implies its module is loaded.
+    """Errors a user can fix: bad options or input (``SourceError``, ``ManifestError``: ``ValueError``s),
+    a missing file, a prepare job that refuses to go on. Checked without importing the pipeline up
+    front: ``cmd_prepare`` starts its workers before that import (~0.7 s) so both run at once, and a
+    ``PrepareError`` implies its module is loaded.
     """
     if isinstance(error, ValueError | FileNotFoundError):
         return True
