@@ -272,6 +272,7 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
             inter_latency_us=lat,
             inter_bandwidth_gbytes_s=bw,
             all_reduce_latency_us=net["all_reduce_latency_us"],
+            completion_spread=net.get("completion_spread", 0.0),
             # The in-training collective time on this host is waiting (scheduling, the peer), not CPU
             # work that would slow the compute it overlaps: gloo copies a few hundred KB per step.
             overlap_slowdown=0.0,

@@ -12,7 +12,8 @@ The simulator sees only what a user could measure before renting the cluster:
   jitter), and the latency of the trainer's own collectives in it;
 * **the link at each cap**: a probe between the two hosts (gloo ``all_to_all_single`` of 16 KB–2 MB
   per rank and an all-reduce of the dense gradient's size, barrier-started, the slowest rank's
-  median), fitted to latency + bytes/bandwidth. Like ``nccl-tests`` on a real cluster, it is a
+  median), fitted to latency + bytes/bandwidth, and how much earlier than the slowest rank the
+  other leaves an exchange (``completion_spread``). Like ``nccl-tests`` on a real cluster, it is a
   property of the link, not of the training runs it predicts. Over gloo/TCP with a token bucket on
   each end the two directions of an exchange do not overlap fully (the acknowledgements of one
   direction queue behind the other's data), so the fitted bandwidth is well below the cap: that is
@@ -121,6 +122,7 @@ def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple
     beta = max(float(beta), 1e-12)
     all_reduce = slowest["all_reduce"] - 2.0 * 0.5 * dense_bytes * beta  # ring term 2(W-1)/W at W = 2
     return {
+        "completion_spread": completion_spread([[r[f"all_to_all:{n}"] for n in sizes] for r in per_rank]),
         "all_to_all_s": y.tolist(),
         "bytes": list(sizes),
         "latency_us": 1e6 * max(float(alpha), 0.0),
@@ -128,6 +130,21 @@ def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple
         "all_reduce_s": slowest["all_reduce"],
         "all_reduce_latency_us": 1e6 * max(float(all_reduce), 0.0),
     }
+
+
+def completion_spread(times: list[list[list[float]]]) -> float:
+    """``network.completion_spread`` from per-rank probe times ``[rank][size][rep]``: the mean
+    rank's lead over the slowest rank, as a share of the slowest rank's time, summed over sizes and
+    repetitions (so the long, bandwidth-bound exchanges dominate, as they do in the exposed time).
+
+    Why per rank: over a congested TCP link one direction of an exchange finishes first; its rank
+    goes back to compute and then waits at the next collective. The slowest rank's time alone (what
+    a bandwidth probe reports) cannot say how much of a collective is spent by the average rank.
+    """
+    t = np.asarray(times, dtype=np.float64)  # [rank, size, rep]; all ranks start at a barrier
+    slowest = t.max(axis=0)
+    lead = (slowest - t).mean(axis=0)
+    return float(min(0.5, lead.sum() / slowest.sum()))
 
 
 # ------------------------------------------------------------------------------------------ calibration

@@ -138,6 +138,35 @@ def test_pec_leaves_the_overlap_share_on_the_critical_path() -> None:
     assert exposed[0.0] < exposed[0.25] < exposed[1.0]
 
 
+def test_completion_spread_moves_exposed_comm_into_idle_at_the_next_collective() -> None:
+    """Equal work, no jitter: a rank released early from the row exchange waits at the next
+    collective, so ``completion_spread`` f turns a share f of the row exchange (here half of the
+    exposed communication: the gradient exchange is as large) into idle time, and leaves the bubble
+    and the step time as they were; 0 changes nothing."""
+    net_cfg = NetworkConfig(intra_latency_us=0.0, intra_bandwidth_gbytes_s=0.01)
+    work = StepWork(np.full((200, 2), 0.5), np.full((200, 2), 1e5), np.full((200, 2), 4.0), None, "test")
+    wl = WorkloadConfig(embedding_dim=16, negatives=8, dense_params=1000)
+
+    def run(w: StepWork, spread: float) -> dict:
+        net = replace(net_cfg, completion_spread=spread)
+        cfg = SimConfig(network=net, workload=wl, compute=ComputeConfig(peak_tflops=1.0))
+        return time_steps(w, "none", cfg, NetworkModel(net, 2), 0.0, np.random.default_rng(0))
+
+    got = {f: run(work, f) for f in (0.0, 0.1, 0.25)}
+    base = got[0.0]
+    assert base["straggler_pct"] == 0.0 and base["exposed_comm_pct"] > 20
+    for f in (0.1, 0.25):
+        assert got[f]["straggler_pct"] == pytest.approx(f / 2 * base["exposed_comm_pct"], rel=0.02)
+        assert got[f]["exposed_comm_pct"] == pytest.approx((1 - f / 2) * base["exposed_comm_pct"], rel=0.02)
+        assert got[f]["bubble_pct"] == pytest.approx(base["bubble_pct"], rel=0.01)
+        assert got[f]["step_s"] == pytest.approx(base["step_s"], rel=0.01)
+    # the slow rank's lead shortens the step; the fast rank's lead is absorbed by its shorter compute
+    uneven = replace(work, compute=np.tile([0.5, 2.0], (200, 1)))
+    assert run(uneven, 0.25)["bubble_pct"] < run(uneven, 0.0)["bubble_pct"]
+    with pytest.raises(ValueError, match=r"network\.completion_spread"):
+        NetworkConfig(completion_spread=0.7)
+
+
 # ------------------------------------------------------------------------------------------ the product's algorithms
 def test_plan_arm_is_the_planners_prediction(seconds_per_event) -> None:
     """No jitter, free network: the plan arm's straggler_pct is exactly the planner's own prediction."""

@@ -86,8 +86,12 @@ def two_hosts() -> Iterator[list[Host]]:
 def cap_bandwidth(hosts: list[Host], mbit: float | None) -> None:
     """Limit each direction of the link to ``mbit`` Mbit/s (token bucket on both ends); None: uncapped.
 
-    The bucket holds ~10 ms at the rate (at least 64 KiB, so one full-size segment always fits) and
-    the queue up to 50 ms of data: a burst longer than that waits in the queue, it is not dropped.
+    The bucket holds 1 ms at the rate (at least 16 KiB: a few full-size frames; larger GSO packets
+    are split by the qdisc), the queue up to 50 ms of data: a burst longer than that waits in the
+    queue, it is not dropped. Why a small bucket: a real link sends at its rate, it does not save up
+    credit while idle. A training step's exchanges follow tens of ms of compute, so a 10 ms bucket
+    (what this used before) sent them faster than the cap, faster than any back-to-back probe of the
+    same link measured: the emulated link was not one bandwidth but two.
     """
     for host in hosts:
         base = ["ip", "netns", "exec", host.namespace, "tc", "qdisc"]
@@ -96,7 +100,7 @@ def cap_bandwidth(hosts: list[Host], mbit: float | None) -> None:
             continue
         if mbit <= 0:
             raise ValueError(f"bandwidth cap must be > 0 Mbit/s, got {mbit}")
-        burst = max(64 * 1024, int(mbit * 1e6 / 8 * 0.01))
+        burst = max(16 * 1024, int(mbit * 1e6 / 8 * 0.001))
         command = [*base, "add", "dev", host.interface, "root", "tbf", "rate", f"{mbit}mbit",
                    "burst", str(burst), "latency", "50ms"]  # fmt: skip
         subprocess.run(command, check=True, capture_output=True, text=True)

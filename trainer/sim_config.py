@@ -97,7 +97,13 @@ class NetworkConfig:
     time. ``overlap_slowdown``: compute overlapped with communication runs this much slower while
     the communication lasts (SM-based NCCL kernels: the paper reports 10–40%; copy engines: 0).
     ``all_reduce_latency_us`` replaces the all-reduce's derived latency where it was measured
-    (gloo's CPU all-reduce costs several all-to-all latencies).
+    (gloo's CPU all-reduce costs several all-to-all latencies). ``completion_spread``: how much
+    earlier than the slowest rank the mean rank leaves the embedding row exchange, as a share of its
+    time (0: all leave together). Why: over a congested link the two directions of an exchange need
+    not finish together (gloo over TCP serves them one after the other), so a rank released early
+    computes ahead and then *waits* at the next collective it launches: that time is idle
+    (``straggler_pct``), not communication. A per-rank probe measures it (``benchmarks/sim_hosts.py``);
+    at most 0.5, when one rank leaves as the exchange starts.
     """
 
     # generic defaults for scripted use; the shipped profiles set (and cite) real values
@@ -109,9 +115,12 @@ class NetworkConfig:
     per_peer_latency_us: float = 0.0
     overlap_slowdown: float = 0.0
     all_reduce_latency_us: float | None = None  # None: the tree formula of NetworkModel.all_reduce
+    completion_spread: float = 0.0  # mean rank's lead over the slowest at a collective's end, share of its time
 
     def __post_init__(self) -> None:
         _positive_int(self.ranks_per_node, "network.ranks_per_node")
+        if _positive(self.completion_spread, "network.completion_spread", allow_zero=True) > 0.5:
+            raise ValueError(f"network.completion_spread must be <= 0.5, got {self.completion_spread}")
         if self.all_reduce_latency_us is not None:
             _positive(self.all_reduce_latency_us, "network.all_reduce_latency_us", allow_zero=True)
         for name in ("intra_latency_us", "inter_latency_us", "per_peer_latency_us", "overlap_slowdown"):

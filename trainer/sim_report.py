@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -194,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
 
     config, profile = build_config(args)
     samples = SampleConfig(max_uih_len=args.max_uih_len, min_len=args.min_len)
-    source = load_lengths(args.lengths, samples=samples, verify=not args.no_verify, progress=not args.quiet)
-    report = simulate(config, source, progress=not args.quiet)
+    progress = not args.quiet and sys.stderr.isatty()  # bars redraw lines: only where someone watches
+    source = load_lengths(args.lengths, samples=samples, verify=not args.no_verify, progress=progress)
+    report = simulate(config, source, progress=progress)
     report["profile"] = {"name": profile.name, "path": profile.path, "description": profile.description}
     out = Path(args.out)
     if out.exists() and not out.is_dir():

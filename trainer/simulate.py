@@ -25,9 +25,13 @@ all-reduce: the longer of the two counts) on the critical path. ``pec`` leaves t
 of the embedding gradients and the dense all-reduce there; the rest (routing, ids, rows, NOL
 gradients) runs one step ahead and is exposed only where it outlasts the previous step's compute.
 
+Ranks need not leave a collective together (``network.completion_spread``): a rank released early
+starts its next step early and waits for the others at the next collective, so that share of the
+exposed communication is idle time (``completion_leads``).
+
 What is not modelled (and why it is small for the cases validated, see ``benchmarks/bench_simulate.py``):
 the online balancer's placement compute and its negatives exchange, pipelining of the dense
-all-reduce with backward, per-rank differences in collective latency, and congestion between jobs.
+all-reduce with backward, and congestion between jobs.
 """
 
 from __future__ import annotations
@@ -313,11 +317,13 @@ def time_steps(
         balancer = 2 * net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes) * moves
     if overlap == "none":  # TorchRec's schedule: the next step's routing runs during this step's compute
         grads = net.all_to_all(rows)
-        critical = net.all_to_all(rows) + np.maximum(grads, dense) + balancer  # grads in flight during the all-reduce
+        released = net.all_to_all(rows)  # the row exchange: ranks leave it one by one (completion_spread)
+        critical = released + np.maximum(grads, dense) + balancer  # grads in flight during the all-reduce
         background = counts + net.all_to_all(unique * ID_BYTES)
     else:
         rate = float(wl.batch_overlap_rate or 0.0)
-        critical = net.all_to_all(rate * rows) + dense + balancer
+        released = net.all_to_all(rate * rows)  # the OL exchange; the dense all-reduce after it
+        critical = released + dense + balancer
         background = (
             counts
             + net.all_to_all(unique * ID_BYTES)
@@ -331,21 +337,23 @@ def time_steps(
     hidden = background - exposed_bg
     if cfg.network.overlap_slowdown and hidden.any():  # overlapped comm slows the compute it overlaps
         busy = busy + cfg.network.overlap_slowdown * np.concatenate([hidden[1:], [0.0]])[:, None]
-        top = busy.max(axis=1)
-    idle = top[:, None] - busy
-    exposed = critical + exposed_bg
-    wall = top + exposed
-    total = float(wall.sum())
+    exposed = critical + exposed_bg  # until the slowest rank leaves the step's collectives
+    lead = completion_leads(released, w, cfg.network.completion_spread, rng)
+    arrival = busy - np.concatenate([np.zeros((1, w)), lead[:-1]])  # released early: starts the step early
+    idle = arrival.max(axis=1)[:, None] - arrival
+    exposed_rank = exposed[:, None] - lead
+    wall_rank = busy + idle + exposed_rank
+    total = float(wall_rank.sum()) / w
     straggler = 100.0 * float(idle.sum()) / (w * total)
-    comm = 100.0 * float(exposed.sum()) / total
-    per_rank = 100.0 * idle.sum(axis=0) / total
+    comm = 100.0 * float(exposed_rank.sum()) / (w * total)
+    per_rank = 100.0 * idle.sum(axis=0) / wall_rank.sum(axis=0)
     mean = work.compute.mean(axis=1)
     imbalance = np.where(mean > 0, work.compute.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
     return {
         "straggler_pct": round(straggler, 4),
         "exposed_comm_pct": round(comm, 4),
         "bubble_pct": round(straggler + comm, 4),
-        "step_s": float(wall.mean()),
+        "step_s": total / n_steps,
         "samples_per_s": float(work.samples.sum() / total),
         "steps": n_steps,
         "imbalance_mean": float(imbalance.mean()),
@@ -362,6 +370,24 @@ def time_steps(
             "dense_all_reduce": 1e3 * dense,
         },
     }
+
+
+def completion_leads(released: np.ndarray, w: int, spread: float, rng: np.random.Generator) -> np.ndarray:
+    """How much earlier than the slowest rank each rank leaves the exchange ``released`` (seconds per
+    step) ``[S, W]``: evenly spaced from 0 (the slowest) to ``2·spread`` of it, in a random order per
+    step, so the mean rank leads by ``spread`` of it (``network.completion_spread``).
+
+    Which exchange: a lead turns into idle time only where the rank next *launches* a collective
+    itself (it then waits for the others to arrive). The embedding row exchange (``none``; PEC's OL
+    exchange) is followed by compute and a collective launched after it. The gradient exchange ends
+    with the dense all-reduce in flight beside it, which releases all ranks together, and a wait on
+    an exchange launched a step earlier (PEC's prefetch) absorbs an early rank's lead as more
+    waiting on that exchange: neither leaves a lead.
+    """
+    if spread == 0 or w == 1:
+        return np.zeros((released.size, w))
+    share = rng.permuted(np.tile(np.linspace(0.0, 1.0, w), (released.size, 1)), axis=1)
+    return 2.0 * spread * released[:, None] * share
 
 
 def simulate(cfg: SimConfig, source: LengthSource, progress: bool = False) -> dict[str, Any]:
