@@ -140,13 +140,18 @@ def insitu_network(
     if beta <= 0:  # the bytes do not show through the latency: keep the idle-process bandwidth
         beta = 1e-9 / gloo["all_to_all_fit"]["bandwidth_gbytes_s"]
         alpha = float(np.mean(y - beta * x))
-    dense = per["gradient_comm.dense"] - 0.5 * payload["gradient_comm.dense"] * beta * 2
+    # the all-reduce: gloo's ring between idle processes for the bytes, the rest of what the
+    # training step measured as its latency (one payload size cannot separate the two)
+    ar_fit = gloo.get("all_reduce_fit")
+    ar_bandwidth = ar_fit["bandwidth_gbytes_s"] if ar_fit else 1e-9 / float(beta)
+    dense = per["gradient_comm.dense"] - payload["gradient_comm.dense"] / (ar_bandwidth * 1e9)
     return {
         "seconds_by_collective": per,
         "payload_bytes": payload,
         "latency_us": 1e6 * max(float(alpha), 0.0),
         "bandwidth_gbytes_s": 1e-9 / float(beta),
         "all_reduce_latency_us": 1e6 * max(float(dense), 0.0),
+        "all_reduce_bandwidth_gbytes_s": ar_bandwidth,
     }
 
 
@@ -272,6 +277,7 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
             inter_latency_us=lat,
             inter_bandwidth_gbytes_s=bw,
             all_reduce_latency_us=net["all_reduce_latency_us"],
+            all_reduce_bandwidth_gbytes_s=net.get("all_reduce_bandwidth_gbytes_s"),
             completion_spread=net.get("completion_spread", 0.0),
             # The in-training collective time on this host is waiting (scheduling, the peer), not CPU
             # work that would slow the compute it overlaps: gloo copies a few hundred KB per step.

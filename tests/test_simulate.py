@@ -115,6 +115,8 @@ def test_network_model_by_hand() -> None:
     assert NetworkModel(NetworkConfig(), 1).all_reduce(1e9) == 0.0
     measured = NetworkModel(NetworkConfig(all_reduce_latency_us=700.0, intra_bandwidth_gbytes_s=1.0), 2)
     assert measured.all_reduce(1e6) == pytest.approx(700e-6 + 1e-3)
+    own = NetworkModel(NetworkConfig(all_reduce_latency_us=0.0, all_reduce_bandwidth_gbytes_s=4.0), 2)
+    assert own.all_reduce(1e6) == pytest.approx(1e6 / 4e9)
 
 
 def test_pec_leaves_the_overlap_share_on_the_critical_path() -> None:

@@ -97,7 +97,9 @@ class NetworkConfig:
     time. ``overlap_slowdown``: compute overlapped with communication runs this much slower while
     the communication lasts (SM-based NCCL kernels: the paper reports 10–40%; copy engines: 0).
     ``all_reduce_latency_us`` replaces the all-reduce's derived latency where it was measured
-    (gloo's CPU all-reduce costs several all-to-all latencies). ``completion_spread``: how much
+    (gloo's CPU all-reduce costs several all-to-all latencies), ``all_reduce_bandwidth_gbytes_s``
+    its bandwidth (nccl-tests reports the two collectives apart; a CPU ring and an all-to-all on a
+    busy core differ by several times). ``completion_spread``: how much
     earlier than the slowest rank the mean rank leaves the embedding row exchange, as a share of its
     time (0: all leave together). Why: over a congested link the two directions of an exchange need
     not finish together (gloo over TCP serves them one after the other), so a rank released early
@@ -115,6 +117,7 @@ class NetworkConfig:
     per_peer_latency_us: float = 0.0
     overlap_slowdown: float = 0.0
     all_reduce_latency_us: float | None = None  # None: the tree formula of NetworkModel.all_reduce
+    all_reduce_bandwidth_gbytes_s: float | None = None  # None: the link's (intra or inter) bandwidth
     completion_spread: float = 0.0  # mean rank's lead over the slowest at a collective's end, share of its time
 
     def __post_init__(self) -> None:
@@ -123,6 +126,8 @@ class NetworkConfig:
             raise ValueError(f"network.completion_spread must be <= 0.5, got {self.completion_spread}")
         if self.all_reduce_latency_us is not None:
             _positive(self.all_reduce_latency_us, "network.all_reduce_latency_us", allow_zero=True)
+        if self.all_reduce_bandwidth_gbytes_s is not None:
+            _positive(self.all_reduce_bandwidth_gbytes_s, "network.all_reduce_bandwidth_gbytes_s")
         for name in ("intra_latency_us", "inter_latency_us", "per_peer_latency_us", "overlap_slowdown"):
             _positive(getattr(self, name), f"network.{name}", allow_zero=True)
         for name in ("intra_bandwidth_gbytes_s", "inter_bandwidth_gbytes_s"):

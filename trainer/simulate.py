@@ -137,10 +137,12 @@ class NetworkModel:
     def all_reduce(self, nbytes: float) -> float:
         """Ring bandwidth term ``2(W-1)/W · bytes / bw`` (the NIC's once the ring leaves a node) and a
         tree-like latency ``2·(α_intra·⌈log2 local⌉ + α_inter·⌈log2 nodes⌉)`` (or the configured
-        ``all_reduce_latency_us``)."""
+        ``all_reduce_latency_us``); ``all_reduce_bandwidth_gbytes_s`` replaces the link's bandwidth."""
         if self.w == 1:
             return 0.0
         bw = self.inter_bw if self.nodes > 1 else self.intra_bw
+        if self.cfg.all_reduce_bandwidth_gbytes_s is not None:
+            bw = self.cfg.all_reduce_bandwidth_gbytes_s * 1e9
         hops_intra = int(np.ceil(np.log2(self.local))) if self.local > 1 else 0
         hops_inter = int(np.ceil(np.log2(self.nodes))) if self.nodes > 1 else 0
         latency = 2e-6 * (self.cfg.intra_latency_us * hops_intra + self.cfg.inter_latency_us * hops_inter)
