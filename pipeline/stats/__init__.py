@@ -34,7 +34,8 @@ from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from freescale.pipeline.stats import figures
-from freescale.pipeline.stats.inputs import Collected, collect_prepared, collect_sources, remove
+from freescale.pipeline.stats.inputs import Collected, collect_prepared, remove
+from freescale.pipeline.stats.sources import collect_sources
 
 SCHEMA_VERSION = 1
 STATS_NAME = "stats.json"

@@ -38,6 +38,21 @@ SPILL_SCHEMA = pa.schema(
 )
 
 
+def selected(user_ids: np.ndarray, fraction: float) -> np.ndarray:
+    """Users in a sample of ``fraction`` of all users: splitmix64(user_id) / 2^64 < fraction.
+
+    A pure function of the id (independent of partitioning and read order), so every task of a job,
+    repeated runs and different fractions agree on who is in (a user in at f is in at every f' > f)."""
+    if fraction >= 1.0:
+        return np.ones(len(user_ids), dtype=bool)
+    with np.errstate(over="ignore"):
+        x = np.asarray(user_ids).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) < fraction * 2.0**53
+
+
 def partition_of(user_ids: np.ndarray, n_partitions: int) -> np.ndarray:
     """Deterministic user → partition map (Fibonacci hashing; independent of the input order)."""
     mixed = user_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -50,6 +65,7 @@ class ScanSummary:
 
     rows_read: int = 0
     events_kept: int = 0
+    sampled_out: int = 0  # valid events of users outside ``user_fraction`` (not spilled)
     rejected: Counter = field(default_factory=Counter)
     rows_read_by_source: Counter = field(default_factory=Counter)
     examples: dict[str, list[dict]] = field(default_factory=dict)
@@ -57,6 +73,7 @@ class ScanSummary:
     def add(self, record: dict[str, Any], examples_per_reason: int) -> None:
         self.rows_read += record["rows_read"]
         self.events_kept += record["events_kept"]
+        self.sampled_out += record.get("sampled_out", 0)
         self.rejected.update(record["rejected"])
         self.rows_read_by_source.update(record["rows_read_by_source"])
         for reason, rows in record["examples"].items():
@@ -93,15 +110,26 @@ def _reject_examples(rejects: pa.Table, examples: dict[str, list[dict]], limit: 
 
 
 def run_scan_task(
-    sources: SourcesConfig, task: Any, task_id: int, n_partitions: int, scan_dir: str, examples_per_reason: int
+    sources: SourcesConfig,
+    task: Any,
+    task_id: int,
+    n_partitions: int,
+    scan_dir: str,
+    examples_per_reason: int,
+    user_fraction: float = 1.0,
 ) -> dict[str, Any]:
-    """Read one task, spill its events by partition, write its record (the completion marker)."""
+    """Read one task, spill its events by partition, write its record (the completion marker).
+
+    ``user_fraction`` < 1 (``stats --sample-fraction`` without k-core) spills only the events of
+    ``selected`` users; the per-user counts still cover every user (the plan's sample totals), and
+    the record counts the events left out as ``sampled_out``."""
     prefix = Path(scan_dir) / f"t{task_id:05d}"
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
     record: dict[str, Any] = {
         "task": task_id,
         "rows_read": 0,
         "events_kept": 0,
+        "sampled_out": 0,
         "rejected": Counter(),
         "rows_read_by_source": Counter(),
         "examples": {},
@@ -111,13 +139,16 @@ def run_scan_task(
         events = chunk.events.select(SPILL_SCHEMA.names).cast(SPILL_SCHEMA)
         record["rows_read"] += chunk.rows_read
         record["rows_read_by_source"][sources.sources[task.source].name] += chunk.rows_read
-        record["events_kept"] += events.num_rows
         if chunk.rejects.num_rows:
             record["rejected"].update(chunk.rejects.column("reason").to_pylist())
             _reject_examples(chunk.rejects, record["examples"], examples_per_reason)
         if events.num_rows:
             users = events.column("user_id").to_numpy()
             task_users.append(users)
+            events, users = _sampled(events, users, user_fraction)
+            record["sampled_out"] += len(task_users[-1]) - len(users)
+        record["events_kept"] += events.num_rows
+        if events.num_rows:
             _spill(events, partition_of(users, n_partitions), writers, prefix)
     for part, writer in writers.items():
         writer.close()
@@ -126,6 +157,14 @@ def run_scan_task(
     record["partitions"] = sorted(writers)
     save_json(Path(f"{prefix}.json"), record)
     return record
+
+
+def _sampled(events: pa.Table, users: np.ndarray, fraction: float) -> tuple[pa.Table, np.ndarray]:
+    """The events (and their users) of ``selected`` users."""
+    if fraction >= 1.0:
+        return events, users
+    keep = selected(users, fraction)
+    return events.filter(pa.array(keep)), users[keep]
 
 
 def _save_user_counts(prefix: Path, users: np.ndarray) -> None:
@@ -249,6 +288,7 @@ __all__ = [
     "run_scan_task",
     "run_user_table_task",
     "save_json",
+    "selected",
     "spill_user_table",
     "user_event_counts",
 ]

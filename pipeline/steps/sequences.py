@@ -335,12 +335,15 @@ def run_partition(
     feature_names: list[str],
     sink: Callable[[pa.Table, int], None] | None = None,
     users: np.ndarray | None = None,
+    keep_input: bool = False,
 ) -> PartitionRecord:
     """Build one partition's samples and hand them to ``sink(table, partition)`` (default: the sample
-    file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead). ``users``:
-    the partition's sorted user ids when known (saves finding them). The record JSON in
-    ``samples_dir``, written last, is the completion marker; before it, the partition's distinct ids
-    per table (``vocabulary.save_partition_ids``)."""
+    file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead, ``stats``
+    counts their ids). ``users``: the partition's sorted user ids when known (saves finding them).
+    The record JSON in ``samples_dir``, written last, is the completion marker; before it, the
+    partition's distinct ids per table (``vocabulary.save_partition_ids``). The partition's spill
+    files are then deleted unless ``keep_input`` (``stats --work-dir``: a later run rebuilds from
+    them with other options instead of scanning again)."""
     removed = np.load(removed_items_path) if removed_items_path else None
     frame, events_in = sorted_events(scan_dir, partition, removed, users)
     removed_events = events_in - frame.height
@@ -350,7 +353,8 @@ def run_partition(
     (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
     save_partition_ids(samples_dir, partition, table, feature_names)
     record.save(Path(samples_dir) / f"p{partition:05d}.json")
-    remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
+    if not keep_input:
+        remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record
 
 
