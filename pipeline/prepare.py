@@ -323,7 +323,11 @@ class PrepareJob:
 
     def map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         """Run ``fn(*job)`` for each job on the executor; results in job order."""
-        return self._start_executor(writer=False).map([(fn, job) for job in jobs], desc, unit)
+        return self.map_calls([(fn, job) for job in jobs], desc, unit)
+
+    def map_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*args)`` for each call on the executor (started in list order); results in order."""
+        return self._start_executor(writer=False).map(calls, desc, unit)
 
     # ----------------------------------------------------------------- phases
     @property

@@ -47,11 +47,14 @@ def fine_bits(n_fine: int) -> int:
 
 
 def _bucket_of(ids: np.ndarray, n_buckets: int) -> np.ndarray:
+    """Each id's bucket, as uint16 when it fits: numpy's stable argsort of 16-bit keys is a radix sort
+    (``spill_table`` groups records by bucket with it: int64 keys took 60% of its time)."""
+    dtype = np.uint16 if n_buckets <= 2**16 else np.int64
     if n_buckets == 1:
-        return np.zeros(ids.size, np.int64)
+        return np.zeros(ids.size, dtype)
     with np.errstate(over="ignore"):
         mixed = ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    return ((mixed >> np.uint64(32)) % np.uint64(n_buckets)).astype(np.int64)
+    return ((mixed >> np.uint64(32)) % np.uint64(n_buckets)).astype(dtype)
 
 
 def _write(path: Path, **arrays: np.ndarray) -> None:
@@ -82,7 +85,7 @@ def spill_table(
     else:
         arrays, bucket = {"id": ids, "fine": fine}, _bucket_of(ids, n_buckets)
     order = np.argsort(bucket, kind="stable") if n_buckets > 1 else None
-    bounds = np.searchsorted(bucket[order] if order is not None else bucket, np.arange(n_buckets + 1))
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(bucket, minlength=n_buckets))])
     for b in range(n_buckets):
         if bounds[b] == bounds[b + 1]:
             continue

@@ -52,6 +52,8 @@ class Collected:
     layouts: list[stats_ids.Layout]
     headline: str  # name of the layout the headline batch_overlap_rate uses
     plan: dict[str, Any] | None = None  # prepared: lengths/costs in plan order, offsets, layout
+    # ``figures.predict_strategies`` per W when computed beside the build (raw sources), else None
+    predicted: dict[int, dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from freescale.pipeline import memory
 from freescale.pipeline.records import PartitionRecord, RowTotals
+from freescale.pipeline.stats import figures
 from freescale.pipeline.stats import ids as stats_ids
 from freescale.pipeline.stats.inputs import Collected, SampleBatch, canonical, reduce_spills, remove, spill_samples
 from freescale.pipeline.steps.scan import partition_of, selected
@@ -91,14 +92,16 @@ def _prepare_job(config: Any, work: Path) -> Any:
     )
 
 
-def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[list[int], str]]) -> Collected:
+def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[list[int], str]], k: int) -> Collected:
     """Raw sources: the count-only path, then the partitions' samples straight into id records.
 
-    ``sizes_for(n_selected)`` returns the global batch sizes and the headline layout's name."""
+    ``sizes_for(n_selected)`` returns the global batch sizes and the headline layout's name; ``k``
+    is the per-rank batch of the straggler predictions, which run beside the partitions' steps (they
+    need only the lengths): in the driver after them, one core idled for their ~1 s on ``large``."""
     job = _prepare_job(config, work)
     try:
         counts = job.count_samples()
-        return _collect_counted(config, work, sizes_for, job, counts)
+        return _collect_counted(config, work, sizes_for, k, job, counts)
     finally:
         job.close()
 
@@ -128,7 +131,7 @@ def _plan(config: Any, job: Any, counts: Any) -> _Samples:
     )
 
 
-def _collect_counted(config: Any, work: Path, sizes_for: Callable, job: Any, counts: Any) -> Collected:
+def _collect_counted(config: Any, work: Path, sizes_for: Callable, k: int, job: Any, counts: Any) -> Collected:
     names = [spec.name for spec in job.sources.sources]
     features = list(counts.users.get("features", []))
     samples = _plan(config, job, counts)
@@ -162,7 +165,10 @@ def _collect_counted(config: Any, work: Path, sizes_for: Callable, job: Any, cou
         users = counts.user_ids[(user_partition == p) & user_built]
         args = (counts.scan_dir, str(samples_dir), p, config.samples, counts.removed_items, features, sink, users)
         jobs.append((*args, config.work_dir is not None))
-    records = job.map(run_partition, jobs, "stats: samples", "partition")
+    costs = job.cost_model.cost(samples.lengths[canon])
+    predictions = [(figures.predict_strategies, (costs, w, k, config.seed)) for w in config.world_sizes]
+    done = job.map_calls([*predictions, *((run_partition, args) for args in jobs)], "stats: samples", "task")
+    predicted, records = dict(zip(config.world_sizes, done[: len(predictions)])), done[len(predictions) :]
     source_counts = np.zeros((samples.users.size, len(names)), np.int32)
     for p in range(counts.n_partitions):
         source_counts[np.flatnonzero(samples.keep & (samples.partition == p))] = np.load(
@@ -186,6 +192,7 @@ def _collect_counted(config: Any, work: Path, sizes_for: Callable, job: Any, cou
         reducer=reducer,
         layouts=layouts,
         headline=headline,
+        predicted=predicted,
     )
 
 
