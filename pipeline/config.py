@@ -75,7 +75,7 @@ class PrepareConfig:
     engine: str = "local"  # where the steps run (``executors``): not the dataset's identity
     ray_address: str | None = None  # --engine ray: a running cluster ("auto", "HOST:PORT"); None starts one
     # ``stats --sample-fraction`` (never prepare's CLI): the scan spills only the events of this share of
-    # users (``scan.selected``), so the steps after it work on the sample alone
+    # users (``datasets.ids.selected``), so the steps after it work on the sample alone
     user_fraction: float = 1.0
 
     def __post_init__(self) -> None:

@@ -364,6 +364,44 @@ def test_sample_fraction_is_deterministic_and_reports_errors(tiny) -> None:
     )
 
 
+def test_sampled_lengths_are_the_sampled_users_exact_lengths(tiny, prepared) -> None:
+    """Without k-core the sample is taken while reading (only sampled users' rows are converted and
+    built): the figures are the exact figures of those users' samples (checked against the prepared
+    dataset's rows), totals still cover every user, and the rows left out are accounted for."""
+    from freescale.datasets.ids import selected
+    from freescale.pipeline.reader import PreparedDataset
+
+    out, manifest = prepared
+    base = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "samples": SampleConfig(max_uih_len=2048)}
+    report = compute_stats(StatsConfig(**base, sample_fraction=0.4, **FAST))
+    dataset = PreparedDataset(out)
+    rows = [dataset.rows[i] for i in range(int(dataset.offsets[-1]))]
+    users = np.array([int(r["user_id"]) for r in rows])
+    lengths = np.array([int(r["length"]) for r in rows])[selected(users, 0.4)]
+    merged = report["lengths"]["merged"]
+    assert (merged["count"], merged["events"], merged["max"]) == (lengths.size, lengths.sum(), lengths.max())
+    edges = report["lengths"]["histogram"]["edges"]
+    assert report["lengths"]["histogram"]["merged"] == np.histogram(lengths, edges)[0].tolist()
+    assert report["sample"]["samples_total"] == manifest["rows"]["samples"] == len(rows)
+    assert report["sample"]["users_total"] == np.unique(users).size
+    accounting = report["rows"]
+    assert accounting["balanced"] and accounting["events_read"] == manifest["rows"]["events_read"]
+    assert accounting["events_filtered"]["by_reason"]["sample_fraction"] > 0
+    assert accounting["events_used"] == lengths.sum()
+
+
+def test_sampled_with_kcore_builds_every_user_then_keeps_the_sample(tiny) -> None:
+    """k-core counts items over every user, so with --kcore the scan keeps everyone and the sample is
+    taken when the id records are spilled: the accounting is the exact run's."""
+    base = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "samples": SampleConfig(kcore=2), **FAST}
+    full = compute_stats(StatsConfig(**base))
+    part = compute_stats(StatsConfig(**base, sample_fraction=0.4))
+    assert part["rows"] == full["rows"] and "sample_fraction" not in part["rows"]["events_filtered"]["by_reason"]
+    assert part["sample"]["samples_total"] == full["sample"]["samples_total"]
+    assert 0 < part["sample"]["samples_selected"] < full["sample"]["samples_selected"]
+    assert part["lengths"]["merged"]["max"] <= full["lengths"]["merged"]["max"]
+
+
 def test_worker_processes_give_the_same_figures(tiny) -> None:
     """Two workers run the build and the id pass in parallel (the id pass on the build's executor)."""
     config = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "progress": False, "output": None}

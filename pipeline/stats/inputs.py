@@ -6,7 +6,7 @@ once, in plan order, through ``PreparedDataset`` (local or ``s3://``). Both hand
 ``spill_samples`` as ``SampleBatch``es: the id records of ``stats.ids`` and the events per source.
 
 ``--sample-fraction f`` keeps the samples of users whose hashed id falls below ``f``
-(``scan.selected``: splitmix64, independent of the partitioning), so repeated runs and different
+(``datasets.ids.selected``: splitmix64, independent of the partitioning), so repeated runs and different
 fractions agree on who is in.
 """
 
@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
+from freescale.datasets.ids import selected
 from freescale.pipeline import memory
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.stats import ids as stats_ids
-from freescale.pipeline.steps.scan import selected
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000

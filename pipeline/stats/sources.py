@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from freescale.datasets.ids import selected
 from freescale.pipeline import memory
 from freescale.pipeline.records import PartitionRecord, RowTotals
 from freescale.pipeline.stats import figures
 from freescale.pipeline.stats import ids as stats_ids
 from freescale.pipeline.stats.inputs import Collected, SampleBatch, canonical, reduce_spills, remove, spill_samples
-from freescale.pipeline.steps.scan import partition_of, selected
+from freescale.pipeline.steps.scan import partition_of
 from freescale.pipeline.steps.sequences import planned_samples, run_partition
 
 

@@ -38,21 +38,6 @@ SPILL_SCHEMA = pa.schema(
 )
 
 
-def selected(user_ids: np.ndarray, fraction: float) -> np.ndarray:
-    """Users in a sample of ``fraction`` of all users: splitmix64(user_id) / 2^64 < fraction.
-
-    A pure function of the id (independent of partitioning and read order), so every task of a job,
-    repeated runs and different fractions agree on who is in (a user in at f is in at every f' > f)."""
-    if fraction >= 1.0:
-        return np.ones(len(user_ids), dtype=bool)
-    with np.errstate(over="ignore"):
-        x = np.asarray(user_ids).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x >> np.uint64(11)).astype(np.float64) < fraction * 2.0**53
-
-
 def partition_of(user_ids: np.ndarray, n_partitions: int) -> np.ndarray:
     """Deterministic user → partition map (Fibonacci hashing; independent of the input order)."""
     mixed = user_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -120,9 +105,10 @@ def run_scan_task(
 ) -> dict[str, Any]:
     """Read one task, spill its events by partition, write its record (the completion marker).
 
-    ``user_fraction`` < 1 (``stats --sample-fraction`` without k-core) spills only the events of
-    ``selected`` users; the per-user counts still cover every user (the plan's sample totals), and
-    the record counts the events left out as ``sampled_out``."""
+    ``user_fraction`` < 1 (``stats --sample-fraction`` without k-core) reads only the events of
+    ``selected`` users (``read_task``: the other rows' fields past the user id are never converted);
+    the per-user counts still cover every user (the plan's sample totals), and the record counts the
+    rows left out as ``sampled_out``."""
     prefix = Path(scan_dir) / f"t{task_id:05d}"
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
     record: dict[str, Any] = {
@@ -135,20 +121,19 @@ def run_scan_task(
         "examples": {},
     }
     task_users: list[np.ndarray] = []
-    for chunk in read_task(sources, task):
+    for chunk in read_task(sources, task, user_fraction=user_fraction):
         events = chunk.events.select(SPILL_SCHEMA.names).cast(SPILL_SCHEMA)
         record["rows_read"] += chunk.rows_read
         record["rows_read_by_source"][sources.sources[task.source].name] += chunk.rows_read
+        record["events_kept"] += events.num_rows
+        record["sampled_out"] += len(chunk.sampled_users)
+        task_users.append(chunk.sampled_users)
         if chunk.rejects.num_rows:
             record["rejected"].update(chunk.rejects.column("reason").to_pylist())
             _reject_examples(chunk.rejects, record["examples"], examples_per_reason)
         if events.num_rows:
             users = events.column("user_id").to_numpy()
             task_users.append(users)
-            events, users = _sampled(events, users, user_fraction)
-            record["sampled_out"] += len(task_users[-1]) - len(users)
-        record["events_kept"] += events.num_rows
-        if events.num_rows:
             _spill(events, partition_of(users, n_partitions), writers, prefix)
     for part, writer in writers.items():
         writer.close()
@@ -157,14 +142,6 @@ def run_scan_task(
     record["partitions"] = sorted(writers)
     save_json(Path(f"{prefix}.json"), record)
     return record
-
-
-def _sampled(events: pa.Table, users: np.ndarray, fraction: float) -> tuple[pa.Table, np.ndarray]:
-    """The events (and their users) of ``selected`` users."""
-    if fraction >= 1.0:
-        return events, users
-    keep = selected(users, fraction)
-    return events.filter(pa.array(keep)), users[keep]
 
 
 def _save_user_counts(prefix: Path, users: np.ndarray) -> None:
@@ -288,7 +265,6 @@ __all__ = [
     "run_scan_task",
     "run_user_table_task",
     "save_json",
-    "selected",
     "spill_user_table",
     "user_event_counts",
 ]
