@@ -402,6 +402,37 @@ def test_sampled_with_kcore_builds_every_user_then_keeps_the_sample(tiny) -> Non
     assert part["lengths"]["merged"]["max"] <= full["lengths"]["merged"]["max"]
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_counting_per_user_gives_the_built_samples_figures(tiny, monkeypatch, fraction) -> None:
+    """Without windows, k-core or truncation a sample is all of its user's events: the partition step
+    counts per user (``count_partition``, no time sort) and every figure and the row accounting equal
+    those of building the samples with prepare's sequence builder (``run_partition``)."""
+    from freescale.pipeline.stats import sources
+
+    samples = SampleConfig(min_len=8)  # drops some users: the min_len accounting is exercised
+    config = StatsConfig(
+        input=tiny, world_sizes=(2,), micro_batch_size=4, samples=samples, sample_fraction=fraction, **FAST
+    )
+    calls = []
+    monkeypatch.setattr(sources, "count_partition", _spy(sources.count_partition, calls))
+    counted = compute_stats(config)
+    assert calls and counted["rows"]["events_filtered"]["by_reason"]["min_len"] > 0
+    monkeypatch.setattr(sources, "order_free", lambda cfg, counts: False)
+    built = compute_stats(config)
+    counted.pop("runtime_s"), built.pop("runtime_s")
+    assert counted == built
+    assert not sources.order_free(SampleConfig(max_uih_len=8), np.array([3, 9]))  # 9 > 8: truncated
+    assert not sources.order_free(SampleConfig(window_stride=4), np.array([3]))
+
+
+def _spy(fn, calls: list):
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return fn(*args, **kwargs)
+
+    return spy
+
+
 def test_worker_processes_give_the_same_figures(tiny) -> None:
     """Two workers run the build and the id pass in parallel (the id pass on the build's executor)."""
     config = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "progress": False, "output": None}

@@ -113,20 +113,19 @@ def spill_chunk(
     chunk: int,
     n_buckets: int,
     bits: int,
-    fine: np.ndarray,
-    lengths: np.ndarray,
+    event_fine: np.ndarray,
     items: np.ndarray,
     actions: np.ndarray,
+    fine: np.ndarray,
     users: np.ndarray,
     features: np.ndarray | None,
 ) -> int:
     """Spill the id records of one chunk of samples; returns how many were written.
 
-    ``fine``/``lengths``/``users``/``features`` are per sample, ``items``/``actions`` per event
-    (samples back to back). Files ``t<table>.b<bucket>.c<chunk>.npz`` appear atomically."""
+    ``items``/``actions`` and their ``event_fine`` are per event (in any order), ``fine``/``users``/
+    ``features`` per sample. Files ``t<table>.b<bucket>.c<chunk>.npz`` appear atomically."""
     fine = np.asarray(fine, dtype=np.int64)
-    per_event = np.repeat(fine, np.asarray(lengths, dtype=np.int64))
-    parts = [(items, per_event), (actions, per_event), (users, fine)]
+    parts = [(items, event_fine), (actions, event_fine), (users, fine)]
     if features is not None:
         parts += [(features[:, j], fine) for j in range(features.shape[1])]
     return sum(spill_table(spill_dir, j, chunk, n_buckets, bits, ids, f) for j, (ids, f) in enumerate(parts))

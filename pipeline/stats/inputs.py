@@ -136,17 +136,10 @@ class SampleBatch:
 
 def spill_samples(spill_dir: str, chunk: int, n_buckets: int, bits: int, fine: np.ndarray, batch: SampleBatch) -> int:
     """The id records of ``batch`` (every sample selected; ``fine``: each one's fine batch)."""
+    fine = np.asarray(fine, np.int64)
+    event_fine = np.repeat(fine, batch.length)
     return stats_ids.spill_chunk(
-        spill_dir,
-        chunk,
-        n_buckets,
-        bits,
-        fine,
-        batch.length,
-        batch.items,
-        batch.actions,
-        batch.user_id,
-        batch.features,
+        spill_dir, chunk, n_buckets, bits, event_fine, batch.items, batch.actions, fine, batch.user_id, batch.features
     )
 
 

@@ -27,15 +27,23 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from freescale.datasets.ids import selected
 from freescale.pipeline import memory
+from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.records import PartitionRecord, RowTotals
 from freescale.pipeline.stats import figures
 from freescale.pipeline.stats import ids as stats_ids
 from freescale.pipeline.stats.inputs import Collected, SampleBatch, canonical, reduce_spills, remove, spill_samples
-from freescale.pipeline.steps.scan import partition_of
-from freescale.pipeline.steps.sequences import planned_samples, run_partition
+from freescale.pipeline.steps.scan import partition_of, read_partition, remove_partition
+from freescale.pipeline.steps.sequences import (
+    numpy_column,
+    planned_samples,
+    run_partition,
+    user_feature_lists,
+    user_rank,
+)
 
 
 def _source_counts_path(spill_dir: str, partition: int) -> Path:
@@ -44,9 +52,10 @@ def _source_counts_path(spill_dir: str, partition: int) -> Path:
 
 @dataclass
 class StatsSink:
-    """``run_partition``'s sink in ``stats``: spill the id records of a partition's selected samples
-    and save their events per source. The arrays hold the partition's built samples in (user_id,
-    window) order, which is also the order ``build_samples`` returns them in."""
+    """Where a partition's samples go in ``stats``: their id records and events per source. As
+    ``run_partition``'s sink it takes the built samples; ``count_partition`` feeds it per-user counts.
+    The arrays hold the partition's built samples in (user_id, window) order, which is also the order
+    ``build_samples`` returns them in."""
 
     spill_dir: str
     lengths: np.ndarray  # planned length of each sample: the built ones must match
@@ -57,18 +66,80 @@ class StatsSink:
     n_features: int
 
     def __call__(self, table: pa.Table, partition: int) -> None:
-        built = table.column("length").to_numpy()
+        self.check(table.column("length").to_numpy(), partition)
+        keep = self.fine >= 0
+        batch = SampleBatch.of_table(table, self.n_features).select(keep)
+        self.save_source_counts(partition, batch.source_counts(self.n_sources))
+        spill_samples(self.spill_dir, partition, self.n_buckets, self.bits, self.fine[keep], batch)
+
+    def check(self, built: np.ndarray, partition: int) -> None:
+        """The built samples' lengths must be the plan's (made from the scan's per-user counts)."""
         if not np.array_equal(built, self.lengths):
             raise RuntimeError(
                 f"partition {partition}: built {len(built)} samples, but the plan (made from the scan's "
                 f"per-user counts) has {len(self.lengths)} or other lengths; the work directory is stale"
             )
-        keep = self.fine >= 0
-        batch = SampleBatch.of_table(table, self.n_features).select(keep)
+
+    def save_source_counts(self, partition: int, counts: np.ndarray) -> None:
+        """Events per source of the partition's selected samples, ``[samples, n_sources]``."""
         path = _source_counts_path(self.spill_dir, partition)
-        np.save(f"{path}.tmp.npy", batch.source_counts(self.n_sources))
+        np.save(f"{path}.tmp.npy", counts)
         os.replace(f"{path}.tmp.npy", path)
-        spill_samples(self.spill_dir, partition, self.n_buckets, self.bits, self.fine[keep], batch)
+
+
+def order_free(cfg: SampleConfig, event_counts: np.ndarray) -> bool:
+    """Whether every sample is all of one user's events: no windows, no k-core and no user longer
+    than ``max_uih_len``. Then which events a sample holds does not depend on their order, and
+    neither does any figure (id sets, counts, lengths, events per source): ``count_partition``
+    needs no time sort."""
+    return not cfg.window_stride and not cfg.kcore and int(event_counts.max(initial=0)) <= cfg.max_uih_len
+
+
+def count_partition(
+    scan_dir: str,
+    partition: int,
+    users: np.ndarray,
+    cfg: SampleConfig,
+    features: list[str],
+    sink: StatsSink,
+    keep: bool,
+) -> PartitionRecord:
+    """The partition step of an ``order_free`` job: each event's sample is its user's (a hash lookup,
+    ``user_rank``), so the id records and events per source come from the spilled events as read,
+    with ``build_samples``' filters and accounting. ``users``: the partition's sorted user ids (a
+    superset of its events' users). Cheaper than building the samples: no time sort, no list
+    columns, no vocabulary files. ``keep``: leave the spill files for a later run."""
+    table = read_partition(scan_dir, partition)
+    rank = user_rank(numpy_column(table, "user_id"), users).view(np.int64)
+    counts = np.bincount(rank, minlength=users.size)
+    kept = (counts >= cfg.min_len) & (counts > 0)
+    sample_of = np.where(kept, np.cumsum(kept) - 1, -1)[rank]  # each event's sample, -1: its user dropped
+    sink.check(counts[kept].astype(np.int32), partition)
+    n_samples, in_sample = int(kept.sum()), sample_of >= 0
+    source = numpy_column(table, "source").astype(np.int64)[in_sample]
+    per_source = np.bincount(sample_of[in_sample] * sink.n_sources + source, minlength=n_samples * sink.n_sources)
+    chosen = sink.fine >= 0
+    sink.save_source_counts(partition, per_source.reshape(-1, sink.n_sources)[chosen].astype(np.int32))
+    event_fine = np.where(in_sample, sink.fine[np.maximum(sample_of, 0)], -1)
+    spilled = event_fine >= 0
+    sample_users = users[kept]
+    profile, missing = user_feature_lists(sample_users, scan_dir, partition, features)
+    flat = pc.list_flatten(profile).to_numpy().reshape(-1, len(features))[chosen] if features else None
+    items, actions = numpy_column(table, "item_id")[spilled], numpy_column(table, "action")[spilled]
+    args = (sink.spill_dir, partition, sink.n_buckets, sink.bits, event_fine[spilled], items, actions)
+    stats_ids.spill_chunk(*args, sink.fine[chosen], sample_users[chosen], flat)
+    if not keep:
+        remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
+    used = int(counts[kept].sum())
+    return PartitionRecord(
+        events_in=int(rank.size),
+        events_used=used,
+        filtered={"kcore": 0, "min_len": int(rank.size) - used, "truncated_max_uih_len": 0},
+        users_in=int((counts > 0).sum()),
+        users_kept=n_samples,
+        samples=n_samples,
+        samples_without_profile=int(missing) if features else 0,
+    )
 
 
 def _prepare_job(config: Any, work: Path) -> Any:
@@ -151,24 +222,22 @@ def _collect_counted(config: Any, work: Path, sizes_for: Callable, k: int, job: 
         folder.mkdir(parents=True)
     user_partition = partition_of(counts.user_ids, counts.n_partitions)
     user_built = selected(counts.user_ids, job.config.user_fraction)
-    jobs = []
+    counted = order_free(config.samples, counts.event_counts)
+    keep_input = config.work_dir is not None
+    calls = []
     for p in range(counts.n_partitions):
         mine = np.flatnonzero(samples.built & (samples.partition == p))
-        sink = StatsSink(
-            str(spill_dir),
-            samples.lengths[mine].astype(np.int32),
-            fine[mine],
-            n_buckets,
-            bits,
-            len(names),
-            len(features),
-        )
+        lengths = samples.lengths[mine].astype(np.int32)
+        sink = StatsSink(str(spill_dir), lengths, fine[mine], n_buckets, bits, len(names), len(features))
         users = counts.user_ids[(user_partition == p) & user_built]
-        args = (counts.scan_dir, str(samples_dir), p, config.samples, counts.removed_items, features, sink, users)
-        jobs.append((*args, config.work_dir is not None))
+        if counted:
+            calls.append((count_partition, (counts.scan_dir, p, users, config.samples, features, sink, keep_input)))
+        else:
+            args = (counts.scan_dir, str(samples_dir), p, config.samples, counts.removed_items, features, sink, users)
+            calls.append((run_partition, (*args, keep_input)))
     costs = job.cost_model.cost(samples.lengths[canon])
     predictions = [(figures.predict_strategies, (costs, w, k, config.seed)) for w in config.world_sizes]
-    done = job.map_calls([*predictions, *((run_partition, args) for args in jobs)], "stats: samples", "task")
+    done = job.map_calls([*predictions, *calls], "stats: samples", "task")
     predicted, records = dict(zip(config.world_sizes, done[: len(predictions)])), done[len(predictions) :]
     source_counts = np.zeros((samples.users.size, len(names)), np.int32)
     for p in range(counts.n_partitions):
