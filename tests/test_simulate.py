@@ -154,7 +154,6 @@ def test_plan_arm_is_the_planners_prediction(seconds_per_event) -> None:
 def test_cost_model_error_leaves_planned_steps_imbalanced(seconds_per_event) -> None:
     """Placement uses predicted costs, ranks spend actual ones: a cost model off by 20% per sample
     leaves the plan straggling where the exact model predicts (almost) none; cv 0 changes nothing."""
-
     def plan_with(cv: float | None):
         compute = ComputeConfig(cost_model=seconds_per_event, **({} if cv is None else {"cost_error_cv": cv}))
         return simulate(config(seconds_per_event, arms=("plan",), compute=compute), HEAVY)
