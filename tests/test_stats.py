@@ -433,6 +433,27 @@ def _spy(fn, calls: list):
     return spy
 
 
+def test_a_second_run_in_the_work_dir_skips_the_scan_and_gives_fresh_figures(tiny, tmp_path, monkeypatch) -> None:
+    """With --work-dir the scan's spill files stay: a second run with another seed and W rebuilds the
+    partitions from them (no read task runs again) and reports what a fresh run reports."""
+    from freescale.pipeline.steps import scan
+
+    first = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "work_dir": str(tmp_path), **FAST}
+    compute_stats(StatsConfig(**first))
+    assert list(tmp_path.rglob("t*.p*.arrow"))  # the scan's spill files were kept
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("the scan ran again")
+
+    second = {**first, "world_sizes": (4,), "seed": 5}
+    monkeypatch.setattr(scan, "run_scan_task", no_scan)
+    again = compute_stats(StatsConfig(**second))
+    monkeypatch.undo()
+    fresh = compute_stats(StatsConfig(**{**second, "work_dir": None}))
+    again.pop("runtime_s"), fresh.pop("runtime_s")
+    assert again == fresh
+
+
 def test_worker_processes_give_the_same_figures(tiny) -> None:
     """Two workers run the build and the id pass in parallel (the id pass on the build's executor)."""
     config = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "progress": False, "output": None}
