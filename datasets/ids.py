@@ -9,13 +9,14 @@ hashed (logs repeat each user and popular item many times).
 
 from __future__ import annotations
 
+import math
 from hashlib import blake2b
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ID_MASK", "stable_id", "stable_id_one"]
+__all__ = ["ID_MASK", "selected", "stable_id", "stable_id_one"]
 
 #: Keeps ids in ``[0, 2**63)`` so they fit a signed int64 and stay non-negative.
 ID_MASK = (1 << 63) - 1
@@ -83,3 +84,20 @@ def stable_id(values: pa.Array | pa.ChunkedArray | list[str]) -> np.ndarray:
     idx = indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     out[valid] = hashes[idx[valid]]
     return out
+
+
+def selected(user_ids: np.ndarray, fraction: float) -> np.ndarray:
+    """Users in a sample of ``fraction`` of all users: splitmix64(user_id) / 2^64 < fraction.
+
+    A pure function of the id (independent of partitioning and read order), so every read task of a
+    job, repeated runs and different fractions agree on who is in (a user in at f is in at every
+    f' > f); ``read_task(user_fraction=...)`` and ``stats --sample-fraction`` use it."""
+    if fraction >= 1.0:
+        return np.ones(len(user_ids), dtype=bool)
+    with np.errstate(over="ignore"):
+        x = np.asarray(user_ids).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    # (x >> 11) < fraction·2^53 on integers: both sides are exact (53 bits), no float array needed
+    return (x >> np.uint64(11)) < np.uint64(math.ceil(fraction * 2.0**53))

@@ -12,7 +12,7 @@ Config classes live in ``config``; formats in ``formats``; planning in ``tasks``
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,7 @@ from .convert import (
     first_failure,
 )
 from .formats import Layout, layout_for, user_layout
+from .ids import selected
 from .rawread import iter_raw
 from .tasks import ReadTask, plan_file
 from .textlines import RawPiece
@@ -78,15 +79,20 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 
 @dataclass
 class EventChunk:
-    """A bounded piece of one task: canonical events, rejected rows and how many rows were read."""
+    """A bounded piece of one task: canonical events, rejected rows and how many rows were read.
+
+    With ``read_task(user_fraction=f)`` rows whose user id is valid but outside the sample
+    (``ids.selected``) are left out before their other fields are converted: ``sampled_users``
+    holds their user ids (one per row), so per-user counts can still cover every user."""
 
     events: pa.Table
     rejects: pa.Table
     rows_read: int
+    sampled_users: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
-        if self.rows_read != self.events.num_rows + self.rejects.num_rows:
-            raise AssertionError("row accounting broken: rows_read != events + rejects")
+        if self.rows_read != self.events.num_rows + self.rejects.num_rows + len(self.sampled_users):
+            raise AssertionError("row accounting broken: rows_read != events + rejects + sampled out")
 
 
 def source_files(config: SourcesConfig, index: int) -> list[str]:
@@ -170,7 +176,35 @@ def _piece_rejects(
     )
 
 
-def _piece_events(piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadTask) -> EventChunk:
+def _sample_piece(piece: RawPiece, layout: Layout, fraction: float) -> tuple[RawPiece, np.ndarray]:
+    """The piece without the rows whose user id is valid and outside the sample, and those rows'
+    user ids: only the user column is converted for them (the other fields are never looked at)."""
+    if fraction >= 1.0 or not len(piece.rows):
+        return piece, np.zeros(0, np.int64)
+    user, code = convert_id(piece.columns["user"], layout.id_types.get("user", "auto"))
+    forced = piece.forced.get("user")
+    if forced is not None:
+        code = np.where(forced != 0, forced, code)
+    out = (code == 0) & ~selected(user, fraction)
+    if not out.any():
+        return piece, np.zeros(0, np.int64)
+    kept = np.flatnonzero(~out)
+    take = pa.array(kept, pa.int64())
+    sampled = RawPiece(
+        columns={key: column.take(take) for key, column in piece.columns.items()},
+        rows=piece.rows[kept],
+        raw_text=lambda positions: piece.raw_text(kept[positions]),
+        bad_rows=piece.bad_rows,
+        bad_raw=piece.bad_raw,
+        forced={key: codes[kept] for key, codes in piece.forced.items()},
+    )
+    return sampled, np.asarray(user[out], np.int64)
+
+
+def _piece_events(
+    piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadTask, user_fraction: float = 1.0
+) -> EventChunk:
+    piece, sampled_users = _sample_piece(piece, layout, user_fraction)
     values, codes = _check_piece(piece, layout, spec)
     reason, field = first_failure(codes, len(piece.rows))
     good = reason == 0
@@ -189,7 +223,7 @@ def _piece_events(piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadT
         schema=EVENT_SCHEMA,
     )
     rejects = _piece_rejects(piece, reason, field, EVENT_FIELDS, spec.name, task.path)
-    return EventChunk(events=events, rejects=rejects, rows_read=piece.rows_read)
+    return EventChunk(events, rejects, piece.rows_read + len(sampled_users), sampled_users)
 
 
 def _merge(chunks: list[EventChunk]) -> EventChunk:
@@ -200,7 +234,8 @@ def _merge(chunks: list[EventChunk]) -> EventChunk:
     events = pa.concat_tables([c.events for c in chunks]).combine_chunks()
     rejects = pa.concat_tables([c.rejects for c in chunks]).combine_chunks()
     rows_read = sum(c.rows_read for c in chunks)
-    return EventChunk(events=_by_row(events), rejects=_by_row(rejects), rows_read=rows_read)
+    sampled_users = np.concatenate([c.sampled_users for c in chunks])
+    return EventChunk(_by_row(events), _by_row(rejects), rows_read, sampled_users)
 
 
 def _by_row(table: pa.Table) -> pa.Table:
@@ -217,12 +252,14 @@ def read_task(
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    user_fraction: float = 1.0,
 ) -> Iterator[EventChunk]:
-    """Canonical events of one task in chunks of at most ``chunk_rows`` rows / ``chunk_bytes`` of text."""
+    """Canonical events of one task in chunks of at most ``chunk_rows`` rows / ``chunk_bytes`` of text;
+    ``user_fraction`` < 1: only the events of ``ids.selected`` users (see ``EventChunk``)."""
     spec = config.sources[task.source]
     layout = layout_for(spec, task.path.rsplit("/", 1)[-1])
     for pieces in iter_raw(task, layout, spec.name, chunk_rows, chunk_bytes):
-        chunk = _merge([_piece_events(p, layout, spec, task) for p in pieces])
+        chunk = _merge([_piece_events(p, layout, spec, task, user_fraction) for p in pieces])
         if chunk.rows_read:
             yield chunk
 

@@ -74,6 +74,9 @@ class PrepareConfig:
     progress: bool = True
     engine: str = "local"  # where the steps run (``executors``): not the dataset's identity
     ray_address: str | None = None  # --engine ray: a running cluster ("auto", "HOST:PORT"); None starts one
+    # ``stats --sample-fraction`` (never prepare's CLI): the scan spills only the events of this share of
+    # users (``datasets.ids.selected``), so the steps after it work on the sample alone
+    user_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -94,6 +97,11 @@ class PrepareConfig:
             raise ValueError(f"--engine must be local or ray, got {self.engine!r}")
         if self.ray_address and self.engine != "ray":
             raise ValueError("--ray-address needs --engine ray")
+        f = self.user_fraction
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 < f <= 1.0:
+            raise ValueError(f"user_fraction must be in (0, 1], got {f!r}")
+        if f < 1.0 and self.samples.kcore:
+            raise ValueError("user_fraction < 1 needs kcore = 0: k-core counts items over every user")
         if self.shard_size_limit < 2**16:
             raise ValueError(f"--shard-size-limit must be at least 64KB, got {self.shard_size_limit}")
 
@@ -106,6 +114,8 @@ class PrepareConfig:
             "balance": asdict(self.balance),
             "shard_size_limit": self.shard_size_limit,
             "plan_memory": self.plan_memory,  # windows change the plan
+            # only when sampling: full jobs keep the fingerprints (and work directories) they had
+            **({"user_fraction": self.user_fraction} if self.user_fraction < 1.0 else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:

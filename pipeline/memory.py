@@ -71,9 +71,12 @@ def write_bucket_size(n_samples: int, total_events: int, memory_limit: int, part
 
 def stats_bucket_count(records: int, memory_limit: int, workers: int = 1) -> int:
     """Buckets of the stats id pass, so that ``workers`` buckets' records sort at once (each worker
-    counts one table of a bucket) within half the limit."""
+    counts one table of a bucket) within half the limit: a multiple of ``workers``, so the item
+    table (most of the records) keeps every worker busy (large: 3 item buckets on 2 workers took
+    two rounds, 4 take two half-size ones)."""
     budget = max(memory_limit // (2 * workers), MIN_TASK_BUDGET)
-    return max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
+    buckets = max(1, -(-records * BYTES_PER_RECORD_IN_MEMORY // budget))
+    return -(-buckets // workers) * workers
 
 
 def window_samples(n_samples: int, unit: int, plan_memory: int) -> int:

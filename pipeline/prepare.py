@@ -77,14 +77,17 @@ KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the l
 
 
 @dataclass
-class BuiltSamples:
-    """What phases 1–3 produced: accounting records and per-partition sample files
-    (``freescale.pipeline.steps.sequences.read_samples(samples_dir, p)``)."""
+class SampleCounts:
+    """What the scan and k-core phases tell before any sample is built (``PrepareJob.count_samples``):
+    accounting, every user's event count (``planned_samples`` turns them into sample lengths) and
+    where the partitions' events wait for ``run_partition``."""
 
     scan: scan.ScanSummary
-    users: dict[str, Any]
-    partitions: list[PartitionRecord]
-    samples_dir: str
+    users: dict[str, Any]  # the user table's record (``features``, rejects)
+    user_ids: np.ndarray  # sorted
+    event_counts: np.ndarray  # per user, after k-core item removal
+    removed_items: str | None  # k-core's removed-item file, for ``run_partition``
+    scan_dir: str
     n_partitions: int
 
 
@@ -217,18 +220,20 @@ class PrepareJob:
         for sub in ("scan", "samples", "buckets"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
 
-    def build_samples(self) -> BuiltSamples:
-        """Scan, k-core and sample files (``read_samples``), resumable: what ``stats`` reads on raw
-        sources. ``prepare`` itself encodes the samples straight into plan-order buckets instead."""
+    def count_samples(self) -> SampleCounts:
+        """Scan and k-core (resumable), then every user's event count: the count-only path that
+        ``stats`` and ``simulate`` take on raw sources (sample lengths need no sample built)."""
         self._make_work_dirs()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
-        records = self._build_samples(removed_items, users_record["features"])
-        return BuiltSamples(
+        users, counts = self._user_counts(removed_items)
+        return SampleCounts(
             scan=scan_summary,
             users=users_record,
-            partitions=records,
-            samples_dir=str(self.work / "samples"),
+            user_ids=users,
+            event_counts=counts,
+            removed_items=removed_items,
+            scan_dir=str(self.work / "scan"),
             n_partitions=self._n_partitions,
         )
 
@@ -318,7 +323,11 @@ class PrepareJob:
 
     def map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         """Run ``fn(*job)`` for each job on the executor; results in job order."""
-        return self._start_executor(writer=False).map([(fn, job) for job in jobs], desc, unit)
+        return self.map_calls([(fn, job) for job in jobs], desc, unit)
+
+    def map_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
+        """Run ``fn(*args)`` for each call on the executor (started in list order); results in order."""
+        return self._start_executor(writer=False).map(calls, desc, unit)
 
     # ----------------------------------------------------------------- phases
     @property
@@ -343,15 +352,16 @@ class PrepareJob:
             n_partitions = self.n_partitions
             scan.save_json(state_path, {"n_partitions": n_partitions})
         self._n_partitions = n_partitions
+        examples, fraction = self.config.quarantine_examples, self.config.user_fraction
         todo = [
-            (scan.run_scan_task, (self.sources, task, i, n_partitions, scan_dir, self.config.quarantine_examples))
+            (scan.run_scan_task, (self.sources, task, i, n_partitions, scan_dir, examples, fraction))
             for i, task in enumerate(self.tasks)
             if scan.load_task_record(scan_dir, i) is None
         ]
         todo.sort(key=lambda call: call[1][1].est_cost, reverse=True)  # longest first; records are per task id
         self._log(f"scan: {len(self.tasks)} read tasks ({len(todo)} to do), {n_partitions} user partitions")
         if scan.load_user_table_record(scan_dir) is None:  # small: last, beside the other worker's last task
-            user_table = (self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
+            user_table = (self.sources, n_partitions, scan_dir, examples)
             todo.append((scan.run_user_table_task, user_table))
         self._start_executor(writer=False).map(todo, "scan", "task")
         summary = scan.ScanSummary()
@@ -406,19 +416,8 @@ class PrepareJob:
         places.save_npy_atomic(path, removed)  # its presence marks k-core done: whole or absent
         return str(path)
 
-    def _build_samples(self, removed_items: str | None, features: list[str]) -> list[PartitionRecord]:
-        samples_dir = str(self.work / "samples")
-        scan_dir = str(self.work / "scan")
-        todo = [
-            (scan_dir, samples_dir, p, self.config.samples, removed_items, features)
-            for p in range(self._n_partitions)
-            if load_partition_record(samples_dir, p) is None
-        ]
-        self.map(run_partition, todo, "samples", "partition")
-        return [load_partition_record(samples_dir, p) for p in range(self._n_partitions)]
-
     def _user_counts(self, removed_items: str | None) -> tuple[np.ndarray, np.ndarray]:
-        """Every user's event count as ``build_samples`` will see it: from the scan's per-task counts,
+        """Every user's event count as ``run_partition`` will see it: from the scan's per-task counts,
         or after k-core item removal from the last k-core pass."""
         if removed_items is not None:
             users, counts = np.load(self.work / "samples" / KCORE_USER_COUNTS)

@@ -370,17 +370,24 @@ def test_pool_processes_exit_cleanly_without_interpreter_teardown(tmp_path) -> N
 
 def test_spill_files_are_removed_once_their_partition_is_built(tiny_sources, tmp_path) -> None:
     """Spill files go as soon as their partition's samples are built (their page cache is reused by
-    the next files written); the per-task user counts the plan reads stay."""
+    the next files written), unless kept for a later run (``keep_input``: stats --work-dir); the
+    per-task user counts the plan reads stay."""
     from freescale.pipeline.prepare import PrepareJob
     from freescale.pipeline.steps import scan
+    from freescale.pipeline.steps.sequences import run_partition
 
     job = PrepareJob(make_config(tiny_sources, str(tmp_path / "out"), work_dir=str(tmp_path / "work")))
     try:
-        built = job.build_samples()
+        counts = job.count_samples()
     finally:
         job.close()
-    scan_dir = job.work / "scan"
-    assert built.n_partitions > 1
-    assert all(not scan.partition_files(str(scan_dir), p) for p in range(built.n_partitions))
-    assert len(list(Path(built.samples_dir).glob("p*.arrow"))) == built.n_partitions
+    scan_dir, samples_dir = job.work / "scan", tmp_path / "samples"
+    samples_dir.mkdir()
+    assert counts.n_partitions > 1
+    for p in range(counts.n_partitions):
+        args = (counts.scan_dir, str(samples_dir), p, job.config.samples, None, [])
+        run_partition(*args, keep_input=p == 0)
+    assert scan.partition_files(str(scan_dir), 0)
+    assert all(not scan.partition_files(str(scan_dir), p) for p in range(1, counts.n_partitions))
+    assert len(list(samples_dir.glob("p*.arrow"))) == counts.n_partitions
     assert len(list(scan_dir.glob("t*.users.npy"))) == len(job.tasks)

@@ -176,14 +176,14 @@ def test_spill_timestamps_hold_every_valid_timestamp() -> None:
     stranger=st.one_of(st.integers(-(2**63), 2**63 - 1), st.just(0)),
 )
 def test_user_rank_table_finds_every_users_rank(distinct, picks, stranger):
-    """``_user_rank``'s hash table gives each event its user's position in the sorted distinct ids
+    """``user_rank``'s hash table gives each event its user's position in the sorted distinct ids
     (as a binary search would), and refuses a user that is not among them (0 included: empty slots
     hold key 0)."""
-    from freescale.pipeline.steps.sequences import _user_rank
+    from freescale.pipeline.steps.sequences import user_rank
 
     users = np.array(sorted(distinct), np.int64)
     events = users[np.array(picks) % len(users)]
-    assert _user_rank(events, users).tolist() == np.searchsorted(users, events).tolist()
+    assert user_rank(events, users).tolist() == np.searchsorted(users, events).tolist()
     if stranger not in distinct:
         with pytest.raises(ValueError, match="every user id"):
-            _user_rank(np.append(events, stranger), users)
+            user_rank(np.append(events, stranger), users)

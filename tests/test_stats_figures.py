@@ -73,10 +73,10 @@ def _reduce(
             chunk,
             n_buckets,
             bits,
-            fine[rows],
-            lengths[rows],
+            np.repeat(fine[rows], lengths[rows]),
             items[events],
             np.zeros(int(lengths[rows].sum()), np.int64),
+            fine[rows],
             np.arange(n)[rows] * 7,
             None,
         )

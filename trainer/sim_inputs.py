@@ -126,10 +126,12 @@ def read_prepared(uri: str, verify: bool = True, progress: bool = False) -> Leng
 
 
 def read_sources(toml: str, samples: Any, workers: int = 1, progress: bool = False) -> LengthSource:
-    """Raw sources through ``prepare``'s scan → k-core → samples (what ``stats`` does on raw sources)."""
+    """Raw sources through ``prepare``'s count-only path (scan → k-core → per-user counts → the
+    planned sample lengths, ``planned_samples``): what ``stats`` costs, without building a sample."""
     from freescale.pipeline.config import PrepareConfig
     from freescale.pipeline.prepare import PrepareJob
-    from freescale.pipeline.stats.inputs import partition_meta, remove
+    from freescale.pipeline.stats.inputs import remove
+    from freescale.pipeline.steps.sequences import planned_samples
 
     work = Path(tempfile.mkdtemp(prefix="freescale-simulate-"))
     try:
@@ -144,14 +146,12 @@ def read_sources(toml: str, samples: Any, workers: int = 1, progress: bool = Fal
             )
         )
         try:
-            built = job.build_samples()
-            names = [spec.name for spec in job.sources.sources]
+            counts = job.count_samples()
         finally:
             job.close()
-        parts = [partition_meta(built.samples_dir, p, len(names))["length"] for p in range(built.n_partitions)]
     finally:
         remove(work)
-    lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    lengths = planned_samples(counts.user_ids, counts.event_counts, job.config.samples)["length"]
     if lengths.size == 0:
         raise ValueError(f"{toml}: the sources yield no samples")
     return LengthSource(origin=toml, kind="data", values=lengths.astype(np.int64))

@@ -34,7 +34,8 @@ from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from freescale.pipeline.stats import figures
-from freescale.pipeline.stats.inputs import Collected, collect_prepared, collect_sources, remove
+from freescale.pipeline.stats.inputs import Collected, collect_prepared, remove
+from freescale.pipeline.stats.sources import collect_sources
 
 SCHEMA_VERSION = 1
 STATS_NAME = "stats.json"
@@ -238,7 +239,7 @@ def _straggler(c: Collected, config: StatsConfig, k: int) -> dict[str, Any]:
     costs = c.costs
     table: dict[str, Any] = {}
     for w in config.world_sizes:
-        entry = figures.predict_strategies(costs, w, k, config.seed)
+        entry = c.predicted[w] if c.predicted is not None else figures.predict_strategies(costs, w, k, config.seed)
         if c.plan is not None:
             entry["plan"] = {
                 **figures.plan_figures(c.plan["micro_batch_costs"], c.plan["group_size"], w),
@@ -399,11 +400,13 @@ def compute_stats(config: StatsConfig) -> dict[str, Any]:
         if kind == "sources":
             config = replace(config, world_sizes=config.world_sizes or DEFAULT_WORLD_SIZES)
 
+            k = config.micro_batch_size or DEFAULT_K
+
             def sizes_for(n: int) -> tuple[list[int], str]:
-                sizes, head, _ = _batch_sizes(config, config.micro_batch_size or DEFAULT_K, n)
+                sizes, head, _ = _batch_sizes(config, k, n)
                 return sizes, f"global_batch_{head}"
 
-            collected = collect_sources(config, work, sizes_for)
+            collected = collect_sources(config, work, sizes_for, k)
         else:
             manifest = read_manifest(uri)
             k = config.micro_batch_size or int(manifest["layout"]["micro_batch_size"])

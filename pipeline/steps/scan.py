@@ -50,6 +50,7 @@ class ScanSummary:
 
     rows_read: int = 0
     events_kept: int = 0
+    sampled_out: int = 0  # valid events of users outside ``user_fraction`` (not spilled)
     rejected: Counter = field(default_factory=Counter)
     rows_read_by_source: Counter = field(default_factory=Counter)
     examples: dict[str, list[dict]] = field(default_factory=dict)
@@ -57,6 +58,7 @@ class ScanSummary:
     def add(self, record: dict[str, Any], examples_per_reason: int) -> None:
         self.rows_read += record["rows_read"]
         self.events_kept += record["events_kept"]
+        self.sampled_out += record.get("sampled_out", 0)
         self.rejected.update(record["rejected"])
         self.rows_read_by_source.update(record["rows_read_by_source"])
         for reason, rows in record["examples"].items():
@@ -93,25 +95,39 @@ def _reject_examples(rejects: pa.Table, examples: dict[str, list[dict]], limit: 
 
 
 def run_scan_task(
-    sources: SourcesConfig, task: Any, task_id: int, n_partitions: int, scan_dir: str, examples_per_reason: int
+    sources: SourcesConfig,
+    task: Any,
+    task_id: int,
+    n_partitions: int,
+    scan_dir: str,
+    examples_per_reason: int,
+    user_fraction: float = 1.0,
 ) -> dict[str, Any]:
-    """Read one task, spill its events by partition, write its record (the completion marker)."""
+    """Read one task, spill its events by partition, write its record (the completion marker).
+
+    ``user_fraction`` < 1 (``stats --sample-fraction`` without k-core) reads only the events of
+    ``selected`` users (``read_task``: the other rows' fields past the user id are never converted);
+    the per-user counts still cover every user (the plan's sample totals), and the record counts the
+    rows left out as ``sampled_out``."""
     prefix = Path(scan_dir) / f"t{task_id:05d}"
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
     record: dict[str, Any] = {
         "task": task_id,
         "rows_read": 0,
         "events_kept": 0,
+        "sampled_out": 0,
         "rejected": Counter(),
         "rows_read_by_source": Counter(),
         "examples": {},
     }
     task_users: list[np.ndarray] = []
-    for chunk in read_task(sources, task):
+    for chunk in read_task(sources, task, user_fraction=user_fraction):
         events = chunk.events.select(SPILL_SCHEMA.names).cast(SPILL_SCHEMA)
         record["rows_read"] += chunk.rows_read
         record["rows_read_by_source"][sources.sources[task.source].name] += chunk.rows_read
         record["events_kept"] += events.num_rows
+        record["sampled_out"] += len(chunk.sampled_users)
+        task_users.append(chunk.sampled_users)
         if chunk.rejects.num_rows:
             record["rejected"].update(chunk.rejects.column("reason").to_pylist())
             _reject_examples(chunk.rejects, record["examples"], examples_per_reason)

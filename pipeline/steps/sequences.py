@@ -58,7 +58,7 @@ def time_sort(
     """Sort events by ``(user_id, ts)``, stably; ``None`` if ``ts`` spans 2^32 s or more.
 
     Users are replaced by their rank among the partition's users (``users``: sorted distinct ids, a
-    superset of ``user_ids``, computed when not given; looked up in ``_user_rank``'s hash table) and
+    superset of ``user_ids``, computed when not given; looked up in ``user_rank``'s hash table) and
     timestamps by their offset from the earliest. When rank, offset and row number fit in one ``key_bits`` key, sorting
     the keys themselves gives the order in their low bits and the sorted users and timestamps in the
     others: the keys are unique, so no stable sort is needed (a third of the stable argsort's time).
@@ -73,7 +73,7 @@ def time_sort(
     if span >= 2**32:
         return None
     distinct = users if users is not None else np.sort(pl.Series(user_ids).unique().to_numpy())
-    rank = _user_rank(user_ids, distinct)
+    rank = user_rank(user_ids, distinct)
     offset = (ts - first).astype(np.uint64)
     rank_bits, ts_bits, row_bits = (max(value, 1).bit_length() for value in (len(distinct) - 1, span, n - 1))
     if rank_bits + ts_bits + row_bits <= key_bits:
@@ -93,7 +93,7 @@ def time_sort(
 _SLOT_MULTIPLIER = np.uint64(0xFF51AFD7ED558CCD)  # murmur3's mixer, not partition_of's multiplier
 
 
-def _user_rank(user_ids: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+def user_rank(user_ids: np.ndarray, distinct: np.ndarray) -> np.ndarray:
     """Each event's user as its position in ``distinct`` (sorted, unique), as uint64.
 
     A vectorised open-addressing hash table over ``distinct``, four times sparser than its keys: a
@@ -154,7 +154,7 @@ def sorted_events(
     """
     table = read_partition(scan_dir, partition)
     events_in = table.num_rows
-    frame = pl.DataFrame({name: _column(table, name) for name in table.column_names})
+    frame = pl.DataFrame({name: numpy_column(table, name) for name in table.column_names})
     if removed_items is not None and len(removed_items):
         frame = frame.filter(~pl.col("item_id").is_in(pl.Series(removed_items).implode()))
     result = time_sort(frame["user_id"].to_numpy(), frame["ts"].to_numpy(), users)
@@ -168,7 +168,7 @@ def sorted_events(
     return pl.DataFrame(columns), events_in
 
 
-def _column(table: pa.Table, name: str) -> np.ndarray:
+def numpy_column(table: pa.Table, name: str) -> np.ndarray:
     """One contiguous numpy column out of many spill batches (a single copy)."""
     chunks = table.column(name).chunks
     if not chunks:
@@ -244,7 +244,7 @@ def _window_index(begin: np.ndarray, end: np.ndarray, gather: bool) -> tuple[pa.
     return pa.array(offsets), index
 
 
-def _user_feature_lists(
+def user_feature_lists(
     users: np.ndarray, scan_dir: str, partition: int, feature_names: list[str]
 ) -> tuple[pa.Array, int]:
     """Integer profile features per sample; users absent from the table get ``MISSING_FEATURE``."""
@@ -291,7 +291,7 @@ def build_samples(
         values = values if index is None else values[index]
         columns[name] = pa.ListArray.from_arrays(offsets, pa.array(values, type=dtype))
     sample_users = users_all[starts[bounds["run"]]] if len(counts) else np.zeros(0, np.int64)
-    features, missing_profiles = _user_feature_lists(sample_users, scan_dir, partition, feature_names)
+    features, missing_profiles = user_feature_lists(sample_users, scan_dir, partition, feature_names)
     table = pa.table(
         {
             "user_id": pa.array(sample_users, pa.int64()),
@@ -335,12 +335,15 @@ def run_partition(
     feature_names: list[str],
     sink: Callable[[pa.Table, int], None] | None = None,
     users: np.ndarray | None = None,
+    keep_input: bool = False,
 ) -> PartitionRecord:
     """Build one partition's samples and hand them to ``sink(table, partition)`` (default: the sample
-    file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead). ``users``:
-    the partition's sorted user ids when known (saves finding them). The record JSON in
-    ``samples_dir``, written last, is the completion marker; before it, the partition's distinct ids
-    per table (``vocabulary.save_partition_ids``)."""
+    file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead, ``stats``
+    counts their ids). ``users``: the partition's sorted user ids when known (saves finding them).
+    The record JSON in ``samples_dir``, written last, is the completion marker; before it, the
+    partition's distinct ids per table (``vocabulary.save_partition_ids``). The partition's spill
+    files are then deleted unless ``keep_input`` (``stats --work-dir``: a later run rebuilds from
+    them with other options instead of scanning again)."""
     removed = np.load(removed_items_path) if removed_items_path else None
     frame, events_in = sorted_events(scan_dir, partition, removed, users)
     removed_events = events_in - frame.height
@@ -350,7 +353,8 @@ def run_partition(
     (sink or functools.partial(write_sample_file, samples_dir))(table, partition)
     save_partition_ids(samples_dir, partition, table, feature_names)
     record.save(Path(samples_dir) / f"p{partition:05d}.json")
-    remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
+    if not keep_input:
+        remove_partition(scan_dir, partition)  # consumed: its pages go to the next files written
     return record
 
 
