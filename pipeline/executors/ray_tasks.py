@@ -111,16 +111,18 @@ class RayExecutor:
         # Ray's notice that token authentication is on (its default since 2.5x) would be a second line
         # beside the CLI's one-line errors; the job's own runtime needs no notice
         logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
-        runtime_env = {"env_vars": _worker_env()}
-        common = {"runtime_env": runtime_env, "log_to_driver": False, "logging_level": "ERROR"}
+        common = {"log_to_driver": False, "logging_level": "ERROR"}
         started = time.perf_counter()
         if address:
             self.progress.warn(
                 "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
-            ray.init(address=address, **common)
+            ray.init(address=address, runtime_env={"env_vars": _worker_env()}, **common)
         else:
+            # the runtime's processes inherit this environment: a job-level runtime_env would make
+            # Ray start a second set of workers for it (the prestarted ones lack it), ~1.6 s here
+            os.environ.update(_worker_env())
             # a short private path: Ray's sockets live under it (108-byte limit), and a shared
             # /tmp/ray would mix this runtime's session with other users' clusters
             self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
