@@ -65,6 +65,7 @@ from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
 from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
+from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files to create and for the samples phase to open (large: 30 tasks of 1M rows -> 14 of up
@@ -108,8 +109,14 @@ class PrepareJob:
         self.source_files = self._source_files()
         self.fingerprint = self._fingerprint()
         # the layout version keeps a work dir of an older release (other spill/bucket formats) from being resumed
-        self.work_root = Path(config.work_dir or self._default_work_dir())
-        self.work = self.work_root / f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
+        work_name = f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
+        self.remote_work: RemoteWork | None = None  # --work-dir s3://...: the steps use a local mirror
+        if config.work_dir and storage.is_remote(config.work_dir):
+            self.work_root = mirror_path(config.work_dir)
+            self.remote_work = RemoteWork(storage.join(config.work_dir, work_name), str(self.work_root / work_name))
+        else:
+            self.work_root = Path(config.work_dir or self._default_work_dir())
+        self.work = self.work_root / work_name
         # where this run writes the dataset: a staging directory swapped in whole (local output), or
         # the s3:// prefix itself (``output`` module)
         self.target = self.config.output
@@ -165,7 +172,8 @@ class PrepareJob:
         """Lock the output (and the work directory), then resume or start the job; a full disk ends
         it with one line naming where, leaving what is done for the next run."""
         places.check_no_overlap(self.config.output, self._inputs())
-        places.check_no_overlap(self.config.output, [str(self.work_root)], what="the work directory")
+        work_dir = self.config.work_dir if self.remote_work else str(self.work_root)
+        places.check_no_overlap(self.config.output, [work_dir], what="the work directory")
         locks = [
             OutputLock(places.lock_path(self.config.output, self.work_root), self.config.output),
             OutputLock(self.work.with_name(self.work.name + places.LOCK_SUFFIX), f"work directory {self.work}"),
@@ -192,6 +200,8 @@ class PrepareJob:
     def _run(self) -> dict[str, Any]:
         self._writer_reserved = self.preload_writer
         self._start_executor(writer=self._writer_reserved)
+        if self.remote_work is not None:
+            self.remote_work.reset_mirror()  # the prefix is the truth: resume from its markers
         self._make_work_dirs()
         self._check_written_parts()
         scan_summary, users_record = self._scan()
@@ -210,8 +220,13 @@ class PrepareJob:
         manifest = json.loads(json.dumps(manifest, default=str))
         files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
         self._publish(manifest, plan_info.offsets, scan_summary, users_record, files)
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._remove_work()
         return manifest
+
+    def _remove_work(self) -> None:
+        if self.remote_work is not None:
+            self.remote_work.remove()
+        shutil.rmtree(self.work, ignore_errors=True)
 
     def _make_work_dirs(self) -> None:
         for sub in ("scan", "samples", "buckets"):
@@ -220,6 +235,8 @@ class PrepareJob:
     def build_samples(self) -> BuiltSamples:
         """Scan, k-core and sample files (``read_samples``), resumable: what ``stats`` reads on raw
         sources. ``prepare`` itself encodes the samples straight into plan-order buckets instead."""
+        if self.remote_work is not None:
+            raise PrepareError("stats: an s3:// --work-dir is supported by prepare only; pass a local one")
         self._make_work_dirs()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
@@ -245,7 +262,7 @@ class PrepareJob:
             part = int(marker.name.split("-")[1].split(".")[0])
             if not storage.exists(storage.join(self.target, part_name(part), "index.json")):
                 self._log(f"{part_name(part)} is marked written but missing from {self.target}: starting over")
-                shutil.rmtree(self.work)
+                self._remove_work()
                 self._make_work_dirs()
                 return
 
@@ -318,7 +335,26 @@ class PrepareJob:
 
     def map(self, fn: Callable[..., Any], jobs: list[tuple], desc: str, unit: str) -> list[Any]:
         """Run ``fn(*job)`` for each job on the executor; results in job order."""
-        return self._start_executor(writer=False).map([(fn, job) for job in jobs], desc, unit)
+        return self._run_calls([(fn, job) for job in jobs], desc, unit)
+
+    def _run_calls(
+        self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str, write: bool = False
+    ) -> list[Any]:
+        """Run a step's calls on the executor (``write``: the write step's, ``Executor.write``); with an
+        s3:// work directory each call syncs its files with the prefix (``workdir.RemoteStep``) and
+        the driver then downloads the records the calls wrote, wherever they ran."""
+        if self.remote_work is not None:
+            calls = [(remote_step(self.remote_work, fn), args) for fn, args in calls]
+        executor = self._start_executor(writer=False)
+        results = executor.write(calls, desc) if write else executor.map(calls, desc, unit)
+        if self.remote_work is not None:
+            self.remote_work.pull_records()
+        return results or []
+
+    def _save_driver_records(self) -> None:
+        """The driver's own records (partition count, k-core, plan) into the s3:// work directory."""
+        if self.remote_work is not None:
+            self.remote_work.push_records()
 
     # ----------------------------------------------------------------- phases
     @property
@@ -353,7 +389,8 @@ class PrepareJob:
         if scan.load_user_table_record(scan_dir) is None:  # small: last, beside the other worker's last task
             user_table = (self.sources, n_partitions, scan_dir, self.config.quarantine_examples)
             todo.append((scan.run_user_table_task, user_table))
-        self._start_executor(writer=False).map(todo, "scan", "task")
+        self._save_driver_records()
+        self._run_calls(todo, "scan", "task")
         summary = scan.ScanSummary()
         for i in range(len(self.tasks)):
             summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
@@ -404,6 +441,7 @@ class PrepareJob:
             )
         self._log(f"k-core {k}: {len(removed)} items removed after {iteration + 1} passes, {totals.height} kept")
         places.save_npy_atomic(path, removed)  # its presence marks k-core done: whole or absent
+        self._save_driver_records()
         return str(path)
 
     def _build_samples(self, removed_items: str | None, features: list[str]) -> list[PartitionRecord]:
@@ -448,6 +486,7 @@ class PrepareJob:
             report=balanced.report,
         )
         plan.save(self.work)
+        self._save_driver_records()
         return plan
 
     def _bucket_size(self, plan: SamplePlan) -> int:
@@ -496,7 +535,7 @@ class PrepareJob:
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         args = (self.target, buckets_dir, bucket_size)
         tail = (n, with_features, self.config.shard_size_limit)
-        executor.write([(write_part, (*args, part, *tail)) for part in todo], "write")
+        self._run_calls([(write_part, (*args, part, *tail)) for part in todo], "write", "part", write=True)
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
         storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 
