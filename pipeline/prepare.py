@@ -20,8 +20,10 @@ built, buckets when their parts are written): besides disk, that hands their pag
 files written (see ``scan.remove_partition``).
 
 Memory stays bounded by ``--memory-limit``: partitions and buckets are sized so that the workers
-hold at most half of what is left after the writer process's reservation (``WRITER_PROCESS_BYTES``,
-only when the limit can afford it; otherwise the writer is imported in this process at the end).
+hold at most half of what the engine leaves them (``memory.job_budget``: the local engine's writer
+process reservation, or a started Ray runtime's processes and concurrent writers). The bucket size
+is recorded when the samples step starts, so a job resumed on the other engine reads its buckets.
+With ``--work-dir s3://`` the steps run in a node-local mirror synced with the prefix (``workdir``).
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 TARGET_ROWS_PER_TASK = 4_000_000
 
 
-WORK_LAYOUT = 7  # bump when spill, bucket, plan or marker formats or the read-task plan change
+WORK_LAYOUT = 8  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
+BUCKET_SIZE_RECORD = "bucket_size.json"  # samples per write bucket, fixed when the samples step starts
 
 
 @dataclass
@@ -198,7 +201,7 @@ class PrepareJob:
                 self.work_root.rmdir()  # only when no other job's work is left there
 
     def _run(self) -> dict[str, Any]:
-        self._writer_reserved = self.preload_writer
+        self._writer_reserved = self.config.engine == "local" and self.preload_writer
         self._start_executor(writer=self._writer_reserved)
         if self.remote_work is not None:
             self.remote_work.reset_mirror()  # the prefix is the truth: resume from its markers
@@ -367,8 +370,14 @@ class PrepareJob:
     def n_partitions(self) -> int:
         formats = {source.name: source.format for source in self.sources.sources}
         estimated = memory.estimate_events(formats, self.source_files)
-        budget = memory.worker_budget(self.config.memory_limit, self._writer_reserved)
-        return memory.choose_partition_count(estimated, budget, self.config.workers)
+        budget = self._budget()
+        return memory.choose_partition_count(estimated, budget.tasks, budget.concurrent)
+
+    def _budget(self) -> memory.JobBudget:
+        """What the engine leaves the tasks' data (``memory.job_budget``)."""
+        config = self.config
+        joined = bool(config.ray_address)
+        return memory.job_budget(config.engine, config.memory_limit, config.workers, joined, self._writer_reserved)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
         scan_dir = str(self.work / "scan")
@@ -490,8 +499,16 @@ class PrepareJob:
         return plan
 
     def _bucket_size(self, plan: SamplePlan) -> int:
-        """Samples per write bucket (``memory.write_bucket_size``)."""
-        return memory.write_bucket_size(plan.n_samples, plan.total_events, self.config.memory_limit, PART_SIZE)
+        """Samples per write bucket (``memory.write_bucket_size``), fixed by the first run of the job:
+        the bucket files are numbered by it, and a resumed run may have another engine (whose budget
+        differs) or --memory-limit."""
+        path = self.work / "buckets" / BUCKET_SIZE_RECORD
+        if path.exists():
+            return int(json.loads(path.read_text())["bucket_size"])
+        size = memory.write_bucket_size(plan.n_samples, plan.total_events, self._budget().writer, PART_SIZE)
+        scan.save_json(path, {"bucket_size": size})
+        self._save_driver_records()
+        return size
 
     def _build_buckets(self, removed_items: str | None, features: list[str], plan: SamplePlan) -> list[PartitionRecord]:
         """Build each partition's samples and encode them into plan-order buckets (``BucketSink``)."""
