@@ -23,7 +23,9 @@ def process_role(process: psutil.Process, root: int) -> str:
     name = process.name()
     if name.startswith("ray::") or "default_worker.py" in " ".join(process.cmdline()):
         return "ray worker"
-    if name in ("gcs_server", "raylet") or "ray" in " ".join(process.cmdline()[:3]):
+    # a path inside the ray package, not any "ray" in the command: this repository's worktree may be
+    # named so (wt-rayspeed), which once booked the local engine's pool and writer as Ray processes
+    if name in ("gcs_server", "raylet") or "/ray/" in " ".join(process.cmdline()[:3]):
         return "ray system"
     return "child"
 
