@@ -29,14 +29,12 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-import ray
-from ray.exceptions import RayTaskError
 
 from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import (
@@ -99,6 +97,8 @@ def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> tuple[Any, dict[
         release_freed_memory()
     _STEPS_RUN.append(fn.__name__)
     result = fn(*args)
+    import ray
+
     node = ray.get_runtime_context().get_node_id()
     return result, {"node": node, "seconds": round(time.perf_counter() - started, 4), "first_in_process": first}
 
@@ -125,20 +125,22 @@ class RayExecutor:
         # Ray's notice that token authentication is on (its default since 2.5x) would be a second line
         # beside the CLI's one-line errors; the job's own runtime needs no notice
         logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
-        if not ray.is_initialized() and address:
+        self._remote: Any = None  # the Ray task function, made once ray is imported
+        if not _ray_initialized() and address:
             self.progress.warn(
                 "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
             self._timed_init(address=address, runtime_env={"env_vars": _worker_env()})
-        elif not ray.is_initialized():  # started with the first step, while this process runs its first calls
+        elif not _ray_initialized():  # started with the first step, while this process runs its first calls
             self._sizing = ray_sizing(memory_limit, workers)
             if self._sizing.warning:
                 self.progress.warn(self._sizing.warning)
-        self._remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_run_call)
 
     def _timed_init(self, **options: Any) -> None:
         started = time.perf_counter()
+        import ray  # here, not at the top: ~0.5 s that a started runtime's first step overlaps
+
         ray.init(log_to_driver=False, logging_level="ERROR", **options)
         self._started = True
         _record_task_times(RUNTIME_START, [{"node": "driver", "seconds": round(time.perf_counter() - started, 4)}])
@@ -195,6 +197,11 @@ class RayExecutor:
 
     def _run_tasks(self, queue: CallQueue) -> list[dict[str, Any]]:
         """Every call left in ``queue`` as a Ray task; returns the tasks' timings."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        if self._remote is None:
+            self._remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_run_call)
         cwd = os.getcwd()
         refs = {self._remote.remote(cwd, fn, args): index for index, (fn, args) in queue.take_all()}
         pending = list(refs)
@@ -228,12 +235,20 @@ class RayExecutor:
 
     def close(self) -> None:
         if self._started:
+            import ray
+
             _stop_autoscaler_monitor()
             ray.shutdown()
             self._started = False
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
+
+
+def _ray_initialized() -> bool:
+    """Whether this process is connected to Ray, without importing it (``import ray``: ~0.5 s)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _run_until(queue: CallQueue, stop: threading.Event, times: list[dict[str, Any]]) -> None:
@@ -255,6 +270,8 @@ def _stop_autoscaler_monitor() -> None:
     ``ray.shutdown`` stops the runtime's processes one by one with SIGTERM and waits up to 1 s for
     each; the monitor (nothing to autoscale on a runtime started for one job) never exits within it,
     so every job waited a full second at its end. Private API: if it moves, the plain shutdown runs."""
+    import ray
+
     with contextlib.suppress(Exception):
         node = ray._private.worker._global_node
         for info in node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_MONITOR, []):
