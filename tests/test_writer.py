@@ -130,20 +130,20 @@ def test_writing_a_part_does_not_import_torch(tmp_path) -> None:
 
 LEAN_IMPORT_PROBE = """
 import sys
-from freescale.pipeline.streaming_modules import mds_writer_class, streaming_dataset_class
-writer, dataset = mds_writer_class(), streaming_dataset_class()
+from freescale.pipeline.streaming_modules import streaming_dataset_class
+dataset = streaming_dataset_class()
 heavy = sorted(m for m in ("transformers", "torchvision") if m in sys.modules)
 lingering = "streaming" in sys.modules
 import streaming
-print(heavy, lingering, streaming.MDSWriter is writer, streaming.StreamingDataset is dataset)
+print(heavy, lingering, streaming.StreamingDataset is dataset)
 """
 
 
 def test_streaming_classes_load_without_the_heavy_package_init(tmp_path) -> None:
-    """The writer and dataset classes come without transformers/torchvision, leave no stand-in
-    package behind, and are the very classes a later ``import streaming`` exposes."""
+    """The dataset class comes without transformers/torchvision, leaves no stand-in package
+    behind, and is the very class a later ``import streaming`` exposes."""
     result = subprocess.run(
         [sys.executable, "-c", LEAN_IMPORT_PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[-2] == "[] False True True"
+    assert result.stdout.split("\n")[-2] == "[] False True"
