@@ -21,9 +21,13 @@ def process_role(process: psutil.Process, root: int) -> str:
     if process.pid == root:
         return "driver"
     name = process.name()
-    if name.startswith("ray::") or "default_worker.py" in " ".join(process.cmdline()):
+    command = " ".join(process.cmdline())
+    # Ray's agents rename themselves ray::DashboardAgent, ray::RuntimeEnvAgent: system, not workers
+    if "default_worker.py" in command or (name.startswith("ray::") and not name.endswith("Agent")):
         return "ray worker"
-    if name in ("gcs_server", "raylet") or "ray" in " ".join(process.cmdline()[:3]):
+    # a path inside the ray package, not any "ray" in the command: this repository's worktree may be
+    # named so (wt-rayspeed), which once booked the local engine's pool and writer as Ray processes
+    if name in ("gcs_server", "raylet") or name.startswith("ray::") or "/ray/" in " ".join(process.cmdline()[:3]):
         return "ray system"
     return "child"
 

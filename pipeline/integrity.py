@@ -8,9 +8,9 @@ last. Readers compare the dataset against it so that damage is found where it ha
 - the small metadata files (``index.json``, ``micro_batch_offsets.npy``) are hashed on every open;
 - a shard's header is checked when it is first read, and its hash too unless ``verify=False``.
 
-xxh64 because it is what ``MDSWriter(hashes=[...])`` records in ``index.json`` (so shard hashes are
-computed once, in the writer, over bytes already in memory) and it hashes at memory speed; ``xxhash``
-comes with mosaicml-streaming.
+xxh64 because it is what the shard writer records in ``index.json``, as ``MDSWriter(hashes=[...])``
+does (so shard hashes are computed once, in the writer, over bytes already in memory) and it hashes
+at memory speed; ``xxhash`` comes with mosaicml-streaming.
 
 Shard names come from ``index.json``, which may be remote and crafted: mosaicml-streaming joins them
 onto the cache directory, so ``../x`` or ``/x`` would write (and evict) files anywhere.
@@ -92,8 +92,8 @@ def check_index(data: bytes, where: str) -> list[dict[str, Any]]:
 
 
 def file_table(output: str, names: Iterable[str], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The manifest's ``files`` table: ``names`` hashed here, shards from the hashes ``MDSWriter``
-    recorded in the index (computed over the bytes it wrote). Sorted by path."""
+    """The manifest's ``files`` table: ``names`` hashed here, shards from the hashes the shard writer
+    (``steps.mds_shards``) recorded in the index (computed over the bytes it wrote). Sorted by path."""
     table = {name: {"path": name, "bytes": storage.size(storage.join(output, name))} for name in names}
     for name in table:
         table[name][HASH_ALGO] = file_hash(storage.join(output, name))

@@ -19,7 +19,9 @@ DEFAULT_BYTES_PER_EVENT = 20
 # Bytes of an encoded event in a sample (item id 8, timestamp 8, action 4, source 1) plus slack for
 # the per-sample header and scalars: what a bucket of samples occupies in the writer.
 ENCODED_BYTES_PER_EVENT = 24
-# The writer process: MDSWriter with torch (514 MB measured, torch 2.14) + the interpreter.
+# The local engine's writer process. Measured 514 MB when it imported torch for MDSWriter; it writes
+# with ``ShardWriter`` now (no torch), but the reservation is kept: it sizes the local engine's
+# partitions and buckets, and the local figures in bench_prepare were measured with it.
 WRITER_PROCESS_BYTES = 600 * MIB
 # A stats id record while a bucket is sorted (key, count, sort copies).
 BYTES_PER_RECORD_IN_MEMORY = 48
@@ -60,11 +62,17 @@ def choose_partition_count(estimated_events: int, budget: int, workers: int) -> 
     return max(workers * 2, -(-estimated_events // events_per_partition))
 
 
-def write_bucket_size(n_samples: int, total_events: int, memory_limit: int, part_size: int) -> int:
+def local_writer_budget(memory_limit: int) -> int:
+    """What the local engine's one writer may hold: what its process's reservation leaves."""
+    return max(memory_limit - WRITER_PROCESS_BYTES, memory_limit // 8)
+
+
+def write_bucket_size(n_samples: int, total_events: int, writer_budget: int, part_size: int) -> int:
     """Samples per write bucket: a part's worth (a part then reads one bucket's files and frees them),
-    fewer when that many encoded samples (memory-mapped by the writer while it writes the part, beside
-    a shard's copy) would not fit what the writer process leaves of the memory limit."""
-    writer_budget = max(memory_limit - WRITER_PROCESS_BYTES, memory_limit // 8)
+    fewer when that many encoded samples (memory-mapped by a writer while it writes the part, beside
+    a shard's copy) would not fit ``writer_budget``, what one writer may hold (the local engine's
+    writer: ``local_writer_budget``; each of the Ray engine's concurrent write tasks: its share of
+    ``RaySizing.task_budget``)."""
     budget_events = max(writer_budget // (2 * ENCODED_BYTES_PER_EVENT), 1)
     return max(1, min(part_size, int(n_samples * budget_events // max(total_events, 1))))
 
@@ -99,45 +107,80 @@ def whole_plan_comparable(n_samples: int, memory_limit: int) -> str | None:
     return None
 
 
-# A Ray runtime started on this host for a job (bench_prepare, large, peak RSS by process role): its
-# system processes (GCS, raylet, log monitor, ...: 6 of them, ~100 MB each), the driver (311 MB) and
-# a task worker, which holds the write step's imports (torch via mosaicml-streaming) and a part:
-# 1.23 GB measured.
-RAY_SYSTEM_BYTES = 600 * MIB
-RAY_DRIVER_BYTES = 320 * MIB
-RAY_WORKER_BYTES = 1230 * MIB
+# A Ray runtime started on this host for a job (bench_prepare on large at --memory-limit 2GB, peak
+# RSS by process role, shards written without torch): its system processes (GCS, raylet, monitor,
+# log monitor, dashboard and runtime-env agents: ~500 MB together), the driver (320-390 MB: ray,
+# polars, pyarrow, the plan, the first scan calls it runs while the runtime starts) and, per task
+# worker, the interpreter with ray, polars and pyarrow before any task data (~100 MB; the rest of
+# a worker's peak is its tasks' data, which the partition and bucket sizing bound).
+RAY_SYSTEM_BYTES = 520 * MIB
+RAY_DRIVER_BYTES = 400 * MIB
+RAY_WORKER_BYTES = 120 * MIB
+# The least task data a worker is worth starting for: a partition of a few hundred thousand events
+# or a write bucket beside its 64 MB shard buffer.
+RAY_MIN_TASK_BYTES = 256 * MIB
 
 
 @dataclass(frozen=True)
 class RaySizing:
-    """CPUs (concurrent task workers) and object store of a Ray runtime started for a job, and when
-    ``--memory-limit`` cannot hold even one worker, the one line that says so."""
+    """CPUs (concurrent task workers) and object store of a Ray runtime started for a job, what
+    their tasks' data may hold together (``task_budget``: sizes partitions and write buckets), and,
+    when ``--memory-limit`` cannot hold even one worker, the one line that says so."""
 
     cpus: int
     object_store_bytes: int
+    task_budget: int
     warning: str | None
 
 
 def ray_sizing(memory_limit: int, workers: int) -> RaySizing:
     """As many of ``workers`` task workers as fit what the limit leaves after the runtime's fixed
-    processes and object store. When not even one fits, fewer workers would not keep the limit
-    either: all ``workers`` run, and the warning gives the peak to expect."""
+    processes and object store, each with at least ``RAY_MIN_TASK_BYTES`` of task data. When not even
+    one fits, fewer workers would not keep the limit either: all ``workers`` run, and the warning
+    gives the peak to expect."""
     store = ray_object_store_bytes(memory_limit)
     fixed = RAY_SYSTEM_BYTES + RAY_DRIVER_BYTES + store
-    fits = (memory_limit - fixed) // RAY_WORKER_BYTES
+    fits = (memory_limit - fixed) // (RAY_WORKER_BYTES + RAY_MIN_TASK_BYTES)
     if fits >= 1:
-        return RaySizing(min(workers, int(fits)), store, None)
-    peak = fixed + workers * RAY_WORKER_BYTES
+        cpus = min(workers, int(fits))
+        return RaySizing(cpus, store, memory_limit - fixed - cpus * RAY_WORKER_BYTES, None)
+    per_worker = RAY_WORKER_BYTES + RAY_MIN_TASK_BYTES
+    peak = fixed + workers * per_worker
     return RaySizing(
         workers,
         store,
+        workers * RAY_MIN_TASK_BYTES,
         f"ray engine: --memory-limit {memory_limit / MIB:,.0f} MB cannot hold Ray's runtime, driver and object "
-        f"store (~{fixed / MIB:,.0f} MB) plus one task worker (~{RAY_WORKER_BYTES / MIB:,.0f} MB, the write's "
-        f"imports); running {workers} workers, peak up to ~{peak / MIB:,.0f} MB",
+        f"store (~{fixed / MIB:,.0f} MB) plus one task worker (~{per_worker / MIB:,.0f} MB with its least "
+        f"task data); running {workers} workers, peak up to ~{peak / MIB:,.0f} MB",
     )
 
 
 def ray_object_store_bytes(memory_limit: int) -> int:
-    """Object store of a Ray runtime started for a job: a quarter of its limit (tasks pass paths and
-    small records; the largest objects are the plan's per-partition arrays)."""
-    return max(memory_limit // 4, MIN_OBJECT_STORE_BYTES)
+    """Object store of a Ray runtime started for a job: a sixteenth of its limit, at least 100 MB.
+    Tasks pass paths, configs and the plan's per-partition arrays (28 bytes a sample), and get
+    records back; the store's shared memory is resident only as far as objects fill it, and Ray
+    spills to disk past it."""
+    return max(memory_limit // 16, MIN_OBJECT_STORE_BYTES)
+
+
+@dataclass(frozen=True)
+class JobBudget:
+    """What a job's tasks may hold: ``tasks`` bytes for ``concurrent`` partitions at once (sizes the
+    scan's partitions), and ``writer`` bytes for each concurrent write (sizes the write buckets)."""
+
+    tasks: int
+    concurrent: int
+    writer: int
+
+
+def job_budget(engine: str, memory_limit: int, workers: int, joined_cluster: bool, writer_reserved: bool) -> JobBudget:
+    """The local engine: the limit less its writer process's reservation, one writer. A Ray runtime
+    started for the job: ``ray_sizing``'s task budget, shared by its CPUs, which all write at once.
+    A joined Ray cluster: its processes are its own, so the limit bounds the job's data only."""
+    if engine != "ray":
+        return JobBudget(worker_budget(memory_limit, writer_reserved), workers, local_writer_budget(memory_limit))
+    if joined_cluster:
+        return JobBudget(memory_limit, workers, memory_limit // (2 * workers))
+    sizing = ray_sizing(memory_limit, workers)
+    return JobBudget(sizing.task_budget, sizing.cpus, sizing.task_budget // sizing.cpus)

@@ -20,8 +20,10 @@ built, buckets when their parts are written): besides disk, that hands their pag
 files written (see ``scan.remove_partition``).
 
 Memory stays bounded by ``--memory-limit``: partitions and buckets are sized so that the workers
-hold at most half of what is left after the writer process's reservation (``WRITER_PROCESS_BYTES``,
-only when the limit can afford it; otherwise the writer is imported in this process at the end).
+hold at most half of what the engine leaves them (``memory.job_budget``: the local engine's writer
+process reservation, or a started Ray runtime's processes and concurrent writers). The bucket size
+is recorded when the samples step starts, so a job resumed on the other engine reads its buckets.
+With ``--work-dir s3://`` the steps run in a node-local mirror synced with the prefix (``workdir``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
 from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
+from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks
 # mean fewer files to create and for the samples phase to open (large: 30 tasks of 1M rows -> 14 of up
@@ -72,8 +75,9 @@ from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocab
 TARGET_ROWS_PER_TASK = 4_000_000
 
 
-WORK_LAYOUT = 7  # bump when spill, bucket, plan or marker formats or the read-task plan change
+WORK_LAYOUT = 8  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
+BUCKET_SIZE_RECORD = "bucket_size.json"  # samples per write bucket, fixed when the samples step starts
 
 
 @dataclass
@@ -111,8 +115,14 @@ class PrepareJob:
         self.source_files = self._source_files()
         self.fingerprint = self._fingerprint()
         # the layout version keeps a work dir of an older release (other spill/bucket formats) from being resumed
-        self.work_root = Path(config.work_dir or self._default_work_dir())
-        self.work = self.work_root / f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
+        work_name = f"{self.fingerprint[:16]}-w{WORK_LAYOUT}"
+        self.remote_work: RemoteWork | None = None  # --work-dir s3://...: the steps use a local mirror
+        if config.work_dir and storage.is_remote(config.work_dir):
+            self.work_root = mirror_path(config.work_dir)
+            self.remote_work = RemoteWork(storage.join(config.work_dir, work_name), str(self.work_root / work_name))
+        else:
+            self.work_root = Path(config.work_dir or self._default_work_dir())
+        self.work = self.work_root / work_name
         # where this run writes the dataset: a staging directory swapped in whole (local output), or
         # the s3:// prefix itself (``output`` module)
         self.target = self.config.output
@@ -168,7 +178,8 @@ class PrepareJob:
         """Lock the output (and the work directory), then resume or start the job; a full disk ends
         it with one line naming where, leaving what is done for the next run."""
         places.check_no_overlap(self.config.output, self._inputs())
-        places.check_no_overlap(self.config.output, [str(self.work_root)], what="the work directory")
+        work_dir = self.config.work_dir if self.remote_work else str(self.work_root)
+        places.check_no_overlap(self.config.output, [work_dir], what="the work directory")
         locks = [
             OutputLock(places.lock_path(self.config.output, self.work_root), self.config.output),
             OutputLock(self.work.with_name(self.work.name + places.LOCK_SUFFIX), f"work directory {self.work}"),
@@ -193,8 +204,10 @@ class PrepareJob:
                 self.work_root.rmdir()  # only when no other job's work is left there
 
     def _run(self) -> dict[str, Any]:
-        self._writer_reserved = self.preload_writer
+        self._writer_reserved = self.config.engine == "local" and self.preload_writer
         self._start_executor(writer=self._writer_reserved)
+        if self.remote_work is not None:
+            self.remote_work.reset_mirror()  # the prefix is the truth: resume from its markers
         self._make_work_dirs()
         self._check_written_parts()
         scan_summary, users_record = self._scan()
@@ -213,8 +226,13 @@ class PrepareJob:
         manifest = json.loads(json.dumps(manifest, default=str))
         files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
         self._publish(manifest, plan_info.offsets, scan_summary, users_record, files)
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._remove_work()
         return manifest
+
+    def _remove_work(self) -> None:
+        if self.remote_work is not None:
+            self.remote_work.remove()
+        shutil.rmtree(self.work, ignore_errors=True)
 
     def _make_work_dirs(self) -> None:
         for sub in ("scan", "samples", "buckets"):
@@ -223,6 +241,8 @@ class PrepareJob:
     def count_samples(self) -> SampleCounts:
         """Scan and k-core (resumable), then every user's event count: the count-only path that
         ``stats`` and ``simulate`` take on raw sources (sample lengths need no sample built)."""
+        if self.remote_work is not None:
+            raise PrepareError("stats: an s3:// --work-dir is supported by prepare only; pass a local one")
         self._make_work_dirs()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
@@ -250,7 +270,7 @@ class PrepareJob:
             part = int(marker.name.split("-")[1].split(".")[0])
             if not storage.exists(storage.join(self.target, part_name(part), "index.json")):
                 self._log(f"{part_name(part)} is marked written but missing from {self.target}: starting over")
-                shutil.rmtree(self.work)
+                self._remove_work()
                 self._make_work_dirs()
                 return
 
@@ -327,7 +347,26 @@ class PrepareJob:
 
     def map_calls(self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str) -> list[Any]:
         """Run ``fn(*args)`` for each call on the executor (started in list order); results in order."""
-        return self._start_executor(writer=False).map(calls, desc, unit)
+        return self._run_calls(calls, desc, unit)
+
+    def _run_calls(
+        self, calls: list[tuple[Callable[..., Any], tuple]], desc: str, unit: str, write: bool = False
+    ) -> list[Any]:
+        """Run a step's calls on the executor (``write``: the write step's, ``Executor.write``); with an
+        s3:// work directory each call syncs its files with the prefix (``workdir.RemoteStep``) and
+        the driver then downloads the records the calls wrote, wherever they ran."""
+        if self.remote_work is not None:
+            calls = [(remote_step(self.remote_work, fn), args) for fn, args in calls]
+        executor = self._start_executor(writer=False)
+        results = executor.write(calls, desc) if write else executor.map(calls, desc, unit)
+        if self.remote_work is not None:
+            self.remote_work.pull_records()
+        return results or []
+
+    def _save_driver_records(self) -> None:
+        """The driver's own records (partition count, k-core, plan) into the s3:// work directory."""
+        if self.remote_work is not None:
+            self.remote_work.push_records()
 
     # ----------------------------------------------------------------- phases
     @property
@@ -340,8 +379,14 @@ class PrepareJob:
     def n_partitions(self) -> int:
         formats = {source.name: source.format for source in self.sources.sources}
         estimated = memory.estimate_events(formats, self.source_files)
-        budget = memory.worker_budget(self.config.memory_limit, self._writer_reserved)
-        return memory.choose_partition_count(estimated, budget, self.config.workers)
+        budget = self._budget()
+        return memory.choose_partition_count(estimated, budget.tasks, budget.concurrent)
+
+    def _budget(self) -> memory.JobBudget:
+        """What the engine leaves the tasks' data (``memory.job_budget``)."""
+        config = self.config
+        joined = bool(config.ray_address)
+        return memory.job_budget(config.engine, config.memory_limit, config.workers, joined, self._writer_reserved)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
         scan_dir = str(self.work / "scan")
@@ -363,7 +408,8 @@ class PrepareJob:
         if scan.load_user_table_record(scan_dir) is None:  # small: last, beside the other worker's last task
             user_table = (self.sources, n_partitions, scan_dir, examples)
             todo.append((scan.run_user_table_task, user_table))
-        self._start_executor(writer=False).map(todo, "scan", "task")
+        self._save_driver_records()
+        self._run_calls(todo, "scan", "task")
         summary = scan.ScanSummary()
         for i in range(len(self.tasks)):
             summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
@@ -414,6 +460,7 @@ class PrepareJob:
             )
         self._log(f"k-core {k}: {len(removed)} items removed after {iteration + 1} passes, {totals.height} kept")
         places.save_npy_atomic(path, removed)  # its presence marks k-core done: whole or absent
+        self._save_driver_records()
         return str(path)
 
     def _user_counts(self, removed_items: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -447,11 +494,20 @@ class PrepareJob:
             report=balanced.report,
         )
         plan.save(self.work)
+        self._save_driver_records()
         return plan
 
     def _bucket_size(self, plan: SamplePlan) -> int:
-        """Samples per write bucket (``memory.write_bucket_size``)."""
-        return memory.write_bucket_size(plan.n_samples, plan.total_events, self.config.memory_limit, PART_SIZE)
+        """Samples per write bucket (``memory.write_bucket_size``), fixed by the first run of the job:
+        the bucket files are numbered by it, and a resumed run may have another engine (whose budget
+        differs) or --memory-limit."""
+        path = self.work / "buckets" / BUCKET_SIZE_RECORD
+        if path.exists():
+            return int(json.loads(path.read_text())["bucket_size"])
+        size = memory.write_bucket_size(plan.n_samples, plan.total_events, self._budget().writer, PART_SIZE)
+        scan.save_json(path, {"bucket_size": size})
+        self._save_driver_records()
+        return size
 
     def _build_buckets(self, removed_items: str | None, features: list[str], plan: SamplePlan) -> list[PartitionRecord]:
         """Build each partition's samples and encode them into plan-order buckets (``BucketSink``)."""
@@ -495,7 +551,7 @@ class PrepareJob:
         todo = [part for part in range(n_parts) if not part_done(buckets_dir, part)]
         args = (self.target, buckets_dir, bucket_size)
         tail = (n, with_features, self.config.shard_size_limit)
-        executor.write([(write_part, (*args, part, *tail)) for part in todo], "write")
+        self._run_calls([(write_part, (*args, part, *tail)) for part in todo], "write", "part", write=True)
         self._log(f"write: {n_parts} parts of up to {PART_SIZE} samples written")
         storage.write_bytes(storage.join(self.target, "index.json"), merge_part_indexes(self.target, n_parts))
 

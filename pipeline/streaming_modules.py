@@ -1,17 +1,18 @@
-"""mosaicml-streaming's ``MDSWriter`` and ``StreamingDataset`` without the package's ``__init__``.
+"""mosaicml-streaming's ``StreamingDataset`` without the package's ``__init__``.
 
 ``import streaming`` runs ``streaming/__init__.py``, which also imports the text and vision dataset
 modules and through them transformers and torchvision: 7.8 s of CPU and ~900 MB resident here, of
-which the writer and the dataset need none (they need torch, ~2 s). ``prepare`` paid that import once
-per job and every trainer rank once per start.
+which the dataset needs none (it needs torch, ~2 s). Every trainer rank paid that import once per
+start (``prepare`` no longer imports streaming: ``steps.mds_shards`` writes the shards).
 
-The classes are the genuine ones, loaded from the installed package's own files: while the module is
+The class is the genuine one, loaded from the installed package's own files: while the module is
 imported, ``streaming`` and ``streaming.base`` are stand-in packages whose ``__path__`` points at the
 real folders, so Python finds every submodule where ``import streaming`` would but does not run the
 two ``__init__`` files. The stand-ins are removed right after, so a later ``import streaming`` runs
-the real ``__init__`` files, which pick up the already-loaded submodules (``streaming.MDSWriter is
-mds_writer_class()`` holds; ``tests/test_writer.py`` checks it). If the package's layout ever changes
-so that this fails, the plain ``import streaming`` is used instead.
+the real ``__init__`` files, which pick up the already-loaded submodules
+(``streaming.StreamingDataset is streaming_dataset_class()`` holds; ``tests/test_writer.py`` checks
+it). If the package's layout ever changes so that this fails, the plain ``import streaming`` is used
+instead.
 """
 
 from __future__ import annotations
@@ -51,11 +52,6 @@ def import_streaming_module(name: str) -> types.ModuleType:
                 del sys.modules[package]
     importlib.import_module("streaming")  # pragma: no cover
     return importlib.import_module(name)  # pragma: no cover
-
-
-def mds_writer_class() -> Any:
-    """``streaming.MDSWriter``."""
-    return import_streaming_module("streaming.base.format.mds.writer").MDSWriter
 
 
 def streaming_dataset_class() -> Any:

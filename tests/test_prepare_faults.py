@@ -382,3 +382,31 @@ def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatc
     monkeypatch.setattr(prepare_module, "write_part", real_write_part)
     assert prepare(make_config(tiny_sources, out, overwrite=True)) == reference
     assert output_files(out) == output_files(str(tmp_path / "reference"))
+
+
+@pytest.fixture(scope="module")
+def bucketed_sources(tmp_path_factory) -> str:
+    """Tiny with 60,000 users (~1.5M events): at a 256MB limit the local engine's one writer gets
+    ~0.7M events a bucket (3 buckets), a Ray runtime's writers ~5.6M (1 bucket)."""
+    out = tmp_path_factory.mktemp("bucketed")
+    generate(preset("tiny", seed=3, n_users=60_000), str(out))
+    return str(out / "sources.toml")
+
+
+def test_a_job_resumed_on_the_other_engine_keeps_its_write_buckets(bucketed_sources, tmp_path) -> None:
+    """The engines size write buckets from different budgets (one local writer; every Ray CPU
+    writing at once), and bucket files are numbered by that size: a job killed while writing on the
+    local engine and resumed on Ray must read the buckets it has, not renumbered ones."""
+    options = ("--memory-limit", "256MB", "--workers", "2")
+    clean = tmp_path / "clean"
+    code, err = finish(cli_prepare(bucketed_sources, str(clean), "--shard-size-limit", "64KB", *options))
+    assert code == 0, err
+    out = tmp_path / "ds"
+    kill_when_shards_appear(bucketed_sources, out, *options)
+    resumed = cli_prepare(bucketed_sources, str(out), "--shard-size-limit", "64KB", *options, "--engine", "ray")
+    code, err = finish(resumed)
+    assert code == 0, err
+    resumed, expected = output_files(str(out)), output_files(str(clean))
+    assert b'"engine": "ray"' in resumed.pop("manifest.json")  # the one field the engines differ in
+    expected.pop("manifest.json")
+    assert resumed == expected

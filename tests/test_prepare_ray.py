@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,3 +151,47 @@ def test_stats_on_the_cluster_gives_the_local_figures(cluster, sources, tmp_path
         report.pop("runtime_s")
         report["options"].pop("ray_address")
     assert reports["ray"] == reports["local"]
+
+
+def _objects(prefix: str) -> list[str]:
+    """Relative names of the objects under an s3:// prefix."""
+    import pyarrow.fs as pafs
+
+    from freescale import storage
+
+    fs, path = storage.filesystem(prefix)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return [info.path[len(path) + 1 :] for info in infos if info.type == pafs.FileType.File]
+
+
+def test_s3_work_dir_on_the_cluster_resumes_from_its_markers(cluster, sources, local_output, s3_bucket, tmp_path):
+    """``--work-dir s3://``: intermediates live under the prefix; a driver killed mid-job resumes on
+    a machine with none of its local files (the mirror removed) from the markers in object storage,
+    re-running only the calls without one, and writes the local engine's bytes."""
+    from freescale.pipeline.workdir import mirror_path
+
+    work, out, times = f"s3://{s3_bucket}/work", tmp_path / "ds", tmp_path / "times.jsonl"
+    proc = on_cluster(cluster, sources, str(out), "--work-dir", work)
+    deadline = time.monotonic() + 120
+    while not any(name.endswith(".json") and "/samples/p" in name for name in _objects(work)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    scanned = [name for name in _objects(work) if "/scan/t" in name and name.endswith(".json")]
+    assert scanned and any(name.endswith(".arrow") for name in _objects(work)), "spill files live on s3"
+    shutil.rmtree(mirror_path(work), ignore_errors=True)  # another machine: only the prefix is left
+    finish(on_cluster(cluster, sources, str(out), "--work-dir", work, FREESCALE_TASK_TIMES=str(times)))
+    steps = [json.loads(line)["step"] for line in times.read_text().splitlines()]
+    assert steps.count("scan") == 0, "scan tasks whose markers reached s3 ran again"
+    assert dataset_files(local_files(str(out))) == local_output
+    assert _objects(work) == [], "the finished job leaves no intermediate object behind"
+
+
+def test_s3_work_dir_with_the_local_engine(sources, local_output, s3_bucket, tmp_path) -> None:
+    """The local engine syncs the same files through the prefix and writes the same bytes."""
+    out = tmp_path / "ds"
+    finish(run_prepare(sources, str(out), "--workers", "2", "--work-dir", f"s3://{s3_bucket}/work"))
+    assert dataset_files(local_files(str(out))) == local_output
+    assert _objects(f"s3://{s3_bucket}/work") == []

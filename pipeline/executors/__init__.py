@@ -8,8 +8,9 @@ marker yet and hands them to an executor. Two engines implement ``Executor``:
   shards are written one part at a time by a writer process started with the job (``WriterProcess``).
 - ``ray``: Ray tasks on a cluster (``--ray-address``) or on a Ray runtime started for the job. Ray
   retries a task whose worker died, and a step's calls are idempotent, so a retried call rewrites the
-  same bytes. Parts are written by parallel tasks, one ``MDSWriter`` each, then the part indexes are
-  merged (mosaicml-streaming's ``dataframe_to_mds`` pattern). The driver runs no step itself.
+  same bytes. Parts are written by parallel tasks, one shard writer each, then the part indexes are
+  merged (mosaicml-streaming's ``dataframe_to_mds`` pattern). The driver runs no step once the
+  runtime is up (a runtime started for the job: it runs the first calls while that starts).
 
 The output depends only on the calls, never on where or in which order they ran: both engines write
 byte-identical datasets (``tests/test_prepare_ray.py``).
@@ -81,7 +82,7 @@ class LocalExecutor:
         self, workers: int, progress: Progress, pool: ProcessPoolExecutor | None = None, writer: bool = False
     ) -> None:
         """``pool``: workers started earlier (``processes.start_pool``); ``writer``: start the writer
-        process now, so importing mosaicml-streaming overlaps the scan."""
+        process now (its start overlaps the scan)."""
         self.slots = workers - 1
         self.progress = progress
         self._pool = pool

@@ -95,7 +95,7 @@ def run_calls(
     Every call runs even when one fails (as a pool would run them all); then the error of the
     first failed call in list order is raised. ``on_done`` is called once per finished call.
     """
-    queue = _CallQueue(calls, on_done)
+    queue = CallQueue(calls, on_done)
     slots = slots if pool is not None else 0
     feeders = [threading.Thread(target=_feed, args=(pool, queue), daemon=True) for _ in range(slots)]
     for feeder in feeders:
@@ -115,7 +115,7 @@ def run_calls(
     return queue.results()
 
 
-def _feed(pool: ProcessPoolExecutor, queue: _CallQueue) -> None:
+def _feed(pool: ProcessPoolExecutor, queue: CallQueue) -> None:
     while (call := queue.take()) is not None:
         index, (fn, args) = call
         try:
@@ -124,7 +124,7 @@ def _feed(pool: ProcessPoolExecutor, queue: _CallQueue) -> None:
             queue.fail(index, error)
 
 
-class _CallQueue:
+class CallQueue:
     """The calls left, the results and errors so far, shared by ``run_calls``' runners."""
 
     def __init__(self, calls: list[tuple[Callable[..., Any], tuple]], on_done: Callable[[], None]) -> None:
@@ -141,6 +141,13 @@ class _CallQueue:
     def stop(self) -> None:
         with self._lock:
             self._pending.clear()
+
+    def take_all(self) -> list[tuple[int, tuple[Callable[..., Any], tuple]]]:
+        """Every call not taken yet (another engine runs them)."""
+        with self._lock:
+            taken = list(self._pending)
+            self._pending.clear()
+            return taken
 
     def finish(self, index: int, result: Any) -> None:
         with self._lock:

@@ -8,10 +8,14 @@ Imported only when the engine is chosen, so the local engine never pays for ``im
   object store as ``--memory-limit`` holds beside the runtime's own processes (``memory.ray_sizing``;
   when not even one worker fits, one line at start says so). A joined cluster's memory is its own:
   one line says the limit then bounds only the job's partitions and buckets.
+- A runtime started for the job starts with the first step (the scan), while a thread of the driver
+  runs that step's first calls; once it is up the driver runs no step, and at the end its
+  autoscaler monitor is killed rather than waited for (``_stop_autoscaler_monitor``).
 - Tasks run with the local workers' settings (one polars thread, the allocator's purge delay) and
   the driver's object-storage settings (``AWS_*``, ``S3_ENDPOINT_URL``), in the driver's working
   directory, so relative paths mean the same thing. The work directory must be reachable from every
-  node at the same path (node-local disk on one host, a shared mount on several).
+  node at the same path (node-local disk on one host, a shared mount on several), or be an
+  ``s3://`` prefix (``workdir``).
 - A task whose worker process died is retried by Ray (``TASK_RETRIES``); a step's calls are
   idempotent (temporary files, then a rename; the completion marker last), so the retry writes the
   same bytes. An exception raised by a step is not retried: it is re-raised here as itself.
@@ -25,17 +29,22 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import ray
-from ray.exceptions import RayTaskError
-
 from freescale.pipeline.executors import Call, Progress
-from freescale.pipeline.executors.processes import ALLOCATOR_SETTINGS, POLARS_THREADS_PER_WORKER, configure_task_process
-from freescale.pipeline.memory import ray_sizing
+from freescale.pipeline.executors.processes import (
+    ALLOCATOR_SETTINGS,
+    POLARS_THREADS_PER_WORKER,
+    CallQueue,
+    configure_task_process,
+    release_freed_memory,
+)
+from freescale.pipeline.memory import RaySizing, ray_sizing
 
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TASK_RETRIES = 3  # attempts after a worker died (node lost, OOM-killed, SIGKILL)
@@ -67,20 +76,29 @@ def _kill_once_if_asked(fn: Callable[..., Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-_STEPS_RUN: set[str] = set()  # the steps this worker process has run: a step's first call pays its imports
+_STEPS_RUN: list[str] = []  # the steps this worker process has run, in order: a step's first call pays its imports
 
 
 def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> tuple[Any, dict[str, Any]]:
     """One step call in a Ray worker, set up like a local worker process; returns its result and
-    its timing: node, seconds, and whether it was this process's first call of the step."""
+    its timing: node, seconds, and whether it was this process's first call of the step.
+
+    A worker keeps the memory its calls freed (``keep_freed_memory``: reused by the step's next
+    call); its first call of another step returns it to the system first, as the local engine
+    stops its pool before the write. Without that, each write task's peak came on top of the
+    samples step's high-water mark (~450 MB a worker on large) and the job passed a 2 GB limit."""
     started = time.perf_counter()
     configure_task_process()
     with contextlib.suppress(OSError):
         os.chdir(cwd)
     _kill_once_if_asked(fn)
-    result = fn(*args)
     first = fn.__name__ not in _STEPS_RUN
-    _STEPS_RUN.add(fn.__name__)
+    if _STEPS_RUN and _STEPS_RUN[-1] != fn.__name__:
+        release_freed_memory()
+    _STEPS_RUN.append(fn.__name__)
+    result = fn(*args)
+    import ray
+
     node = ray.get_runtime_context().get_node_id()
     return result, {"node": node, "seconds": round(time.perf_counter() - started, 4), "first_in_process": first}
 
@@ -103,48 +121,89 @@ class RayExecutor:
         self.progress = progress
         self._temp_dir: str | None = None
         self._started = False
-        if not ray.is_initialized():
-            self._init(address, workers, memory_limit)
-        self._remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_run_call)
-
-    def _init(self, address: str | None, workers: int, memory_limit: int) -> None:
+        self._sizing: RaySizing | None = None
         # Ray's notice that token authentication is on (its default since 2.5x) would be a second line
         # beside the CLI's one-line errors; the job's own runtime needs no notice
         logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
-        runtime_env = {"env_vars": _worker_env()}
-        common = {"runtime_env": runtime_env, "log_to_driver": False, "logging_level": "ERROR"}
-        started = time.perf_counter()
-        if address:
+        self._remote: Any = None  # the Ray task function, made once ray is imported
+        if not _ray_initialized() and address:
             self.progress.warn(
                 "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
-            ray.init(address=address, **common)
-        else:
-            # a short private path: Ray's sockets live under it (108-byte limit), and a shared
-            # /tmp/ray would mix this runtime's session with other users' clusters
-            self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
-            sizing = ray_sizing(memory_limit, workers)
-            if sizing.warning:
-                self.progress.warn(sizing.warning)
-            ray.init(
-                num_cpus=sizing.cpus,
-                object_store_memory=sizing.object_store_bytes,
-                include_dashboard=False,
-                _temp_dir=self._temp_dir,
-                **common,
-            )
+            self._timed_init(address=address, runtime_env={"env_vars": _worker_env()})
+        elif not _ray_initialized():  # started with the first step, while this process runs its first calls
+            self._sizing = ray_sizing(memory_limit, workers)
+            if self._sizing.warning:
+                self.progress.warn(self._sizing.warning)
+
+    def _timed_init(self, **options: Any) -> None:
+        started = time.perf_counter()
+        import ray  # here, not at the top: ~0.5 s that a started runtime's first step overlaps
+
+        ray.init(log_to_driver=False, logging_level="ERROR", **options)
         self._started = True
         _record_task_times(RUNTIME_START, [{"node": "driver", "seconds": round(time.perf_counter() - started, 4)}])
+
+    def _start_runtime(self) -> None:
+        """A Ray runtime on this host for the job: no dashboard, a short private temp dir (Ray's
+        sockets live under it, 108-byte limit; a shared /tmp/ray would mix this runtime's session
+        with other users' clusters), CPUs and object store from ``memory.ray_sizing``."""
+        assert self._sizing is not None
+        self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
+        # the runtime's processes inherit this environment: a job-level runtime_env would make Ray
+        # start a second set of workers for it (the prestarted ones lack it), ~1.6 s here
+        os.environ.update(_worker_env())
+        self._timed_init(
+            num_cpus=self._sizing.cpus,
+            object_store_memory=self._sizing.object_store_bytes,
+            include_dashboard=False,
+            _temp_dir=self._temp_dir,
+        )
+        self._sizing = None
 
     def map(self, calls: list[Call], desc: str, unit: str) -> list[Any]:
         started = time.perf_counter()
         bar = self.progress.bar(len(calls), desc, unit)
+        queue = CallQueue(calls, bar.update)
+        times: list[dict[str, Any]] = []
+        try:
+            if self._sizing is not None:
+                times += self._start_runtime_while_running(queue)
+            times += self._run_tasks(queue)
+        finally:
+            bar.close()
+            self.progress.done(len(calls), desc, unit, started)
+            _record_task_times(desc, times)
+        return queue.results()
+
+    def _start_runtime_while_running(self, queue: CallQueue) -> list[dict[str, Any]]:
+        """Start the runtime (``ray.init`` must run on the main thread) while a thread of this
+        process runs the step's first calls: the ~2.5 s the runtime takes to start are otherwise idle
+        CPU for the user. The thread stops taking calls once the runtime is up and finishes its
+        current one beside the first tasks; what it held is then returned to the system."""
+        times: list[dict[str, Any]] = []
+        runtime_up = threading.Event()
+        helper = threading.Thread(target=_run_until, args=(queue, runtime_up, times), daemon=True)
+        helper.start()
+        try:
+            self._start_runtime()
+        finally:
+            runtime_up.set()
+        tasks = self._run_tasks(queue)
+        helper.join()
+        release_freed_memory()
+        return times + tasks
+
+    def _run_tasks(self, queue: CallQueue) -> list[dict[str, Any]]:
+        """Every call left in ``queue`` as a Ray task; returns the tasks' timings."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        if self._remote is None:
+            self._remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_run_call)
         cwd = os.getcwd()
-        refs = [self._remote.remote(cwd, fn, args) for fn, args in calls]
-        index = {ref: i for i, ref in enumerate(refs)}
-        results: list[Any] = [None] * len(calls)
-        errors: dict[int, BaseException] = {}
+        refs = {self._remote.remote(cwd, fn, args): index for index, (fn, args) in queue.take_all()}
         pending = list(refs)
         times: list[dict[str, Any]] = []
         try:
@@ -152,37 +211,69 @@ class RayExecutor:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
                     try:
-                        results[index[ref]], timing = ray.get(ref)
+                        result, timing = ray.get(ref)
+                        queue.finish(refs[ref], result)
                         times.append(timing)
                     except RayTaskError as error:  # the step's own exception, as the local engine raises it
-                        errors[index[ref]] = error.cause if error.cause is not None else error
+                        queue.fail(refs[ref], error.cause if error.cause is not None else error)
                     except ray.exceptions.RayError as error:  # retries exhausted, node lost
-                        errors[index[ref]] = error
-                    bar.update()
+                        queue.fail(refs[ref], error)
         except BaseException:
             for ref in pending:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
             raise
-        finally:
-            bar.close()
-            self.progress.done(len(calls), desc, unit, started)
-            _record_task_times(desc, times)
-        if errors:
-            raise errors[min(errors)]
-        return results
+        return times
 
     def write(self, calls: list[Call], desc: str) -> None:
-        """Parts in parallel tasks, one ``MDSWriter`` each (``dataframe_to_mds``' pattern)."""
+        """Parts in parallel tasks, one shard writer each (``dataframe_to_mds``' pattern)."""
         self.map(calls, desc, "part")
 
     def release(self) -> None:
-        """Nothing: the driver runs no step, and idle Ray workers are the cluster's to manage."""
+        """Nothing: the driver runs no task once the runtime is up, and idle Ray workers are the
+        cluster's to manage."""
 
     def close(self) -> None:
         if self._started:
+            import ray
+
+            _stop_autoscaler_monitor()
             ray.shutdown()
             self._started = False
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
+
+
+def _ray_initialized() -> bool:
+    """Whether this process is connected to Ray, without importing it (``import ray``: ~0.5 s)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _run_until(queue: CallQueue, stop: threading.Event, times: list[dict[str, Any]]) -> None:
+    """Run calls from ``queue`` in this process until ``stop`` is set (``RayExecutor``'s start)."""
+    while not stop.is_set() and (call := queue.take()) is not None:
+        index, (fn, args) = call
+        started = time.perf_counter()
+        try:
+            queue.finish(index, fn(*args))
+        except Exception as error:  # kept: raised in call order once every call ran
+            queue.fail(index, error)
+        seconds = round(time.perf_counter() - started, 4)
+        times.append({"node": "driver", "seconds": seconds, "first_in_process": not times})
+
+
+def _stop_autoscaler_monitor() -> None:
+    """SIGKILL the started runtime's autoscaler monitor before ``ray.shutdown``.
+
+    ``ray.shutdown`` stops the runtime's processes one by one with SIGTERM and waits up to 1 s for
+    each; the monitor (nothing to autoscale on a runtime started for one job) never exits within it,
+    so every job waited a full second at its end. Private API: if it moves, the plain shutdown runs."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        node = ray._private.worker._global_node
+        for info in node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_MONITOR, []):
+            info.process.kill()
+            info.process.wait(timeout=5)

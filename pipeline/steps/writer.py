@@ -3,7 +3,8 @@
 Samples are built per user partition, but the plan interleaves all partitions. An external bucket
 sort bridges the two: as a worker builds a partition's samples it encodes them to MDS bytes
 (``mds_encode``) and sends each to the position bucket the plan gives it (``BucketSink``); then
-buckets are read in order (memory-mapped), sorted by position and handed to ``MDSWriter``. Memory
+buckets are read in order (memory-mapped), sorted by position and framed into MDS shards
+(``mds_shards.ShardWriter``, the bytes ``MDSWriter`` writes). Memory
 holds one partition or one bucket at a time. Rows end up in plan order, so a micro-batch is a
 contiguous row range and a rank streaming from object storage downloads only the shards its
 micro-batches live in.
@@ -11,13 +12,11 @@ micro-batches live in.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,10 +25,10 @@ import pyarrow.ipc as ipc
 from freescale import storage
 from freescale.pipeline.integrity import HASH_ALGO
 from freescale.pipeline.steps.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
-from freescale.pipeline.streaming_modules import mds_writer_class
+from freescale.pipeline.steps.mds_shards import ShardWriter
 
 storage_join = storage.join
-__all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "BucketSink", "fast_mds_writer", "mds_columns", "write_part"]
+__all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "BucketSink", "mds_columns", "part_writer", "write_part"]
 
 
 def bucket_files(buckets_dir: str, bucket: int) -> list[Path]:
@@ -79,7 +78,7 @@ def iter_bucket_samples(buckets_dir: str, bucket: int, start: int = 0, end: int 
     """Encoded samples of one bucket with plan positions in [start, end), in plan order.
 
     Bucket files are memory-mapped and each sample is a view into them: nothing is copied before
-    ``MDSWriter`` joins a shard's samples, so the writer touches each byte once.
+    the shard writer joins a shard's samples, so the writer touches each byte once.
     """
     views, positions, bounds = [], [], []
     for path in bucket_files(buckets_dir, bucket):
@@ -99,90 +98,11 @@ def iter_bucket_samples(buckets_dir: str, bucket: int, start: int = 0, end: int 
         yield views[view][lo:hi]
 
 
-def fast_mds_writer(with_user_features: bool, **kwargs: Any):
-    """An ``MDSWriter`` for samples the workers already encoded (``mds_encode.encode_samples``,
-    byte-identical to ``MDSWriter.encode_sample``: ``tests/test_writer.py``), whose shards are
-    assembled in one reused buffer instead of a fresh join per shard."""
-    return _fast_writer_class()(columns=mds_columns(with_user_features), **kwargs)
-
-
-ENCODED = (bytes, memoryview)
-_SHARD_BUFFER = bytearray()  # reused by every shard this process writes (one at a time)
-
-
-def _shard_buffer(needed: int, size_limit: int) -> bytearray:
-    """The process's shard buffer, grown to hold ``needed`` bytes (at once to the size limit, so it
-    is allocated once): a warm buffer fills ~4x faster than a fresh one on this kind of host."""
-    global _SHARD_BUFFER
-    if len(_SHARD_BUFFER) < needed:
-        _SHARD_BUFFER = bytearray(max(needed, size_limit))
-    return _SHARD_BUFFER
-
-
-@functools.cache
-def _fast_writer_class() -> type:
-    MDSWriter = mds_writer_class()  # imports torch (~2 s): only when writing
-
-    class FreeScaleMDSWriter(MDSWriter):
-        def encode_sample(self, sample: dict[str, Any] | bytes | memoryview) -> bytes | memoryview:
-            if isinstance(sample, ENCODED):  # already encoded in a worker
-                return sample
-            return super().encode_sample(sample)
-
-        def write_encoded(self, samples: Iterable[bytes | memoryview]) -> int:
-            """``write`` for each of ``samples`` (already encoded), without a method call per sample:
-            the same shard boundaries (a sample that would pass ``size_limit`` starts a new shard).
-            At ~4 µs a call, ``write`` was a fifth of the write phase. Returns the count written."""
-            limit, extra, count = self.size_limit, self.extra_bytes_per_sample, 0
-            for sample in samples:
-                size = len(sample) + extra
-                if limit and limit < self.new_shard_size + size:
-                    self._raise_if_an_upload_failed()
-                    self.flush_shard()
-                    self._reset_cache()
-                self.new_samples.append(sample)
-                self.new_shard_size += size
-                count += 1
-            self._raise_if_an_upload_failed()
-            return count
-
-        def _raise_if_an_upload_failed(self) -> None:
-            if self.event.is_set():  # what ``write`` checks before each sample
-                self.cancel_future_jobs()
-                raise RuntimeError("a shard upload failed; see the other traceback for details")
-
-        def _write_index(self) -> None:
-            """``MDSWriter._write_index`` after every queued shard upload has been picked up.
-
-            It polls the upload queue with ``sleep(1)`` until it is empty; the shard uploads of a local
-            output are no-ops, but one still queued at that moment cost a whole second per part (the
-            write phase idled up to 4 s). A no-op task queued last completes only after every earlier
-            task has left the (FIFO) queue, so the poll finds it empty.
-            """
-            self.executor.submit(int).result()
-            super()._write_index()
-
-        def encode_joint_shard(self) -> memoryview:
-            """``MDSWriter.encode_joint_shard``'s bytes, copied once into this process's shard buffer.
-
-            ``MDSWriter`` joins the samples, then prepends the header to the joined copy: two fresh
-            shard-sized allocations per shard, each paying page faults on zeroed memory. The view is
-            valid until the next shard is encoded; ``flush_shard`` writes it to its file at once.
-            """
-            sizes = np.fromiter(map(len, self.new_samples), np.int64, len(self.new_samples))
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.uint32)
-            num_samples = np.uint32(len(sizes)).tobytes()
-            offsets += len(num_samples) + len(offsets.tobytes()) + len(self.config_data)
-            header = b"".join([num_samples, offsets.tobytes(), self.config_data])
-            buffer = _shard_buffer(len(header) + int(sizes.sum()), self.size_limit or 0)
-            buffer[: len(header)] = header
-            position = len(header)
-            for sample, size in zip(self.new_samples, sizes.tolist(), strict=True):
-                buffer[position : position + size] = sample  # same length: copied in place
-                position += size
-            return memoryview(buffer)[:position]
-
-    return FreeScaleMDSWriter
+def part_writer(with_user_features: bool, out: str, size_limit: int | None) -> ShardWriter:
+    """A ``ShardWriter`` for one part's samples, already encoded in the workers
+    (``mds_encode.encode_samples``, byte-identical to ``MDSWriter.encode_sample``), recording xxh64
+    shard hashes (the manifest's file table takes them from the index)."""
+    return ShardWriter(mds_columns(with_user_features), out, size_limit, [HASH_ALGO])
 
 
 PART_SIZE = 32_768  # samples per part (resume granularity); fixed so output bytes never depend on the job
@@ -204,20 +124,14 @@ def write_part(
     """Write plan positions [part·PART_SIZE, (part+1)·PART_SIZE) as MDS shards under ``part-NNNNN/``.
 
     The marker ``write.part-NNNNN.done`` lets a resumed job skip finished parts; an unfinished
-    part's directory is emptied by ``MDSWriter`` when it is written again. Parts are independent:
+    part's directory is emptied by ``ShardWriter`` when it is written again. Parts are independent:
     the Ray engine writes them in parallel tasks.
     """
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
     if part_done(buckets_dir, part):  # a retried task (Ray) whose first run got past the marker
         return end - start
     written = 0
-    with fast_mds_writer(
-        with_user_features,
-        out=storage_join(output, part_name(part)),
-        size_limit=shard_size_limit,
-        exist_ok=True,
-        hashes=[HASH_ALGO],  # the manifest's file table takes shard hashes from the index
-    ) as writer:
+    with part_writer(with_user_features, storage_join(output, part_name(part)), shard_size_limit) as writer:
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
             written += writer.write_encoded(iter_bucket_samples(buckets_dir, bucket, start, end))
     Path(buckets_dir, f"write.{part_name(part)}.done").touch()
