@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from layout_reference import torch_build_layout
 
 from freescale.pipeline.cost import ModelConfig
 from freescale.tools.cli import main as cli_main
@@ -120,6 +123,31 @@ def test_short_samples_share_one_group_long_ones_stay_exact() -> None:
     assert group_by_length([768] * 5, 1.25) == [[0, 1, 2, 3, 4]]
     assert group_by_length([0, 5, 0], 1.25) == [[1]] and group_by_length([], 1.25) == []
     assert len(group_by_length([100] * 8, 1.25, max_elements=3 * 100**2)) == 3  # memory cap still holds
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 400), max_size=24),
+    ratio=st.sampled_from([1.0, 1.25, 1.5]),
+    overhead=st.sampled_from([0.0, float(GROUP_OVERHEAD_ELEMENTS)]),
+)
+def test_layout_is_the_torch_construction_bit_for_bit(lengths: list[int], ratio: float, overhead: float) -> None:
+    """``build_layout`` (numpy, for the loader worker's speed) gives the tensors the torch construction
+    gave: same dtypes, shapes and values, so attention and the loss are unchanged."""
+    got = build_layout(torch.tensor(lengths, dtype=torch.int64), ratio, overhead)
+    want = torch_build_layout(torch.tensor(lengths, dtype=torch.int64), ratio, overhead)
+    pairs = [(got.lengths, want.lengths), (got.offsets, want.offsets), (got.inverse, want.inverse)]
+    pairs += [(got.positions, want.positions), (got.sample_of, want.sample_of)]
+    assert len(got.groups) == len(want.groups)
+    for mine, theirs in zip(got.groups, want.groups):
+        pairs += list(
+            zip(
+                (mine.samples, mine.index, mine.valid, mine.lengths),
+                (theirs.samples, theirs.index, theirs.valid, theirs.lengths),
+            )
+        )
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
 def test_collate_holds_out_validation_and_test_items_and_draws_reproducible_negatives() -> None:
