@@ -129,7 +129,7 @@ def build_layout(lengths: torch.Tensor, ratio: float = 1.25, overhead: float = G
     loader's worker, which shares the rank's core (``engine.pin_cpus``), and a numpy call on arrays
     this small costs a fraction of a torch op's dispatch (a bench_bubbles micro-batch: 0.52 -> 0.27 ms
     warm on the 2-core host). Same tensors bit for bit: ``tests/test_trainer_units.py`` compares them
-    with the torch construction (``tests/layout_reference.py``).
+    with the torch construction (``tests/collate_reference.py``).
     """
     lengths = lengths.to(torch.int64).cpu()
     sizes = lengths.numpy()
