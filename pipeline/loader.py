@@ -167,18 +167,17 @@ def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int) -> K
     """Prepared samples -> ``KJTBatch`` (ids through ``sequence_arrays``, as the trainer collates)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    parts = [sequence_arrays(sample, cfg, cfg.holdout_last) for sample in samples]
-    kept = [i for i, part in enumerate(parts) if len(part[0]) >= 2]
-    inputs = [[parts[i][j][:-1] for i in kept] for j in range(3)]  # item, action, timestamp
-    lengths = np.array([len(parts[i][0]) - 1 for i in kept], dtype=np.int64)
-    values = [np.concatenate(column) if kept else np.zeros(0, np.int64) for column in inputs]
-    targets = np.concatenate([parts[i][0][1:] for i in kept]) if kept else np.zeros(0, np.int64)
+    seq = sequence_arrays(samples, cfg, cfg.holdout_last)
+    inputs = seq.input_rows()
+    lengths = seq.lengths - 1
+    values = np.concatenate([seq.items[inputs], seq.actions[inputs], seq.times[inputs]])
+    targets = seq.items[inputs + 1]
     features = KeyedJaggedTensor(
         keys=list(KJT_KEYS),
-        values=torch.from_numpy(np.concatenate(values)),
+        values=torch.from_numpy(values),
         lengths=torch.from_numpy(np.tile(lengths, len(KJT_KEYS))),
     )
-    users = torch.tensor([int(samples[i]["user_id"]) for i in kept], dtype=torch.int64)
+    users = torch.tensor([int(samples[i]["user_id"]) for i in seq.kept], dtype=torch.int64)
     return KJTBatch(step, features, torch.from_numpy(lengths), torch.from_numpy(targets), users)
 
 

@@ -16,6 +16,7 @@ from prepare_configs import make_config
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.config import PrepareConfig, SampleConfig
+from freescale.pipeline.integrity import IntegrityError
 from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.prepare import prepare
 from freescale.pipeline.reader import PreparedDataset
@@ -196,3 +197,29 @@ def test_damaged_cached_shard_of_a_remote_dataset_is_named(prepared, s3_bucket, 
     (cache / "index.json").write_text(json.dumps({**stale, "stale": True}))  # an older preparation's index
     again = read_all(PreparedDataset(uri, cache_dir=str(cache)))  # stale index: its shards fetched again
     assert [s["user_id"] for s in again] == [s["user_id"] for s in expected]
+
+
+def test_micro_batches_read_as_their_rows_across_shard_boundaries(prepared) -> None:
+    """``micro_batch`` reads each shard's part of a micro-batch at once (``row_range``): its samples
+    are the ones ``row`` decodes one by one, including micro-batches that span two shards."""
+    dataset = PreparedDataset(prepared)
+    spanning = 0
+    for m in range(dataset.n_micro_batches):
+        start, end = int(dataset.offsets[m]), int(dataset.offsets[m + 1])
+        spanning += len(dataset.shards_of(m)) > 1
+        for got, want in zip(dataset.micro_batch(m), [dataset.row(i) for i in range(start, end)], strict=True):
+            assert got.keys() == want.keys()
+            for key in got:
+                assert type(got[key]) is type(want[key]) and np.array_equal(got[key], want[key])
+    assert spanning  # the small shard size limit makes some micro-batches span two shards
+
+
+def test_undecodable_sample_names_the_file_and_rows(copy) -> None:
+    shard = shards(copy)[0]
+    data = bytearray(shard.read_bytes())
+    first = int.from_bytes(data[4:8], "little")  # where the shard's first sample starts
+    data[first : first + 4] = (2**31).to_bytes(4, "little")  # its first column's size: past the sample
+    shard.write_bytes(bytes(data))
+    dataset = PreparedDataset(str(copy), verify=False)
+    with pytest.raises(IntegrityError, match=rf"{shard.parent.name}/{shard.name}: cannot read rows 0\.\.\d+"):
+        read_all(dataset)

@@ -10,12 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from collate_reference import per_sample_arrays, torch_build_layout
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from freescale.pipeline.cost import ModelConfig
+from freescale.pipeline.vocabulary import Vocabulary
 from freescale.tools.cli import main as cli_main
 from freescale.trainer.bubbles import RankStep, analyze, balancer_metrics, step_metrics, summarize, summary_table
 from freescale.trainer.config import ModelExtraConfig, RunConfig
-from freescale.trainer.data import CollateConfig, collate
+from freescale.trainer.data import CollateConfig, collate, sequence_arrays
 from freescale.trainer.engine import batch_features, batch_loss
 from freescale.trainer.evaluate import metrics_from_ranks, popularity_metrics
 from freescale.trainer.instrument import CommRecord, StageSpan, StepRecord
@@ -120,6 +124,58 @@ def test_short_samples_share_one_group_long_ones_stay_exact() -> None:
     assert group_by_length([768] * 5, 1.25) == [[0, 1, 2, 3, 4]]
     assert group_by_length([0, 5, 0], 1.25) == [[1]] and group_by_length([], 1.25) == []
     assert len(group_by_length([100] * 8, 1.25, max_elements=3 * 100**2)) == 3  # memory cap still holds
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 400), max_size=24),
+    ratio=st.sampled_from([1.0, 1.25, 1.5]),
+    overhead=st.sampled_from([0.0, float(GROUP_OVERHEAD_ELEMENTS)]),
+)
+def test_layout_is_the_torch_construction_bit_for_bit(lengths: list[int], ratio: float, overhead: float) -> None:
+    """``build_layout`` (numpy, for the loader worker's speed) gives the tensors the torch construction
+    gave: same dtypes, shapes and values, so attention and the loss are unchanged."""
+    got = build_layout(torch.tensor(lengths, dtype=torch.int64), ratio, overhead)
+    want = torch_build_layout(torch.tensor(lengths, dtype=torch.int64), ratio, overhead)
+    pairs = [(got.lengths, want.lengths), (got.offsets, want.offsets), (got.inverse, want.inverse)]
+    pairs += [(got.positions, want.positions), (got.sample_of, want.sample_of)]
+    assert len(got.groups) == len(want.groups)
+    for mine, theirs in zip(got.groups, want.groups):
+        pairs += list(
+            zip(
+                (mine.samples, mine.index, mine.valid, mine.lengths),
+                (theirs.samples, theirs.index, theirs.valid, theirs.lengths),
+            )
+        )
+    for a, b in pairs:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), max_size=10),
+    windows=st.lists(st.integers(0, 3), min_size=10, max_size=10),
+    max_len=st.integers(2, 9),
+    stride=st.integers(0, 2),
+    holdout=st.booleans(),
+    exact=st.booleans(),
+)
+def test_batch_id_mapping_is_the_per_sample_construction(
+    lengths: list[int], windows: list[int], max_len: int, stride: int, holdout: bool, exact: bool
+) -> None:
+    """``sequence_arrays`` maps a micro-batch's ids at once; rows, lengths, kept samples, truncation
+    counts and input rows equal the per-sample construction's, exact vocabularies or hashed."""
+    samples = make_samples(lengths, seed=sum(lengths) + max_len)
+    for sample, window in zip(samples, windows):
+        sample["window"] = window
+    vocab = {"item_vocab": Vocabulary("item", np.arange(50, dtype=np.int64))} if exact else {}
+    cfg = CollateConfig(7, 3, max_len, 4, 2, holdout_events=2, window_stride=stride, **vocab)
+    got = sequence_arrays(samples, cfg, holdout)
+    items, actions, times, sizes, kept, truncated, inputs = per_sample_arrays(samples, cfg, holdout)
+    for a, b in ((got.items, items), (got.actions, actions), (got.times, times), (got.lengths, sizes)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert got.kept == kept and got.truncated == truncated
+    assert got.input_rows().dtype == inputs.dtype and np.array_equal(got.input_rows(), inputs)
 
 
 def test_collate_holds_out_validation_and_test_items_and_draws_reproducible_negatives() -> None:

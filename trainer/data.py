@@ -144,18 +144,51 @@ def held_out(sample: dict[str, Any], holdout_events: int, window_stride: int) ->
     return max(0, holdout_events - window * window_stride)
 
 
-def sequence_arrays(sample: dict[str, Any], cfg: CollateConfig, holdout: bool) -> tuple[np.ndarray, ...]:
-    """(item rows, action rows, timestamps, events truncated) of one sample after holdout and truncation."""
-    items = np.asarray(sample["item_ids"], dtype=np.int64)
-    actions = np.asarray(sample["actions"], dtype=np.int64)
-    times = np.asarray(sample["timestamps"], dtype=np.int64)
-    if holdout:
-        drop = held_out(sample, cfg.holdout_events, cfg.window_stride)
-        if drop:
-            items, actions, times = items[:-drop], actions[:-drop], times[:-drop]
-    cut = max(0, len(items) - cfg.max_len)
-    items, actions, times = items[cut:], actions[cut:], times[cut:]
-    return cfg.item_rows(items), cfg.action_rows(actions), times, cut
+@dataclass
+class SequenceArrays:
+    """A micro-batch's events after holdout and truncation, samples of at least two events only."""
+
+    items: np.ndarray  # [T] item rows, sample after sample
+    actions: np.ndarray  # [T] action rows
+    times: np.ndarray  # [T] seconds
+    lengths: np.ndarray  # [B] int64 events per kept sample
+    kept: list[int]  # which of the given samples these are
+    truncated: int  # events of the kept samples cut off at max_len
+
+    def input_rows(self) -> np.ndarray:
+        """Rows of every input event (all but each sample's last); the target of row r is r + 1."""
+        last = np.cumsum(self.lengths) - 1
+        inputs = np.ones(len(self.items), dtype=bool)
+        inputs[last] = False
+        return np.flatnonzero(inputs).astype(np.int64)
+
+
+def sequence_arrays(samples: list[dict[str, Any]], cfg: CollateConfig, holdout: bool) -> SequenceArrays:
+    """Each sample's events after holdout and truncation, ids mapped to rows, samples under two events
+    dropped. Ids are mapped once per table for the whole micro-batch (every sample's, kept or not, so
+    an unknown id fails the same way): per-sample mapping was most of collation's cost in the
+    loader's worker, which shares the rank's core."""
+    columns: list[list[np.ndarray]] = [[], [], []]
+    sizes, cuts = [], []
+    for sample in samples:
+        arrays = [np.asarray(sample[name], dtype=np.int64) for name in ("item_ids", "actions", "timestamps")]
+        end = max(0, len(arrays[0]) - (held_out(sample, cfg.holdout_events, cfg.window_stride) if holdout else 0))
+        start = max(0, end - cfg.max_len)
+        for column, array in zip(columns, arrays):
+            column.append(array[start:end])
+        sizes.append(end - start)
+        cuts.append(start)
+    raw = [np.concatenate(column) if column else np.zeros(0, np.int64) for column in columns]
+    kept = [i for i, n in enumerate(sizes) if n >= 2]
+    rows = np.repeat(np.array([n >= 2 for n in sizes], dtype=bool), sizes)
+    return SequenceArrays(
+        items=cfg.item_rows(raw[0])[rows],
+        actions=cfg.action_rows(raw[1])[rows],
+        times=raw[2][rows],
+        lengths=np.array([sizes[i] for i in kept], dtype=np.int64),
+        kept=kept,
+        truncated=sum(cuts[i] for i in kept),
+    )
 
 
 def draw_negatives(targets: np.ndarray, cfg: CollateConfig, step: int, rank: int) -> np.ndarray:
@@ -178,32 +211,24 @@ def collate(
 ) -> Batch:
     """Prepared samples (dicts of numpy arrays) → ``Batch``; samples under two events are skipped."""
     holdout = cfg.holdout_last if holdout is None else holdout
-    parts = [sequence_arrays(s, cfg, holdout) for s in samples]
-    kept = [i for i, p in enumerate(parts) if len(p[0]) >= 2]
-    parts = [parts[i] for i in kept]
-    lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
-    items, actions, times = (
-        np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64) for j in range(3)
-    )
-    truncated = sum(p[3] for p in parts)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if parts else np.zeros(0, np.int64)
-    input_index = np.concatenate([s + np.arange(n - 1) for s, n in zip(starts, lengths)]) if parts else starts
+    seq = sequence_arrays(samples, cfg, holdout)
+    input_index = seq.input_rows()
     target_index = input_index + 1
-    negatives = draw_negatives(items[target_index], cfg, step, rank)
+    negatives = draw_negatives(seq.items[target_index], cfg, step, rank)
     as_tensor = torch.from_numpy
     return Batch(
         step=step,
-        item_ids=as_tensor(items),
-        action_ids=as_tensor(actions),
-        timestamps=as_tensor(times),
-        lengths=as_tensor(lengths),
+        item_ids=as_tensor(seq.items),
+        action_ids=as_tensor(seq.actions),
+        timestamps=as_tensor(seq.times),
+        lengths=as_tensor(seq.lengths),
         negative_ids=as_tensor(negatives),
         input_index=as_tensor(input_index),
         target_index=as_tensor(target_index),
-        layout=build_layout(as_tensor(lengths - 1), cfg.length_group_ratio),
-        cost=float(sum(float(samples[i]["cost"]) for i in kept)),
-        truncated=int(truncated),
-        user_ids=torch.tensor([int(samples[i]["user_id"]) for i in kept], dtype=torch.int64),
+        layout=build_layout(as_tensor(seq.lengths - 1), cfg.length_group_ratio),
+        cost=float(sum(float(samples[i]["cost"]) for i in seq.kept)),
+        truncated=int(seq.truncated),
+        user_ids=torch.tensor([int(samples[i]["user_id"]) for i in seq.kept], dtype=torch.int64),
     )
 
 
