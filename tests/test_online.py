@@ -40,8 +40,8 @@ def pool4():
     pool.close()
 
 
-def assert_close(results: list[dict], base: str, other: str) -> None:
-    problems = differences(results, base, other)
+def assert_close(results: list[dict], base: str, other: str, rtol: float = 1e-5) -> None:
+    problems = differences(results, base, other, rtol)
     assert not problems, f"{other} vs {base}:\n" + "\n".join(problems[:10])
 
 
@@ -79,7 +79,10 @@ def test_online_equals_none_over_fifty_steps(world_size: int, pool2, pool4) -> N
 def test_online_equals_none_for_any_shape(pool2, samples, sigma, negatives, d_model, sparse, seed) -> None:
     """Dense SGD: Adam divides a near-zero gradient by its own size, so its reassociation noise becomes
     an lr-sized step (seen: HSTU's ``pos_bias`` 1.3e-5 apart after 4 steps at sigma 1.56, seed 238);
-    SGD keeps the comparison about the balancer's math. The 50-step tests above run dense Adam."""
+    SGD keeps the comparison about the balancer's math. The 50-step tests above run dense Adam.
+    Tolerance 1e-4: hypothesis also draws shapes where a tensor's largest entry is itself tiny, and
+    float32 sums taken in another order then differ by a few 1e-5 of it (seen: 3.1e-5 on a stored
+    example); a wrong placement or combine moves losses and tensors by whole percents."""
     case = OnlineCase(
         dense="sgd",
         sparse=sparse,
@@ -91,7 +94,7 @@ def test_online_equals_none_for_any_shape(pool2, samples, sigma, negatives, d_mo
         d_model=d_model,
         seed=seed,
     )
-    assert_close(pool2.run(case, ("none", "online")), "none", "online")
+    assert_close(pool2.run(case, ("none", "online")), "none", "online", rtol=1e-4)
 
 
 def test_online_with_pec_equals_none_over_fifty_steps(pool2) -> None:
@@ -135,7 +138,7 @@ def test_sasrec_and_sparse_adam_stay_close(pool2) -> None:
     """SGD for the dense part: SASRec's key bias has a zero gradient (softmax ignores a per-row shift),
     so dense Adam divides float noise by its own size and the bias walks at random (4e-3 apart)."""
     case = OnlineCase(world_size=2, steps=8, architecture="sasrec", sparse="adam", dense="sgd", sigma=1.3, seed=21)
-    assert_close(pool2.run(case, ("none", "online")), "none", "online")
+    assert_close(pool2.run(case, ("none", "online")), "none", "online", rtol=1e-4)
 
 
 def test_resume_from_a_checkpoint_mid_run(pool2, tmp_path) -> None:
