@@ -11,6 +11,7 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from freescale import __version__
 
@@ -503,11 +504,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from freescale.pipeline.executors.processes import configure_task_process
+    from freescale.pipeline.executors.processes import (
+        PREPARE_WORKER_MODULES,
+        configure_task_process,
+        imports_without_gc,
+        start_pool,
+    )
 
+    # As in cmd_prepare: the scan's workers start before this process imports the pipeline, so both
+    # imports run at once (a prepared dataset's stats hands the pool back unused).
+    local = args.engine == "local"
+    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 and local else None
     configure_task_process()  # this process runs tasks beside the workers (before polars is imported)
-    from freescale.pipeline.stats import StatsConfig, run_stats
-    from freescale.pipeline.stats.report import print_stats_summary
+    try:
+        with imports_without_gc():
+            from freescale.pipeline.stats import StatsConfig, run_stats
+            from freescale.pipeline.stats.report import print_stats_summary
+        report = run_stats(_stats_config(args, StatsConfig), pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    print_stats_summary(report)
+    files = ", ".join(["stats.json", *report["plots"].values()])
+    print(f"wrote {files} to {args.output} ({report['runtime_s']:.1f} s)")
+    return 0
+
+
+def _stats_config(args: argparse.Namespace, stats_config: type) -> Any:
+    """``StatsConfig`` from the parsed options (the class passed in: imported after the pool starts)."""
 
     def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
         if text is None:
@@ -517,7 +541,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from error
 
-    config = StatsConfig(
+    return stats_config(
         input=args.input,
         output=args.output,
         world_sizes=_int_list(args.world_sizes, "--world-sizes"),
@@ -536,11 +560,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
         plots=not args.no_plots,
         progress=not args.quiet,
     )
-    report = run_stats(config)
-    print_stats_summary(report)
-    files = ", ".join(["stats.json", *report["plots"].values()])
-    print(f"wrote {files} to {args.output} ({report['runtime_s']:.1f} s)")
-    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
