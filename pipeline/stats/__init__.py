@@ -444,18 +444,13 @@ def run_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> d
         if fs.get_file_info(path).type == pafs.FileType.File:
             raise StatsError(f"--out {config.output} is a file; give a directory")
     started = time.perf_counter()
-    from freescale.pipeline.stats.plots import PlotProcesses
-
-    drawing = PlotProcesses() if config.plots and config.output is not None else None
-    try:
-        report = compute_stats(config, pool)
-        if drawing is not None:
-            report["plots"] = drawing.draw(report, config.output)
-    finally:
-        if drawing is not None:
-            drawing.close()
+    report = compute_stats(config, pool)
     if config.output is None:
         return report
+    if config.plots:
+        from freescale.pipeline.stats.plots import write_plots
+
+        report["plots"] = write_plots(report, config.output)
     report["runtime_s"] = round(time.perf_counter() - started, 3)
     storage.write_bytes(
         storage.join(config.output, STATS_NAME),

@@ -212,9 +212,8 @@ def plot_straggler(ax: Any, report: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def write_plots(report: dict[str, Any], output: str, keys: list[str] | None = None) -> dict[str, str]:
-    """Draw the plots named ``keys`` (default: all four) under ``output`` (local directory or
-    ``s3://`` prefix); returns their names."""
+def write_plots(report: dict[str, Any], output: str) -> dict[str, str]:
+    """Draw the four plots under ``output`` (local directory or ``s3://`` prefix); returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,8 +226,6 @@ def write_plots(report: dict[str, Any], output: str, keys: list[str] | None = No
         "popularity": (plot_popularity, "item popularity"),
         "straggler_bars": (plot_straggler, "predicted straggler_pct"),
     }.items():
-        if keys is not None and key not in keys:
-            continue
         fig, ax = plt.subplots(figsize=(8, 5))
         fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.14)
         try:
@@ -239,93 +236,3 @@ def write_plots(report: dict[str, Any], output: str, keys: list[str] | None = No
         finally:
             plt.close(fig)
     return written
-
-
-class PlotProcesses:
-    """Draws the plots in helper processes that start with the run: they import matplotlib (~0.4
-    core-s each) at low priority while the scan runs, then each draws its share of the plots once
-    the report exists. Drawn in the driver after the figures, import and drawing (~1.2 s on one
-    core on ``large``) were serial wall time that ``prepare`` does not pay.
-
-    Helpers write PNGs to a local temporary directory; ``draw`` copies them under ``output``
-    (local or ``s3://``) with ``storage``, so the bytes match ``write_plots``'."""
-
-    def __init__(self, processes: int = 2) -> None:
-        import subprocess
-        import sys
-        import tempfile
-
-        self._dir = tempfile.mkdtemp(prefix="freescale-plots-")
-        keys = list(PLOTS)
-        shares = [keys[i::processes] for i in range(processes)]
-        self._procs = [
-            subprocess.Popen(
-                # this file as a script: ``-m`` would import the whole ``stats`` package first
-                [sys.executable, __file__, self._dir, *share],
-                stdin=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            for share in shares
-            if share
-        ]
-
-    def draw(self, report: dict[str, Any], output: str) -> dict[str, str]:
-        """Hand ``report`` to the helpers, wait for them and publish the PNGs; names as ``write_plots``."""
-        import json
-
-        payload = json.dumps(report).encode()
-        failures = []
-        for proc in self._procs:
-            try:
-                proc.stdin.write(payload)
-                proc.stdin.close()
-            except BrokenPipeError:  # it died early: its exit status and stderr say why
-                pass
-        for proc in self._procs:
-            err = proc.stderr.read().decode(errors="replace")
-            if proc.wait() != 0:
-                failures.append(err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}")
-        if failures:
-            raise RuntimeError(f"drawing the plots failed: {failures[0]}")
-        written = {}
-        for key, name in PLOTS.items():
-            with open(f"{self._dir}/{name}", "rb") as png:
-                storage.write_bytes(storage.join(output, name), png.read())
-            written[key] = name
-        return written
-
-    def close(self) -> None:
-        """Stop helpers still running (the run failed before ``draw``) and remove their files."""
-        import shutil
-
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for stream in (proc.stdin, proc.stderr):
-                if stream is not None and not stream.closed:
-                    stream.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _helper_main(argv: list[str]) -> None:
-    """A ``PlotProcesses`` helper: import matplotlib at low priority, read the report from stdin,
-    draw the plots named in ``argv[1:]`` under the local directory ``argv[0]``."""
-    import json
-    import os
-    import sys
-
-    os.nice(10)  # its imports run in the scan's idle moments, not in place of the scan
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
-
-    report = json.loads(sys.stdin.buffer.read())
-    write_plots(report, argv[0], argv[1:])
-
-
-if __name__ == "__main__":
-    import sys
-
-    _helper_main(sys.argv[1:])
