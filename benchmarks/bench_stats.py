@@ -14,6 +14,8 @@ time merge, no truncation, no ids, no batching figures.
 * warm — the scan resumes from its completion markers (its spill files are kept with
   ``--work-dir``): what a second run, e.g. with other W or table sizes, pays.
 
+Every arm runs ``--repeats`` times (default 3), interleaved, and the run with the median wall time
+is reported (the host is shared and its cores drift: DESIGN §8); ``wall_s_each`` keeps every run.
 Peak RSS is the peak of the summed RSS of the whole process tree (workers included), sampled every
 50 ms. Target (issue 3): stats ≤ 2× the baseline's wall time.
 
@@ -64,6 +66,11 @@ print(lengths.len(), lengths.sum(), lengths.mean(), lengths.quantile(0.99), leng
 """
 
 
+def _median(runs: list[dict]) -> dict:
+    """The run with the median wall time (its stdout and peak RSS come with it)."""
+    return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="large")
@@ -71,7 +78,10 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="2GB")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(RESULTS / "bench_stats.json"))
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
 
     freescale = FREESCALE
     data = ensure_preset(args.preset, args.data_dir)
@@ -91,26 +101,27 @@ def main() -> None:
         str(args.workers),
         "--quiet",
     ]
+    sampled_cmd = [*stats_cmd, "--sample-fraction", "0.1", "--no-plots"]
+    sampled_cmd[sampled_cmd.index(str(work / "work"))] = str(work / "work-sampled")
+    prepare_cmd = [*freescale, "prepare", "--sources", str(data / "sources.toml"), "--output", str(work / "ds")]
+    prepare_cmd += ["--memory-limit", args.memory_limit, "--workers", str(args.workers), "--quiet"]
+    baseline_cmd = [sys.executable, "-c", BASELINE, str(data / "sources.toml")]
+    runs: dict[str, list[dict]] = {name: [] for name in ("baseline", "cold", "warm", "sampled", "prepare")}
     try:
-        print("baseline: polars scans the same sources and computes per-user lengths")
-        base = run_measured([sys.executable, "-c", BASELINE, str(data / "sources.toml")], "baseline")
-        users, events, mean, p99, longest = base["stdout"].strip().splitlines()[-1].split()
-        print("freescale stats, cold (prepare's phases 1-3 + figures)")
-        cold = run_measured(stats_cmd, "stats cold")
-        print("freescale stats, warm (same --work-dir: figures only)")
-        warm = run_measured(stats_cmd, "stats warm")
-        report = json.loads((work / "stats" / "stats.json").read_text())
-        print("freescale stats --sample-fraction 0.1, cold")
-        sampled_cmd = [*stats_cmd, "--sample-fraction", "0.1", "--no-plots"]
-        sampled_cmd[sampled_cmd.index(str(work / "work"))] = str(work / "work-sampled")
-        sampled = run_measured(sampled_cmd, "stats sampled")
-        print("freescale prepare on the same sources")
-        prepare_cmd = [*freescale, "prepare", "--sources", str(data / "sources.toml"), "--output", str(work / "ds")]
-        prepared = run_measured(
-            [*prepare_cmd, "--memory-limit", args.memory_limit, "--workers", str(args.workers), "--quiet"], "prepare"
-        )
+        for repeat in range(args.repeats):  # interleaved: a slow spell of the host hits every arm alike
+            for folder in ("stats", "work", "work-sampled", "ds"):
+                shutil.rmtree(work / folder, ignore_errors=True)
+            print(f"repeat {repeat + 1}/{args.repeats}: polars, stats cold, warm, --sample-fraction 0.1, prepare")
+            runs["baseline"].append(run_measured(baseline_cmd, "baseline"))
+            runs["cold"].append(run_measured(stats_cmd, "stats cold"))
+            runs["warm"].append(run_measured(stats_cmd, "stats warm"))
+            report = json.loads((work / "stats" / "stats.json").read_text())
+            runs["sampled"].append(run_measured(sampled_cmd, "stats sampled"))
+            runs["prepare"].append(run_measured(prepare_cmd, "prepare"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    base, cold, warm, sampled, prepared = (_median(runs[name]) for name in runs)
+    users, events, mean, p99, longest = base["stdout"].strip().splitlines()[-1].split()
 
     if int(events) != report["rows"]["events_read"]:
         raise SystemExit(f"baseline counted {events} events, stats read {report['rows']['events_read']}")
@@ -127,6 +138,8 @@ def main() -> None:
             "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
         },
         "events": report["rows"]["events_read"],
+        "repeats": args.repeats,
+        "wall_s_each": {name: [round(r["wall_s"], 3) for r in each] for name, each in runs.items()},
         "baseline": {
             "wall_s": base["wall_s"],
             "peak_rss_bytes": base["peak_rss_bytes"],

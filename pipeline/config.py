@@ -17,6 +17,16 @@ from freescale.pipeline.cost import ModelConfig
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
 
 
+def parse_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
+    """Parse ``8,64, 256`` (None stays None: the option was not given); errors name the option."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError as error:
+        raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from error
+
+
 def parse_size(text: str | int, option: str) -> int:
     """Parse ``2GB``, ``512MiB``, ``1.5g`` or a byte count; errors name the option."""
     if isinstance(text, int):

@@ -526,3 +526,18 @@ def test_straggler_table_names_world_sizes_the_data_cannot_fill_instead_of_rows_
     text = console.export_text()
     assert "n/a" not in text and "12.50% (1.30)" in text
     assert "W = 256: the data holds less than one" in " ".join(text.split())  # the caption wraps
+
+
+@pytest.mark.parametrize("which", ["sources", "prepared"])
+def test_cli_prestarted_workers_give_the_one_process_report(which, tiny, prepared, tmp_path) -> None:
+    """``--workers 2`` starts the scan's workers before the driver's imports (a prepared dataset hands
+    them back unused): the report is the one a single process writes."""
+    uri = tiny if which == "sources" else prepared[0]
+    reports = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        args = ["stats", uri, "--out", str(out), "--workers", workers, "--quiet", "--no-plots", "--world-sizes", "2"]
+        assert cli_main(args) == 0
+        report = json.loads((out / "stats.json").read_text())
+        reports.append({key: report[key] for key in TOP_LEVEL_KEYS if key not in ("options", "runtime_s")})
+    assert reports[0] == reports[1]

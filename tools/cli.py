@@ -11,6 +11,7 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from freescale import __version__
 
@@ -413,19 +414,21 @@ def prepare_config_from_args(args: argparse.Namespace):
     )
 
 
-def cmd_prepare(args: argparse.Namespace) -> int:
-    from freescale.pipeline.executors.processes import (
-        PREPARE_WORKER_MODULES,
-        configure_task_process,
-        imports_without_gc,
-        start_pool,
-    )
+def _early_pool(args: argparse.Namespace) -> Any:
+    """Workers started before this process imports the pipeline, so both imports run at once; this
+    process runs tasks too (one worker fewer), with the workers' settings. None: one process, or Ray."""
+    from freescale.pipeline.executors.processes import PREPARE_WORKER_MODULES, configure_task_process, start_pool
 
-    # Workers start before this process imports the pipeline, so both imports run at once; this
-    # process runs tasks too (one worker fewer), with the workers' settings.
     local = args.engine == "local"
     pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 and local else None
     configure_task_process()
+    return pool
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from freescale.pipeline.executors.processes import imports_without_gc
+
+    pool = _early_pool(args)
     try:
         with imports_without_gc():
             from freescale.pipeline.prepare import prepare
@@ -503,40 +506,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from freescale.pipeline.executors.processes import configure_task_process
+    from freescale.pipeline.executors.processes import imports_without_gc
 
-    configure_task_process()  # this process runs tasks beside the workers (before polars is imported)
-    from freescale.pipeline.stats import StatsConfig, run_stats
-    from freescale.pipeline.stats.report import print_stats_summary
-
-    def _int_list(text: str | None, option: str) -> tuple[int, ...] | None:
-        if text is None:
-            return None
-        try:
-            return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
-        except ValueError as error:
-            raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from error
-
-    config = StatsConfig(
-        input=args.input,
-        output=args.output,
-        world_sizes=_int_list(args.world_sizes, "--world-sizes"),
-        micro_batch_size=args.micro_batch_size,
-        batch_size=args.batch_size,
-        global_batch_size=args.global_batch_size,
-        global_batch_sizes=_int_list(args.global_batch_sizes, "--global-batch-sizes"),
-        table_sizes=_int_list(args.table_sizes, "--table-sizes"),
-        length_thresholds=_int_list(args.length_thresholds, "--length-thresholds"),
-        sample_fraction=args.sample_fraction,
-        seed=args.seed,
-        **_sample_options(args),
-        work_dir=args.work_dir,
-        cache_dir=args.cache_dir,
-        verify=not args.no_verify,
-        plots=not args.no_plots,
-        progress=not args.quiet,
-    )
-    report = run_stats(config)
+    pool = _early_pool(args)  # the scan's workers, as prepare's (a prepared dataset hands them back unused)
+    try:
+        with imports_without_gc():
+            from freescale.pipeline.config import parse_int_list as ints
+            from freescale.pipeline.stats import StatsConfig, run_stats
+            from freescale.pipeline.stats.report import print_stats_summary
+        config = StatsConfig(
+            input=args.input,
+            output=args.output,
+            world_sizes=ints(args.world_sizes, "--world-sizes"),
+            micro_batch_size=args.micro_batch_size,
+            batch_size=args.batch_size,
+            global_batch_size=args.global_batch_size,
+            global_batch_sizes=ints(args.global_batch_sizes, "--global-batch-sizes"),
+            table_sizes=ints(args.table_sizes, "--table-sizes"),
+            length_thresholds=ints(args.length_thresholds, "--length-thresholds"),
+            sample_fraction=args.sample_fraction,
+            seed=args.seed,
+            **_sample_options(args),
+            work_dir=args.work_dir,
+            cache_dir=args.cache_dir,
+            verify=not args.no_verify,
+            plots=not args.no_plots,
+            progress=not args.quiet,
+        )
+        report = run_stats(config, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     print_stats_summary(report)
     files = ", ".join(["stats.json", *report["plots"].values()])
     print(f"wrote {files} to {args.output} ({report['runtime_s']:.1f} s)")

@@ -64,13 +64,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _int_list(text: str, option: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
-    except ValueError as error:
-        raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from error
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part for part in text.replace(" ", "").split(",") if part)
 
@@ -93,6 +86,7 @@ def build_config(args: argparse.Namespace) -> Any:
     """``SimConfig`` from the profile, the model config, the options and ``--set`` overrides."""
     from dataclasses import asdict
 
+    from freescale.pipeline.config import parse_int_list
     from freescale.pipeline.cost import ModelConfig
     from freescale.trainer.sim_config import (
         ComputeConfig,
@@ -132,7 +126,7 @@ def build_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"--noise-floor: expected PCT or PCT@W, got {args.noise_floor!r}") from error
     _apply_overrides(tables, args.overrides)
     return SimConfig(
-        world_sizes=_int_list(args.world_sizes, "--world-sizes"),
+        world_sizes=parse_int_list(args.world_sizes, "--world-sizes"),
         arms=_names(args.arms),
         overlaps=_names(args.overlap) if args.overlap else None,
         seed=args.seed,

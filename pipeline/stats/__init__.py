@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -389,8 +390,11 @@ def build_report(c: Collected, config: StatsConfig, input_uri: str, kind: str) -
 
 
 # ------------------------------------------------------------------------------------------ driver
-def compute_stats(config: StatsConfig) -> dict[str, Any]:
-    """The report (``stats.json``'s content) for ``config.input``; writes nothing but temp files."""
+def compute_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> dict[str, Any]:
+    """The report (``stats.json``'s content) for ``config.input``; writes nothing but temp files.
+
+    ``pool``: workers started earlier (``processes.start_pool``) for the scan of raw sources, as
+    ``prepare`` takes them, so their imports overlap this process's; a prepared dataset needs none."""
     started = time.perf_counter()
     kind, uri = input_kind(config.input)
     config = replace(config, input=uri)
@@ -406,8 +410,10 @@ def compute_stats(config: StatsConfig) -> dict[str, Any]:
                 sizes, head, _ = _batch_sizes(config, k, n)
                 return sizes, f"global_batch_{head}"
 
-            collected = collect_sources(config, work, sizes_for, k)
+            collected = collect_sources(config, work, sizes_for, k, pool)
         else:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
             manifest = read_manifest(uri)
             k = config.micro_batch_size or int(manifest["layout"]["micro_batch_size"])
             g = int(manifest["layout"]["group_size"])
@@ -428,8 +434,9 @@ def compute_stats(config: StatsConfig) -> dict[str, Any]:
     return json.loads(json.dumps(report, default=_json_default))
 
 
-def run_stats(config: StatsConfig) -> dict[str, Any]:
-    """Compute the report, then write ``stats.json`` and the PNG plots under ``config.output``."""
+def run_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> dict[str, Any]:
+    """Compute the report, then write ``stats.json`` and the PNG plots under ``config.output``
+    (``pool``: see ``compute_stats``)."""
     if config.output is not None and storage.exists(config.output):
         fs, path = storage.filesystem(config.output)
         import pyarrow.fs as pafs
@@ -437,7 +444,7 @@ def run_stats(config: StatsConfig) -> dict[str, Any]:
         if fs.get_file_info(path).type == pafs.FileType.File:
             raise StatsError(f"--out {config.output} is a file; give a directory")
     started = time.perf_counter()
-    report = compute_stats(config)
+    report = compute_stats(config, pool)
     if config.output is None:
         return report
     if config.plots:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ def count_partition(
     )
 
 
-def _prepare_job(config: Any, work: Path) -> Any:
+def _prepare_job(config: Any, work: Path, pool: ProcessPoolExecutor | None) -> Any:
     from freescale.pipeline.config import PrepareConfig
     from freescale.pipeline.prepare import PrepareJob
 
@@ -160,17 +161,25 @@ def _prepare_job(config: Any, work: Path) -> Any:
             engine=config.engine,
             ray_address=config.ray_address,
             user_fraction=1.0 if config.samples.kcore else config.sample_fraction,
-        )
+        ),
+        pool,
     )
 
 
-def collect_sources(config: Any, work: Path, sizes_for: Callable[[int], tuple[list[int], str]], k: int) -> Collected:
+def collect_sources(
+    config: Any,
+    work: Path,
+    sizes_for: Callable[[int], tuple[list[int], str]],
+    k: int,
+    pool: ProcessPoolExecutor | None = None,
+) -> Collected:
     """Raw sources: the count-only path, then the partitions' samples straight into id records.
 
     ``sizes_for(n_selected)`` returns the global batch sizes and the headline layout's name; ``k``
     is the per-rank batch of the straggler predictions, which run beside the partitions' steps (they
-    need only the lengths): in the driver after them, one core idled for their ~1 s on ``large``."""
-    job = _prepare_job(config, work)
+    need only the lengths): in the driver after them, one core idled for their ~1 s on ``large``.
+    ``pool``: workers started earlier (``processes.start_pool``), as ``prepare`` takes them."""
+    job = _prepare_job(config, work, pool)
     try:
         counts = job.count_samples()
         return _collect_counted(config, work, sizes_for, k, job, counts)
