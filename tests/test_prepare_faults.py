@@ -401,7 +401,8 @@ def test_a_job_resumed_on_the_other_engine_keeps_its_write_buckets(bucketed_sour
     clean = tmp_path / "clean"
     code, err = finish(cli_prepare(bucketed_sources, str(clean), "--shard-size-limit", "64KB", *options))
     assert code == 0, err
-    out = tmp_path / "ds"
+    out = tmp_path / "killed" / "ds"  # its own parent: the shard watch lists this job's files, not clean's
+    out.parent.mkdir()
     kill_when_shards_appear(bucketed_sources, out, *options)
     resumed = cli_prepare(bucketed_sources, str(out), "--shard-size-limit", "64KB", *options, "--engine", "ray")
     code, err = finish(resumed)
