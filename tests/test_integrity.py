@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prepare_configs import make_config
+from s3_upload import upload_tree
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -177,15 +178,8 @@ def test_verify_false_is_offered_where_datasets_are_opened() -> None:
 
 
 def test_damaged_cached_shard_of_a_remote_dataset_is_named(prepared, s3_bucket, tmp_path) -> None:
-    import os
 
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    for path in Path(prepared).rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(prepared)}")
-    uri, cache = f"s3://{s3_bucket}/prepared", tmp_path / "cache"
+    uri, cache = upload_tree(prepared, s3_bucket, "prepared"), tmp_path / "cache"
     expected = read_all(PreparedDataset(uri, cache_dir=str(cache)))
     shard = shards(cache)[-1]
     data = bytearray(shard.read_bytes())

@@ -6,13 +6,12 @@ test checks what matters: batches prefetched but not consumed before ``state_dic
 
 from __future__ import annotations
 
-import os
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from s3_upload import upload_tree
 from train_cli import prepare_tiny
 
 from freescale.pipeline.loader import Config, KJTBatch, Loader, default_collate, kjt_batch
@@ -149,14 +148,12 @@ def test_pickled_dataset_is_small_and_opens_its_own_shards(tiny) -> None:
 
 
 def test_s3_dataset_through_workers_reads_like_local(tiny, s3_bucket, tmp_path) -> None:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    for path in Path(tiny).rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(tiny)}")
     remote = Config(
-        path=f"s3://{s3_bucket}/prepared", cache_dir=str(tmp_path / "cache"), world_size=2, rank=1, output="samples"
+        path=upload_tree(tiny, s3_bucket, "prepared"),
+        cache_dir=str(tmp_path / "cache"),
+        world_size=2,
+        rank=1,
+        output="samples",
     )
     local = Config(path=tiny, world_size=2, rank=1, output="samples", num_workers=0)
     assert placement(list(Loader(remote))) == placement(list(Loader(local)))

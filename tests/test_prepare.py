@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prepare_configs import make_config
+from s3_upload import upload_tree
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -227,13 +228,7 @@ def test_movielens_file_written_by_the_test(tmp_path) -> None:
 
 
 def test_s3_sources_and_output(tiny_sources, s3_bucket, tmp_path) -> None:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    source_dir = Path(tiny_sources).parent
-    for path in source_dir.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_bucket, f"raw/{path.relative_to(source_dir)}")
+    upload_tree(Path(tiny_sources).parent, s3_bucket, "raw")
     out = f"s3://{s3_bucket}/prepared"
     manifest = prepare(make_config(f"s3://{s3_bucket}/raw/sources.toml", out, work_dir=str(tmp_path / "work")))
     local = prepare(make_config(tiny_sources, str(tmp_path / "local")))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from ray_cluster import RayCluster, dataset_files, local_files, s3_files, start_cluster
+from s3_upload import upload_tree
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -92,13 +93,7 @@ def test_ray_runtime_started_for_the_job_and_stopped(sources, local_output, tmp_
 
 def test_s3_sources_and_output_on_the_cluster(cluster, sources, s3_bucket, tmp_path) -> None:
     """Workers get the driver's S3 settings (moto's endpoint) through the job's runtime env."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    source_dir = Path(sources).parent
-    for path in source_dir.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_bucket, f"raw/{path.relative_to(source_dir)}")
+    upload_tree(Path(sources).parent, s3_bucket, "raw")
     remote_sources = f"s3://{s3_bucket}/raw/sources.toml"
     finish(on_cluster(cluster, remote_sources, f"s3://{s3_bucket}/ray", "--work-dir", str(tmp_path / "w1")))
     finish(run_prepare(remote_sources, f"s3://{s3_bucket}/local", "--work-dir", str(tmp_path / "w2"), env=None))

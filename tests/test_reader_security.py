@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from s3_upload import upload_tree
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -93,10 +94,8 @@ def test_crafted_remote_index_is_refused_before_any_download(prepared, s3_bucket
     staged = tmp_path / "staged" / "x" / "ds"
     shutil.copytree(prepared, staged)
     craft(staged, ESCAPE)  # also puts the shard at staged/../../escape.mds, uploaded as that key
+    upload_tree(staged, s3_bucket, "prepared")
     client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    for path in staged.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(staged)}")
     client.upload_file(str(tmp_path / "staged" / "escape.mds"), s3_bucket, "prepared/../../escape.mds")
     client.upload_file(str(tmp_path / "staged" / "escape.mds"), s3_bucket, "escape.mds")
     home = tmp_path / "home"

@@ -10,12 +10,11 @@ Processes run with cwd = a temp dir so the repository's ``datasets/`` cannot sha
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from s3_upload import upload_tree
 from train_cli import STEPS, losses, prepare_tiny, run_toml, train
 
 from freescale.pipeline.reader import PreparedDataset, RankReader
@@ -156,13 +155,7 @@ def test_torchrec_engine_learns_the_same_curve(run_a, tiny_dataset, tmp_path) ->
 
 
 def test_trains_streaming_from_s3(run_a, tiny_dataset, s3_bucket, tmp_path) -> None:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-    for path in Path(tiny_dataset).rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3_bucket, f"prepared/{path.relative_to(tiny_dataset)}")
-    uri = f"s3://{s3_bucket}/prepared"
+    uri = upload_tree(tiny_dataset, s3_bucket, "prepared")
     config = run_toml(
         tmp_path / "s3.toml",
         uri,

@@ -318,9 +318,9 @@ def time_steps(
         moves = work.moved_events.sum(axis=1) > 0
         balancer = 2 * net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes) * moves
     if overlap == "none":  # TorchRec's schedule: the next step's routing runs during this step's compute
-        grads = net.all_to_all(rows)
         released = net.all_to_all(rows)  # the row exchange: ranks leave it one by one (completion_spread)
-        critical = released + np.maximum(grads, dense) + balancer  # grads in flight during the all-reduce
+        # the gradient exchange is as large as the row exchange, in flight during the dense all-reduce
+        critical = released + np.maximum(released, dense) + balancer
         background = counts + net.all_to_all(unique * ID_BYTES)
     else:
         rate = float(wl.batch_overlap_rate or 0.0)
