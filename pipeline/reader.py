@@ -45,6 +45,7 @@ from freescale.pipeline.integrity import (
     safe_relative_path,
 )
 from freescale.pipeline.manifest import ManifestError, read_manifest
+from freescale.pipeline.mds_rows import row_decoder
 from freescale.pipeline.streaming_modules import import_streaming_module, streaming_dataset_class
 from freescale.pipeline.vocabulary import Vocabulary
 
@@ -325,7 +326,8 @@ class PreparedDataset:
         return samples
 
     def _shard_rows(self, shard_id: int, lo: int, hi: int, first_row: int) -> list[dict[str, Any]]:
-        """Rows ``[lo, hi)`` of a checked shard (an MDS file: sample count, uint32 offsets, data)."""
+        """Rows ``[lo, hi)`` of a checked shard (an MDS file: sample count, uint32 offsets, data),
+        decoded by ``mds_rows.row_decoder`` where its encodings allow (``prepare``'s always do)."""
         reader = self._readers[shard_id]
         path = os.path.join(reader.dirname, reader.split, reader.raw_data.basename)
         try:
@@ -336,6 +338,9 @@ class PreparedDataset:
                 data = file.read(int(bounds[-1] - bounds[0]))
             if len(bounds) != hi - lo + 1 or len(data) != int(bounds[-1] - bounds[0]):
                 raise ValueError("the file is shorter than its offsets say")
+            decoder = row_decoder(tuple(reader.column_names), tuple(reader.column_encodings))
+            if decoder is not None:
+                return decoder.rows(data, bounds)
             base = int(bounds[0])
             return [reader.decode_sample(data[a - base : b - base]) for a, b in itertools.pairwise(bounds)]
         except Exception as error:  # a decoding error deep in streaming: name the file it came from
