@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +88,7 @@ def _array(data: bytes, pos: int, size: int, column: _Column) -> np.ndarray:
     shape = struct.unpack_from(f"<{ndim}{SHAPE_FORMATS[code]}", data, pos + 1)
     start = pos + 1 + ndim * SHAPE_SIZES[code]
     count, extra = divmod(size - (start - pos), column.dtype.itemsize)
-    if extra or count != int(np.prod(shape)):
+    if extra or count != math.prod(shape):
         raise ValueError(f"column {column.name!r}: {size} bytes do not hold an array of shape {shape}")
     return np.frombuffer(data, column.dtype, count, start).reshape(shape)
 
