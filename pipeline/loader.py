@@ -29,6 +29,7 @@ import gc
 import math
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -300,6 +301,24 @@ def _init_worker(worker_id: int) -> None:
     suits the timed loop, not a process that never flushes."""
     os.nice(WORKER_NICE - os.nice(0))
     gc.enable()
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="freescale-parent-watch", daemon=True).start()
+
+
+PARENT_CHECK_S = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once the process it reads for is gone (it is then re-parented).
+
+    Why not torch's own check: a worker tests its parent only between index reads, and one whose
+    result pipe is full (``prefetch_factor`` batches nobody will read, after the rank was killed)
+    stays blocked in its queue's feeder thread at exit. It would live on holding the job's stdout
+    and stderr, and a launcher or log reader waiting for those would wait forever."""
+    while True:
+        time.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def _as_is(item: Any) -> Any:

@@ -158,3 +158,43 @@ def test_s3_dataset_through_workers_reads_like_local(tiny, s3_bucket, tmp_path) 
     local = Config(path=tiny, world_size=2, rank=1, output="samples", num_workers=0)
     assert placement(list(Loader(remote))) == placement(list(Loader(local)))
     assert np.all([(tmp_path / "cache" / s["raw_data"]["basename"]).is_file() for s in PreparedDataset(tiny).shards])
+
+
+ORPHAN_SCRIPT = """
+import sys, time, psutil
+from freescale.pipeline.loader import Config, Loader
+loader = Loader(Config(path=sys.argv[1], output="batch", epochs=200.0, num_workers=2, prefetch_factor=64))
+batches = iter(loader)
+next(batches)
+time.sleep(3)  # the workers fill the result pipe with batches nobody reads
+print(" ".join(str(child.pid) for child in psutil.Process().children()), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_workers_exit_when_the_process_reading_them_is_killed(tiny) -> None:
+    """A rank killed mid-run (a failed job, torchrun tearing down) must not leave its loader workers
+    behind: they hold the job's stdout and stderr, so whoever waits for those (a launcher, a CI log
+    reader) waits forever. Before the workers watched their parent, a worker whose result pipe was
+    full stayed blocked writing to it after the reader died, never reaching torch's parent check."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, tiny], stdout=subprocess.PIPE, text=True)
+    workers = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
+    assert workers, "the loader started no worker processes"
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers):
+        time.sleep(0.2)
+    alive = [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"loader workers {alive} outlived their killed parent by 15 s"
