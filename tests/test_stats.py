@@ -25,7 +25,6 @@ from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.prepare import prepare
 from freescale.pipeline.stats import SCHEMA_VERSION, TOP_LEVEL_KEYS, StatsConfig, compute_stats, run_stats
 from freescale.pipeline.stats.inputs import canonical
-from freescale.pipeline.stats.plot_process import PlotProcess
 from freescale.tools.cli import main as cli_main
 
 FAST = {"workers": 1, "progress": False, "output": None}
@@ -345,20 +344,6 @@ def test_cli_writes_stable_json_plots_and_summary(tiny, tmp_path, capsys) -> Non
     }
     for name in report["plots"].values():
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_plot_process_raises_the_drawing_error_in_the_driver(tmp_path) -> None:
-    """``PlotProcess`` draws in another process: a report it cannot draw fails the caller, with the
-    child's error, and closing it after a failure (or before any draw) leaves no process behind."""
-    plotter = PlotProcess()
-    try:
-        with pytest.raises(KeyError, match="lengths"):
-            plotter.draw({"input": {"dataset": "x", "uri": "x", "kind": "sources"}, "sample": {}}, str(tmp_path))
-    finally:
-        plotter.close()
-    idle = PlotProcess()
-    idle.close()
-    assert not plotter._process.is_alive() and not idle._process.is_alive()
 
 
 def test_sample_fraction_is_deterministic_and_reports_errors(tiny) -> None:

@@ -36,7 +36,6 @@ from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from freescale.pipeline.stats import figures
 from freescale.pipeline.stats.inputs import Collected, collect_prepared, remove
-from freescale.pipeline.stats.plot_process import PlotProcess
 from freescale.pipeline.stats.sources import collect_sources
 
 SCHEMA_VERSION = 1
@@ -437,8 +436,7 @@ def compute_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) 
 
 def run_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> dict[str, Any]:
     """Compute the report, then write ``stats.json`` and the PNG plots under ``config.output``
-    (``pool``: see ``compute_stats``). The plots are drawn by a ``PlotProcess`` started first, so
-    its imports use the job's idle CPU time instead of following the report."""
+    (``pool``: see ``compute_stats``)."""
     if config.output is not None and storage.exists(config.output):
         fs, path = storage.filesystem(config.output)
         import pyarrow.fs as pafs
@@ -446,16 +444,13 @@ def run_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> d
         if fs.get_file_info(path).type == pafs.FileType.File:
             raise StatsError(f"--out {config.output} is a file; give a directory")
     started = time.perf_counter()
-    plotter = PlotProcess() if config.plots and config.output is not None else None
-    try:
-        report = compute_stats(config, pool)
-        if config.output is None:
-            return report
-        if plotter is not None:
-            report["plots"] = plotter.draw(report, config.output)
-    finally:
-        if plotter is not None:
-            plotter.close()
+    report = compute_stats(config, pool)
+    if config.output is None:
+        return report
+    if config.plots:
+        from freescale.pipeline.stats.plots import write_plots
+
+        report["plots"] = write_plots(report, config.output)
     report["runtime_s"] = round(time.perf_counter() - started, 3)
     storage.write_bytes(
         storage.join(config.output, STATS_NAME),
