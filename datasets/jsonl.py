@@ -28,6 +28,7 @@ import pyarrow.json as pjson
 
 from .convert import BAD_TYPE
 from .textlines import Lines, RawPiece
+from .usersample import UserSample, sample_piece
 
 __all__ = ["JSON_CLEAN_LINES", "JSON_PIECE_LINES", "json_pieces"]
 
@@ -54,34 +55,13 @@ def _object_shaped(lines: Lines, chosen: np.ndarray) -> np.ndarray:
     return ok
 
 
-def _buffer(lines: Lines, alive: np.ndarray) -> bytes:
-    """The block bytes from the first to the last alive line, every other line blanked with spaces.
-
-    pyarrow skips whitespace-only lines, so its rows are exactly the alive lines in order, and
-    removing a line for a retry is a masked write instead of a Python join over every line.
-    """
-    lo, hi = int(alive[0]), int(alive[-1])
-    base = int(lines.starts[lo])
-    buf = bytearray(lines.block[base : int(lines.ends[hi])])
-    gone = np.setdiff1d(np.arange(lo, hi + 1), alive, assume_unique=True)
-    if 0 < len(gone) <= 256:
-        for line in gone:
-            start, end = int(lines.starts[line]) - base, int(lines.ends[line]) - base
-            buf[start:end] = b" " * (end - start)
-    elif len(gone):
-        delta = np.zeros(len(buf) + 1, dtype=np.int32)
-        np.add.at(delta, lines.starts[gone] - base, 1)
-        np.add.at(delta, lines.ends[gone] - base, -1)
-        view = np.frombuffer(buf, dtype=np.uint8)
-        view[np.cumsum(delta[:-1]) > 0] = 32
-    return bytes(buf)
-
-
-def _parse(buf: bytes) -> pa.Table | int | None:
-    """A table, or the failing row number pyarrow reported, or ``None`` if it named none."""
+def _parse(buf: bytes, schema: pa.Schema | None = None) -> pa.Table | int | None:
+    """A table, or the failing row number pyarrow reported, or ``None`` if it named none.
+    ``schema``: read only these fields, with these types (the others are still parsed as JSON)."""
     try:
         options = pjson.ReadOptions(use_threads=False, block_size=max(len(buf) + 1, 1 << 16))
-        return pjson.read_json(io.BytesIO(buf), read_options=options)
+        parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema else None
+        return pjson.read_json(io.BytesIO(buf), read_options=options, parse_options=parse)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         match = _ROW.search(str(exc))
         return int(match.group(1)) if match else None
@@ -93,7 +73,7 @@ def _fast(lines: Lines, chosen: np.ndarray) -> tuple[list[tuple[np.ndarray, pa.T
     for _ in range(RETRIES):
         if not len(chosen):
             return [], slow
-        result = _parse(_buffer(lines, chosen))
+        result = _parse(lines.joined(chosen))
         if isinstance(result, pa.Table) and result.num_rows == len(chosen):
             return [(chosen, result)], slow
         if not isinstance(result, int) or result >= len(chosen):
@@ -193,7 +173,7 @@ def _clean_piece(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) -> 
     """A long stretch of lines in one pyarrow call, or ``None`` when any line needs the careful path."""
     if not _object_shaped(lines, chosen).all():
         return None
-    table = _parse(_buffer(lines, chosen))
+    table = _parse(lines.joined(chosen))
     if not isinstance(table, pa.Table) or table.num_rows != len(chosen):
         return None
     if _lost_text(table, mapping) or not _exact_types(table, mapping):
@@ -215,23 +195,85 @@ def _careful_pieces(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) 
         yield _slow(lines, slow_lines, mapping, row)
 
 
-def json_pieces(lines: Lines, row: int, mapping: tuple) -> Iterator[RawPiece]:
+def _user_kind(lines: Lines, line: int, name: str) -> pa.DataType:
+    """The type to read the user field as: int64 when the first line holds an integer there, else
+    string (pyarrow fails a string field on a number; either failure sends a stretch to the full parse)."""
+    value = (_load(lines.block[lines.starts[line] : lines.ends[line]]) or {}).get(name)
+    return pa.int64() if isinstance(value, int) and not isinstance(value, bool) else pa.string()
+
+
+def _valid_utf8(buf: bytes) -> bool:
+    if buf.isascii():
+        return True
+    try:
+        buf.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _user_first(
+    lines: Lines, chosen: np.ndarray, mapping: tuple, row: int, sample: UserSample
+) -> list[RawPiece] | None:
+    """A clean stretch with a user sample: the user field alone is parsed for every line, the other
+    fields only for the kept lines (a user inside the sample, or a user id that will be rejected).
+
+    ``None`` (the stretch then takes the full parse) unless every line is an object whose user field
+    pyarrow reads alone: so each line is valid JSON, as the full parse would find (bytes are checked
+    as UTF-8 first: pyarrow does not check fields it skips, ``json.loads`` does), and its user value
+    is the one the full parse would convert. Rows, rejects and ``sampled_users`` are then those of a
+    full parse followed by ``UserSample.apply``."""
+    name = dict(mapping)["user"]
+    if not _object_shaped(lines, chosen).all():
+        return None
+    buf = lines.joined(chosen)
+    if not _valid_utf8(buf):
+        return None
+    table = _parse(buf, pa.schema([(name, _user_kind(lines, int(chosen[0]), name))]))
+    if not isinstance(table, pa.Table) or table.num_rows != len(chosen):
+        return None
+    out, ids = sample.outside(table.column(name))
+    kept = chosen[~out]
+    pieces = list(_all_pieces(lines, kept, mapping, row))
+    if not pieces:
+        empty = pa.array([], pa.string())
+        pieces = [RawPiece({key: empty for key, _ in mapping}, np.zeros(0, np.int64), lambda pos: [])]
+    pieces[0].sampled_users = ids[out].astype(np.int64, copy=False)
+    return pieces
+
+
+def _all_pieces(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) -> Iterator[RawPiece]:
+    """Every field of ``chosen``: one pyarrow call when it is clean, else the careful path."""
+    piece = _clean_piece(lines, chosen, mapping, row) if len(chosen) else None
+    if piece is not None:
+        yield piece
+        return
+    for start in range(0, len(chosen), JSON_PIECE_LINES):
+        yield from _careful_pieces(lines, chosen[start : start + JSON_PIECE_LINES], mapping, row)
+
+
+def json_pieces(lines: Lines, row: int, mapping: tuple, sample: UserSample | None = None) -> Iterator[RawPiece]:
     """Raw pieces for the non-blank lines of a block (row of line i is ``row + i``).
 
     Clean data goes in stretches of ``JSON_CLEAN_LINES`` (one pyarrow call each: per-piece overhead
     was a third of a JSON read). The first stretch that fails sends the rest of the block through
-    the careful path, so dirty data pays for at most one wasted parse per block.
+    the careful path, so dirty data pays for at most one wasted parse per block. With a user
+    ``sample``, clean stretches parse the user field first (``_user_first``); other pieces are
+    sampled after the full parse (``UserSample.apply``).
     """
     keep, start, careful = lines.keep, 0, False
     while start < len(keep):
         if not careful:
             chosen = keep[start : start + JSON_CLEAN_LINES]
-            piece = _clean_piece(lines, chosen, mapping, row)
-            if piece is not None:
-                yield piece
+            pieces = _user_first(lines, chosen, mapping, row, sample) if sample is not None else None
+            if pieces is None:
+                piece = _clean_piece(lines, chosen, mapping, row)
+                pieces = None if piece is None else [sample_piece(piece, sample)]
+            if pieces is not None:
+                yield from pieces
                 start += len(chosen)
                 continue
             careful = True
         chosen = keep[start : start + JSON_PIECE_LINES]
-        yield from _careful_pieces(lines, chosen, mapping, row)
+        yield from (sample_piece(piece, sample) for piece in _careful_pieces(lines, chosen, mapping, row))
         start += len(chosen)

@@ -26,6 +26,7 @@ from .formats import UNIT_SEPARATOR, Layout
 from .jsonl import json_pieces
 from .tasks import ReadTask, count_newlines, open_input, unreadable
 from .textlines import RAW_LIMIT, Lines, RawPiece, split_lines
+from .usersample import UserSample, sample_piece
 
 __all__ = ["RawPiece", "iter_raw"]
 
@@ -105,8 +106,9 @@ def _iter_arrow(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiec
             row += part.num_rows
 
 
-def _text_blocks(task: ReadTask, label: str, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Blocks of whole lines covering ``[start, stop)`` and the row number of each block's first line."""
+def _text_blocks(task: ReadTask, label: str, chunk_bytes: int) -> Iterator[tuple[Lines, int]]:
+    """Blocks of whole lines covering ``[start, stop)``, split into lines, and the row number of each
+    block's first line (the next block's follows from the newlines ``split_lines`` found)."""
     handle = open_input(task.path, label)
     row = task.first_row
     if row is None:
@@ -121,8 +123,9 @@ def _text_blocks(task: ReadTask, label: str, chunk_bytes: int) -> Iterator[tuple
             want *= 2
             continue
         block, want = block[:cut], chunk_bytes
-        yield block, row
-        row += block.count(b"\n")
+        lines = split_lines(block)
+        yield lines, row
+        row += len(lines.starts) - (not block.endswith(b"\n"))  # one row per newline
         pos += cut
 
 
@@ -211,22 +214,27 @@ def _csv_piece(lines: Lines, row: int, layout: Layout, task: ReadTask) -> RawPie
     )
 
 
-def _iter_text(task: ReadTask, layout: Layout, label: str, chunk_bytes: int) -> Iterator[list[RawPiece]]:
-    for block, row in _text_blocks(task, label, chunk_bytes):
-        lines = split_lines(block)
+def _iter_text(
+    task: ReadTask, layout: Layout, label: str, chunk_bytes: int, sample: UserSample | None
+) -> Iterator[list[RawPiece]]:
+    for lines, row in _text_blocks(task, label, chunk_bytes):
         if layout.kind == "json":
-            yield list(json_pieces(lines, row, task.mapping))
+            yield list(json_pieces(lines, row, task.mapping, sample))
         elif len(lines.keep):
-            yield [_csv_piece(lines, row, layout, task)]
+            yield [sample_piece(_csv_piece(lines, row, layout, task), sample)]
         else:
             yield []
 
 
-def iter_raw(task: ReadTask, layout: Layout, label: str, chunk_rows: int, chunk_bytes: int) -> Iterator[list[RawPiece]]:
-    """Groups of raw pieces; each group becomes one bounded chunk of canonical events."""
+def iter_raw(
+    task: ReadTask, layout: Layout, label: str, chunk_rows: int, chunk_bytes: int, sample: UserSample | None = None
+) -> Iterator[list[RawPiece]]:
+    """Groups of raw pieces; each group becomes one bounded chunk of canonical events. ``sample``:
+    rows of users outside it are left out (``RawPiece.sampled_users``) before other fields are read
+    where the format allows (JSON Lines), else right after parsing."""
     if task.kind == "parquet":
-        yield from ([p] for p in _iter_parquet(task, label, chunk_rows))
+        yield from ([sample_piece(p, sample)] for p in _iter_parquet(task, label, chunk_rows))
     elif task.kind in ("arrow", "arrow_stream"):
-        yield from ([p] for p in _iter_arrow(task, label, chunk_rows))
+        yield from ([sample_piece(p, sample)] for p in _iter_arrow(task, label, chunk_rows))
     else:
-        yield from _iter_text(task, layout, label, chunk_bytes)
+        yield from _iter_text(task, layout, label, chunk_bytes, sample)

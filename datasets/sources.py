@@ -30,10 +30,10 @@ from .convert import (
     first_failure,
 )
 from .formats import Layout, layout_for, user_layout
-from .ids import selected
 from .rawread import iter_raw
 from .tasks import ReadTask, plan_file
 from .textlines import RawPiece
+from .usersample import UserSample
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -82,8 +82,9 @@ class EventChunk:
     """A bounded piece of one task: canonical events, rejected rows and how many rows were read.
 
     With ``read_task(user_fraction=f)`` rows whose user id is valid but outside the sample
-    (``ids.selected``) are left out before their other fields are converted: ``sampled_users``
-    holds their user ids (one per row), so per-user counts can still cover every user."""
+    (``ids.selected``) are left out before their other fields are converted (``usersample``):
+    ``sampled_users`` holds their user ids (one per row), so per-user counts can still cover
+    every user."""
 
     events: pa.Table
     rejects: pa.Table
@@ -176,35 +177,7 @@ def _piece_rejects(
     )
 
 
-def _sample_piece(piece: RawPiece, layout: Layout, fraction: float) -> tuple[RawPiece, np.ndarray]:
-    """The piece without the rows whose user id is valid and outside the sample, and those rows'
-    user ids: only the user column is converted for them (the other fields are never looked at)."""
-    if fraction >= 1.0 or not len(piece.rows):
-        return piece, np.zeros(0, np.int64)
-    user, code = convert_id(piece.columns["user"], layout.id_types.get("user", "auto"))
-    forced = piece.forced.get("user")
-    if forced is not None:
-        code = np.where(forced != 0, forced, code)
-    out = (code == 0) & ~selected(user, fraction)
-    if not out.any():
-        return piece, np.zeros(0, np.int64)
-    kept = np.flatnonzero(~out)
-    take = pa.array(kept, pa.int64())
-    sampled = RawPiece(
-        columns={key: column.take(take) for key, column in piece.columns.items()},
-        rows=piece.rows[kept],
-        raw_text=lambda positions: piece.raw_text(kept[positions]),
-        bad_rows=piece.bad_rows,
-        bad_raw=piece.bad_raw,
-        forced={key: codes[kept] for key, codes in piece.forced.items()},
-    )
-    return sampled, np.asarray(user[out], np.int64)
-
-
-def _piece_events(
-    piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadTask, user_fraction: float = 1.0
-) -> EventChunk:
-    piece, sampled_users = _sample_piece(piece, layout, user_fraction)
+def _piece_events(piece: RawPiece, layout: Layout, spec: SourceSpec, task: ReadTask) -> EventChunk:
     values, codes = _check_piece(piece, layout, spec)
     reason, field = first_failure(codes, len(piece.rows))
     good = reason == 0
@@ -223,7 +196,7 @@ def _piece_events(
         schema=EVENT_SCHEMA,
     )
     rejects = _piece_rejects(piece, reason, field, EVENT_FIELDS, spec.name, task.path)
-    return EventChunk(events, rejects, piece.rows_read + len(sampled_users), sampled_users)
+    return EventChunk(events, rejects, piece.rows_read, piece.sampled_users)
 
 
 def _merge(chunks: list[EventChunk]) -> EventChunk:
@@ -258,8 +231,11 @@ def read_task(
     ``user_fraction`` < 1: only the events of ``ids.selected`` users (see ``EventChunk``)."""
     spec = config.sources[task.source]
     layout = layout_for(spec, task.path.rsplit("/", 1)[-1])
-    for pieces in iter_raw(task, layout, spec.name, chunk_rows, chunk_bytes):
-        chunk = _merge([_piece_events(p, layout, spec, task, user_fraction) for p in pieces])
+    if not 0.0 < user_fraction <= 1.0:
+        raise ValueError(f"option 'user_fraction' must be in (0, 1]; got {user_fraction!r}")
+    sample = UserSample(user_fraction, layout.id_types.get("user", "auto")) if user_fraction < 1.0 else None
+    for pieces in iter_raw(task, layout, spec.name, chunk_rows, chunk_bytes, sample):
+        chunk = _merge([_piece_events(p, layout, spec, task) for p in pieces])
         if chunk.rows_read:
             yield chunk
 

@@ -25,6 +25,8 @@ class RawPiece:
 
     ``forced`` holds per-key codes decided while parsing (a JSON boolean where an id belongs is
     ``bad_type`` before any conversion); ``raw_text(positions)`` renders table rows for quarantine.
+    ``sampled_users``: with a user sample (``usersample``), the ids of the rows left out because
+    their user id is valid and outside the sample, one per row (they count as read).
     """
 
     columns: dict[str, pa.Array]
@@ -33,10 +35,11 @@ class RawPiece:
     bad_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     bad_raw: list[str] = field(default_factory=list)
     forced: dict[str, np.ndarray] = field(default_factory=dict)
+    sampled_users: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def rows_read(self) -> int:
-        return len(self.rows) + len(self.bad_rows)
+        return len(self.rows) + len(self.bad_rows) + len(self.sampled_users)
 
 
 @dataclass
@@ -53,17 +56,18 @@ class Lines:
         return raw.decode("utf-8", "replace").rstrip("\r")[:RAW_LIMIT]
 
     def joined(self, lines: np.ndarray) -> bytes:
-        """The given lines as one buffer; a plain slice when they are contiguous in the block."""
-        if len(lines) and lines[-1] - lines[0] == len(lines) - 1:
-            return self.block[self.starts[lines[0]] : self.ends[lines[-1]]]
-        if len(lines) < 64:
-            return b"\n".join(self.block[self.starts[i] : self.ends[i]] for i in lines)
-        # many lines: one byte mask over the block (each kept line with its newline), no Python loop
-        delta = np.zeros(len(self.block) + 2, dtype=np.int32)
-        np.add.at(delta, self.starts[lines], 1)
-        np.add.at(delta, self.ends[lines] + 1, -1)
-        mask = np.cumsum(delta[: len(self.block)]) > 0
-        return np.frombuffer(self.block, dtype=np.uint8)[mask].tobytes()
+        """The given lines (increasing indices) as one buffer, one line per row: a plain slice when
+        they are contiguous in the block, else one slice per run of consecutive lines, so a sparse
+        subset (the sampled users' lines) costs its own bytes, not a pass over the block."""
+        if not len(lines):
+            return b""
+        breaks = np.flatnonzero(np.diff(lines) != 1) + 1
+        firsts = self.starts[lines[np.concatenate(([0], breaks))]].tolist()
+        lasts = self.ends[lines[np.concatenate((breaks - 1, [len(lines) - 1]))]].tolist()
+        block = self.block
+        if len(firsts) == 1:
+            return block[firsts[0] : lasts[0]]
+        return b"\n".join([block[start:end] for start, end in zip(firsts, lasts)])
 
 
 def split_lines(block: bytes) -> Lines:
