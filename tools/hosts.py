@@ -116,9 +116,9 @@ def node_command(host: Host, command: list[str]) -> tuple[list[str], dict[str, s
 
 def train_on_hosts(
     hosts: list[Host], freescale: list[str], config: str, cwd: str, run_id: str, extra: list[str] | None = None,
-    timeout_s: float = 600.0, port: int = 29531,
+    timeout_s: float = 600.0, port: int = 29531, nproc: int = 1,
 ) -> list[tuple[int, str]]:  # fmt: skip
-    """``freescale train --nnodes 2`` with one rank per host; returns (exit code, output) per node.
+    """``freescale train --nnodes 2`` with ``nproc`` ranks per host; returns (exit code, output) per node.
 
     Node 0 hosts the c10d rendezvous on its veth address. A node still running after ``timeout_s``
     is killed with its peer (a hung collective must not hang the caller).
@@ -126,7 +126,7 @@ def train_on_hosts(
     endpoint = f"{hosts[0].address}:{port}"
     nodes = []
     for rank, host in enumerate(hosts):
-        train = [*freescale, "train", "--config", config, "--nproc", "1", "--nnodes", str(len(hosts))]
+        train = [*freescale, "train", "--config", config, "--nproc", str(nproc), "--nnodes", str(len(hosts))]
         train += ["--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
         train += ["--local-addr", host.address, *(extra or [])]
         argv, env = node_command(host, train)
