@@ -84,7 +84,7 @@ def _reduce(
     for b in range(n_buckets):
         for j in range(len(reducer.tables)):
             reducer.merge(reducer.count(str(tmp_path), b, j))
-    assert not list(tmp_path.glob("*.npz"))
+    assert not list(tmp_path.glob(f"*{stats_ids.SPILL_SUFFIX}"))
     return reducer
 
 

@@ -48,20 +48,41 @@ def fine_bits(n_fine: int) -> int:
 
 def _bucket_of(ids: np.ndarray, n_buckets: int) -> np.ndarray:
     """Each id's bucket, as uint16 when it fits: numpy's stable argsort of 16-bit keys is a radix sort
-    (``spill_table`` groups records by bucket with it: int64 keys took 60% of its time)."""
+    (``spill_table`` groups records by bucket with it: int64 keys took 60% of its time). The bucket
+    is the high 32 bits of a multiplicative hash scaled to ``[0, n_buckets)`` by a multiply and a
+    shift (Lemire's range reduction), not a modulo: a 64-bit division per record cost 3x as much."""
     dtype = np.uint16 if n_buckets <= 2**16 else np.int64
     if n_buckets == 1:
         return np.zeros(ids.size, dtype)
+    if n_buckets >= 2**32:
+        raise ValueError(f"n_buckets must be < 2**32, got {n_buckets}")
     with np.errstate(over="ignore"):
         mixed = ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    return ((mixed >> np.uint64(32)) % np.uint64(n_buckets)).astype(dtype)
+    mixed >>= np.uint64(32)
+    mixed *= np.uint64(n_buckets)
+    mixed >>= np.uint64(32)
+    return mixed.astype(dtype)
+
+
+SPILL_SUFFIX = ".spill"
 
 
 def _write(path: Path, **arrays: np.ndarray) -> None:
+    """A spill file: the array names, then each array, as consecutive ``.npy`` records. Why not
+    ``np.savez``: its zip framing (a CRC of every byte) cost ~2x the write and ~5x the read."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
-        np.savez(handle, **arrays)
+        np.save(handle, np.array(list(arrays)), allow_pickle=False)
+        for values in arrays.values():
+            np.save(handle, values, allow_pickle=False)
     os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    """The arrays ``_write`` wrote, by name."""
+    with open(path, "rb") as handle:
+        names = np.load(handle, allow_pickle=False)
+        return {str(name): np.load(handle, allow_pickle=False) for name in names}
 
 
 def spill_table(
@@ -91,7 +112,7 @@ def spill_table(
             continue
         rows = order[bounds[b] : bounds[b + 1]] if order is not None else slice(None)
         _write(
-            Path(spill_dir) / f"t{table:03d}.b{b:05d}.c{chunk:05d}.npz",
+            Path(spill_dir) / f"t{table:03d}.b{b:05d}.c{chunk:05d}{SPILL_SUFFIX}",
             **{name: values[rows] for name, values in arrays.items()},
         )
     return int(next(iter(arrays.values())).size)
@@ -123,7 +144,7 @@ def spill_chunk(
     """Spill the id records of one chunk of samples; returns how many were written.
 
     ``items``/``actions`` and their ``event_fine`` are per event (in any order), ``fine``/``users``/
-    ``features`` per sample. Files ``t<table>.b<bucket>.c<chunk>.npz`` appear atomically."""
+    ``features`` per sample. Files ``t<table>.b<bucket>.c<chunk>.spill`` appear atomically."""
     fine = np.asarray(fine, dtype=np.int64)
     parts = [(items, event_fine), (actions, event_fine), (users, fine)]
     if features is not None:
@@ -134,7 +155,7 @@ def spill_chunk(
 def _sorted_records(files: list[Path], bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Sorted distinct keys ``rank_or_id << bits | fine`` with summed counts; ``uid`` maps ranks to ids
     when raw (unpackable) records were present, else None (the key holds the id itself)."""
-    loaded = [np.load(path) for path in files]
+    loaded = [_read(path) for path in files]
     uid = None
     if all("key" in data for data in loaded):
         keys = np.concatenate([data["key"] for data in loaded])
@@ -249,7 +270,7 @@ class IdReducer:
         """Table ``j``'s counters over one bucket (``None``: no records), without changing this
         reducer: (table, bucket) pairs are independent, so workers count them and ``merge`` adds
         them up. Deletes the bucket's files of the table."""
-        files = sorted(Path(spill_dir).glob(f"t{j:03d}.b{bucket:05d}.c*.npz"))
+        files = sorted(Path(spill_dir).glob(f"t{j:03d}.b{bucket:05d}.c*{SPILL_SUFFIX}"))
         if not files:
             return None
         keys, counts, uid = _sorted_records(files, self.bits)
