@@ -8,9 +8,10 @@ Imported only when the engine is chosen, so the local engine never pays for ``im
   object store as ``--memory-limit`` holds beside the runtime's own processes (``memory.ray_sizing``;
   when not even one worker fits, one line at start says so). A joined cluster's memory is its own:
   one line says the limit then bounds only the job's partitions and buckets.
-- A runtime started for the job starts with the first step (the scan), while a thread of the driver
-  runs that step's first calls; once it is up the driver runs no step, and at the end its
-  autoscaler monitor is killed rather than waited for (``_stop_autoscaler_monitor``).
+- Ray is started (a runtime for the job) or joined (a cluster) with the first step (the scan), while
+  a thread of the driver runs that step's first calls; once it is up the driver runs no step. At the
+  end a started runtime's autoscaler monitor is killed rather than waited for
+  (``_stop_autoscaler_monitor``).
 - Tasks run with the local workers' settings (one polars thread, the allocator's purge delay) and
   the driver's object-storage settings (``AWS_*``, ``S3_ENDPOINT_URL``), in the driver's working
   directory, so relative paths mean the same thing. The work directory must be reachable from every
@@ -121,34 +122,40 @@ class RayExecutor:
         self.progress = progress
         self._temp_dir: str | None = None
         self._started = False
+        self._address = address
         self._sizing: RaySizing | None = None
+        self._connect = not _ray_initialized()  # with the first step, while this process runs its first calls
         # Ray's notice that token authentication is on (its default since 2.5x) would be a second line
         # beside the CLI's one-line errors; the job's own runtime needs no notice
         logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
         self._remote: Any = None  # the Ray task function, made once ray is imported
-        if not _ray_initialized() and address:
+        if self._connect and address:
             self.progress.warn(
                 "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
-            self._timed_init(address=address, runtime_env={"env_vars": _worker_env()})
-        elif not _ray_initialized():  # started with the first step, while this process runs its first calls
+        elif self._connect:
             self._sizing = ray_sizing(memory_limit, workers)
             if self._sizing.warning:
                 self.progress.warn(self._sizing.warning)
 
     def _timed_init(self, **options: Any) -> None:
         started = time.perf_counter()
-        import ray  # here, not at the top: ~0.5 s that a started runtime's first step overlaps
+        import ray  # here, not at the top: ~0.5 s that the first step's calls in this process overlap
 
         ray.init(log_to_driver=False, logging_level="ERROR", **options)
         self._started = True
         _record_task_times(RUNTIME_START, [{"node": "driver", "seconds": round(time.perf_counter() - started, 4)}])
 
     def _start_runtime(self) -> None:
-        """A Ray runtime on this host for the job: no dashboard, a short private temp dir (Ray's
-        sockets live under it, 108-byte limit; a shared /tmp/ray would mix this runtime's session
-        with other users' clusters), CPUs and object store from ``memory.ray_sizing``."""
+        """Join the cluster at ``address``, or start a Ray runtime on this host for the job: no
+        dashboard, a short private temp dir (Ray's sockets live under it, 108-byte limit; a shared
+        /tmp/ray would mix this runtime's session with other users' clusters), CPUs and object store
+        from ``memory.ray_sizing``."""
+        self._connect = False
+        if self._address:  # a cluster's workers lack the driver's settings: the job's runtime_env brings them
+            self._timed_init(address=self._address, runtime_env={"env_vars": _worker_env()})
+            return
         assert self._sizing is not None
         self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
         # the runtime's processes inherit this environment: a job-level runtime_env would make Ray
@@ -168,7 +175,7 @@ class RayExecutor:
         queue = CallQueue(calls, bar.update)
         times: list[dict[str, Any]] = []
         try:
-            if self._sizing is not None:
+            if self._connect:
                 times += self._start_runtime_while_running(queue)
             times += self._run_tasks(queue)
         finally:
@@ -178,10 +185,11 @@ class RayExecutor:
         return queue.results()
 
     def _start_runtime_while_running(self, queue: CallQueue) -> list[dict[str, Any]]:
-        """Start the runtime (``ray.init`` must run on the main thread) while a thread of this
-        process runs the step's first calls: the ~2.5 s the runtime takes to start are otherwise idle
-        CPU for the user. The thread stops taking calls once the runtime is up and finishes its
-        current one beside the first tasks; what it held is then returned to the system."""
+        """Start the runtime or join the cluster (``ray.init`` must run on the main thread) while a
+        thread of this process runs the step's first calls: the ~2.5 s a runtime takes to start (or
+        the ~1 s of ``import ray`` and the join) are otherwise idle CPU for the user. The thread stops
+        taking calls once Ray is up and finishes its current one beside the first tasks; what it held
+        is then returned to the system."""
         times: list[dict[str, Any]] = []
         runtime_up = threading.Event()
         helper = threading.Thread(target=_run_until, args=(queue, runtime_up, times), daemon=True)
