@@ -151,7 +151,8 @@ def task_throughput(tasks: list[dict], events: int, cpus_per_node: int) -> dict:
 
 def overhead_split(tasks: list[dict], wall_s: float, cpus: int) -> dict:
     """Where the Ray run's wall time went, in wall seconds: the runtime's start (``ray.init`` in the
-    driver; the driver runs the scan's first calls meanwhile: ``driver_calls_during_start_s``, CPU
+    driver; attached: the join, ``import ray`` included; a started runtime: the driver runs the
+    scan's first calls meanwhile: ``driver_calls_during_start_s``, CPU
     seconds that add no wall time), the Ray tasks at full parallelism (task seconds / CPUs) less their
     warm-up, the warm-up (a process's first call of a step beyond the step's median call: the
     imports it pays), and the rest: the driver's serial steps (plan, index merge, manifest, publish,
