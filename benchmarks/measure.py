@@ -32,10 +32,12 @@ def process_role(process: psutil.Process, root: int) -> str:
     return "child"
 
 
-def run_measured(cmd: list[str], label: str, env: dict[str, str] | None = None) -> dict:
+def run_measured(cmd: list[str], label: str, env: dict[str, str] | None = None, also: tuple[int, ...] = ()) -> dict:
     """Run ``cmd``; return wall seconds, the peak summed RSS of its whole process tree (workers
     included, sampled every 50 ms), each process's peak RSS by role (``process_role``: the largest
-    process of each role and how many there were) and its stdout."""
+    process of each role and how many there were) and its stdout. ``also``: the roots of other
+    process trees counted with it (a Ray cluster the command joins: its nodes' ``ray start``
+    processes count as Ray system processes)."""
     start = time.perf_counter()
     # Run outside the repository so the root folders (e.g. datasets/) cannot shadow installed packages.
     proc = subprocess.Popen(
@@ -47,15 +49,16 @@ def run_measured(cmd: list[str], label: str, env: dict[str, str] | None = None) 
 
     def sample() -> None:
         nonlocal peak
-        root = psutil.Process(proc.pid)
+        roots = [psutil.Process(pid) for pid in (proc.pid, *also)]
         while not stop.is_set():
             try:
-                procs = [root, *root.children(recursive=True)]
+                procs = [process for root in roots for process in (root, *root.children(recursive=True))]
                 rss = {p.pid: (p, p.memory_info().rss) for p in procs if p.is_running()}
                 peak = max(peak, sum(value for _, value in rss.values()))
                 for pid, (p, value) in rss.items():
-                    role = per_process[pid][0] if pid in per_process else process_role(p, proc.pid)
-                    per_process[pid] = (role, max(value, per_process.get(pid, ("", 0))[1]))
+                    if pid not in per_process:
+                        per_process[pid] = ("ray system" if pid in also else process_role(p, proc.pid), 0)
+                    per_process[pid] = (per_process[pid][0], max(value, per_process[pid][1]))
             except psutil.Error:
                 pass
             time.sleep(0.05)

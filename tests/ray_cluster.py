@@ -1,5 +1,8 @@
 """Test helpers: a real two-node Ray cluster on 127.0.0.1, and byte-level output comparison.
 
+``benchmarks/bench_prepare.py`` starts its attached arm's one-node cluster with ``start_cluster`` too
+(one way to run a private cluster on a shared host).
+
 Each node is a ``ray start --block`` process in its own session, with every port chosen here (two
 clusters of other users on the same host must not collide) and its own short temp dir. Teardown
 signals those process groups only (never ``ray stop``, which would stop every Ray of this user on the
@@ -47,12 +50,14 @@ def _node_ports() -> list[str]:
 
 @dataclass
 class RayCluster:
-    """A head and ``workers`` worker nodes, one CPU each; ``address`` is what ``--ray-address`` takes.
+    """A head and ``workers`` worker nodes, ``node_cpus`` CPUs each; ``address`` is what ``--ray-address`` takes.
 
     Ray >= 2.5x enables token authentication for a new cluster; its own token (``env``, for the
     nodes and every driver) keeps Ray from reading or writing ``~/.ray/auth_token``."""
 
     temp_dir: str
+    node_cpus: int = NODE_CPUS
+    object_store_bytes: int = OBJECT_STORE_BYTES
     address: str = ""
     nodes: list[subprocess.Popen] = field(default_factory=list)
     env: dict[str, str] = field(
@@ -85,8 +90,8 @@ class RayCluster:
             "--block",
             "--disable-usage-stats",
             "--node-ip-address=127.0.0.1",
-            f"--num-cpus={NODE_CPUS}",
-            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--num-cpus={self.node_cpus}",
+            f"--object-store-memory={self.object_store_bytes}",
             *_node_ports(),
             *role,
         ]
@@ -153,8 +158,10 @@ def _processes_naming(text: str) -> list[tuple[int, str]]:
     return found
 
 
-def start_cluster(worker_nodes: int = 1) -> RayCluster:
-    cluster = RayCluster(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"))
+def start_cluster(
+    worker_nodes: int = 1, node_cpus: int = NODE_CPUS, object_store_bytes: int = OBJECT_STORE_BYTES
+) -> RayCluster:
+    cluster = RayCluster(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"), node_cpus, object_store_bytes)
     try:
         cluster.start(worker_nodes)
     except BaseException:

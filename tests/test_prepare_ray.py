@@ -92,7 +92,7 @@ def test_ray_runtime_started_for_the_job_and_stopped(sources, local_output, tmp_
 
 
 def test_s3_sources_and_output_on_the_cluster(cluster, sources, s3_bucket, tmp_path) -> None:
-    """Workers get the driver's S3 settings (moto's endpoint) through the job's runtime env."""
+    """Tasks get the driver's S3 settings (moto's endpoint): each applies them before its call (no job runtime env)."""
     upload_tree(Path(sources).parent, s3_bucket, "raw")
     remote_sources = f"s3://{s3_bucket}/raw/sources.toml"
     finish(on_cluster(cluster, remote_sources, f"s3://{s3_bucket}/ray", "--work-dir", str(tmp_path / "w1")))

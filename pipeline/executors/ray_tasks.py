@@ -13,9 +13,13 @@ Imported only when the engine is chosen, so the local engine never pays for ``im
   autoscaler monitor is killed rather than waited for (``_stop_autoscaler_monitor``).
 - Tasks run with the local workers' settings (one polars thread, the allocator's purge delay) and
   the driver's object-storage settings (``AWS_*``, ``S3_ENDPOINT_URL``), in the driver's working
-  directory, so relative paths mean the same thing. The work directory must be reachable from every
-  node at the same path (node-local disk on one host, a shared mount on several), or be an
-  ``s3://`` prefix (``workdir``).
+  directory, so relative paths mean the same thing. Each task applies them before it unpickles its
+  call (``_run_call``): a Ray worker has imported pyarrow but not polars, and mimalloc reads its
+  options at its first allocation, so the cluster's idle workers run the job as they are. A job
+  ``runtime_env`` made Ray start a new set of workers for every job instead (the idle ones lack it):
+  ~1 CPU-s each (a process, ray, pyarrow) that every job paid. The work directory must be reachable
+  from every node at the same path (node-local disk on one host, a shared mount on several), or be
+  an ``s3://`` prefix (``workdir``).
 - A task whose worker process died is retried by Ray (``TASK_RETRIES``); a step's calls are
   idempotent (temporary files, then a rename; the completion marker last), so the retry writes the
   same bytes. An exception raised by a step is not retried: it is re-raised here as itself.
@@ -27,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -38,8 +43,6 @@ from typing import Any
 
 from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import (
-    ALLOCATOR_SETTINGS,
-    POLARS_THREADS_PER_WORKER,
     CallQueue,
     configure_task_process,
     release_freed_memory,
@@ -59,10 +62,9 @@ TASK_TIMES_ENV = "FREESCALE_TASK_TIMES"
 RUNTIME_START = "ray runtime start"  # the log's line for ray.init's seconds in the driver
 
 
-def _worker_env() -> dict[str, str]:
-    env = {"POLARS_MAX_THREADS": POLARS_THREADS_PER_WORKER, **ALLOCATOR_SETTINGS}
-    env.update({key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV_PREFIXES)})
-    return env
+def _forwarded_env() -> dict[str, str]:
+    """The driver's settings that every task applies (``_run_call``)."""
+    return {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV_PREFIXES)}
 
 
 def _kill_once_if_asked(fn: Callable[..., Any]) -> None:
@@ -79,18 +81,21 @@ def _kill_once_if_asked(fn: Callable[..., Any]) -> None:
 _STEPS_RUN: list[str] = []  # the steps this worker process has run, in order: a step's first call pays its imports
 
 
-def _run_call(cwd: str, fn: Callable[..., Any], args: tuple) -> tuple[Any, dict[str, Any]]:
-    """One step call in a Ray worker, set up like a local worker process; returns its result and
-    its timing: node, seconds, and whether it was this process's first call of the step.
+def _run_call(cwd: str, env: dict[str, str], call: bytes) -> tuple[Any, dict[str, Any]]:
+    """One step call (``call``: the pickled function and arguments) in a Ray worker, set up like a
+    local worker process before the call's modules are imported; returns its result and its timing:
+    node, seconds, and whether it was this process's first call of the step.
 
     A worker keeps the memory its calls freed (``keep_freed_memory``: reused by the step's next
     call); its first call of another step returns it to the system first, as the local engine
     stops its pool before the write. Without that, each write task's peak came on top of the
     samples step's high-water mark (~450 MB a worker on large) and the job passed a 2 GB limit."""
     started = time.perf_counter()
+    os.environ.update(env)
     configure_task_process()
     with contextlib.suppress(OSError):
         os.chdir(cwd)
+    fn, args = pickle.loads(call)
     _kill_once_if_asked(fn)
     first = fn.__name__ not in _STEPS_RUN
     if _STEPS_RUN and _STEPS_RUN[-1] != fn.__name__:
@@ -131,7 +136,10 @@ class RayExecutor:
                 "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
-            self._timed_init(address=address, runtime_env={"env_vars": _worker_env()})
+            # joined at once: overlapping the join (~0.75 s) with the driver running the scan's first
+            # calls gained nothing on 2 cores (bench_prepare's attached arm, 9.0 vs 9.2 s), and left
+            # fewer of the scan's calls to the cluster
+            self._timed_init(address=address)
         elif not _ray_initialized():  # started with the first step, while this process runs its first calls
             self._sizing = ray_sizing(memory_limit, workers)
             if self._sizing.warning:
@@ -151,9 +159,6 @@ class RayExecutor:
         with other users' clusters), CPUs and object store from ``memory.ray_sizing``."""
         assert self._sizing is not None
         self._temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
-        # the runtime's processes inherit this environment: a job-level runtime_env would make Ray
-        # start a second set of workers for it (the prestarted ones lack it), ~1.6 s here
-        os.environ.update(_worker_env())
         self._timed_init(
             num_cpus=self._sizing.cpus,
             object_store_memory=self._sizing.object_store_bytes,
@@ -202,8 +207,11 @@ class RayExecutor:
 
         if self._remote is None:
             self._remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_run_call)
-        cwd = os.getcwd()
-        refs = {self._remote.remote(cwd, fn, args): index for index, (fn, args) in queue.take_all()}
+        cwd, env = os.getcwd(), _forwarded_env()
+        refs = {
+            self._remote.remote(cwd, env, pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)): index
+            for index, (fn, args) in queue.take_all()
+        }
         pending = list(refs)
         times: list[dict[str, Any]] = []
         try:
