@@ -105,7 +105,11 @@ class NetworkConfig:
     not finish together (gloo over TCP serves them one after the other), so a rank released early
     computes ahead and then *waits* at the next collective it launches: that time is idle
     (``straggler_pct``), not communication. A per-rank probe measures it (``benchmarks/sim_hosts.py``);
-    at most 0.5, when one rank leaves as the exchange starts.
+    at most 0.5, when one rank leaves as the exchange starts. ``overlap_slowdown_spread``: how
+    unevenly the overlap slowdown falls on the ranks of a step (0: alike; 1: spread evenly from none
+    to twice the mean, in a random order per step). Why: a rank whose compute is slowed more than the
+    others' arrives late at the step's collectives and the others idle; where a rank next waits
+    on communication of its own (PEC's routing of the next batch), that wait absorbs it first.
     """
 
     # generic defaults for scripted use; the shipped profiles set (and cite) real values
@@ -119,11 +123,14 @@ class NetworkConfig:
     all_reduce_latency_us: float | None = None  # None: the tree formula of NetworkModel.all_reduce
     all_reduce_bandwidth_gbytes_s: float | None = None  # None: the link's (intra or inter) bandwidth
     completion_spread: float = 0.0  # mean rank's lead over the slowest at a collective's end, share of its time
+    overlap_slowdown_spread: float = 0.0  # how unevenly overlap_slowdown falls on a step's ranks (0..1)
 
     def __post_init__(self) -> None:
         _positive_int(self.ranks_per_node, "network.ranks_per_node")
         if _positive(self.completion_spread, "network.completion_spread", allow_zero=True) > 0.5:
             raise ValueError(f"network.completion_spread must be <= 0.5, got {self.completion_spread}")
+        if _positive(self.overlap_slowdown_spread, "network.overlap_slowdown_spread", allow_zero=True) > 1.0:
+            raise ValueError(f"network.overlap_slowdown_spread must be <= 1, got {self.overlap_slowdown_spread}")
         if self.all_reduce_latency_us is not None:
             _positive(self.all_reduce_latency_us, "network.all_reduce_latency_us", allow_zero=True)
         if self.all_reduce_bandwidth_gbytes_s is not None:

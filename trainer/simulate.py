@@ -317,6 +317,7 @@ def time_steps(
     if work.moved_events is not None:  # dispatch and combine, on steps that move samples (lengths ride the routing)
         moves = work.moved_events.sum(axis=1) > 0
         balancer = 2 * net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes) * moves
+    routing = None  # PEC: the next batch's routing, waited for by each rank right after its compute
     if overlap == "none":  # TorchRec's schedule: the next step's routing runs during this step's compute
         released = net.all_to_all(rows)  # the row exchange: ranks leave it one by one (completion_spread)
         # the gradient exchange is as large as the row exchange, in flight during the dense all-reduce
@@ -326,24 +327,18 @@ def time_steps(
         rate = float(wl.batch_overlap_rate or 0.0)
         released = net.all_to_all(rate * rows)  # the OL exchange; the dense all-reduce after it
         critical = released + dense + balancer
-        background = (
-            counts
-            + net.all_to_all(unique * ID_BYTES)
-            + net.all_to_all(unique)  # OL/NOL masks, a byte per row
-            + net.all_to_all(rows)
-            + net.all_to_all((1.0 - rate) * rows)
-        )
+        routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(unique)  # + OL/NOL masks
+        background = routing + net.all_to_all(rows) + net.all_to_all((1.0 - rate) * rows)
     top = busy.max(axis=1)
     window = np.concatenate([top[:1], top[:-1]])  # batch n+1's prefetch runs while batch n computes
-    exposed_bg = np.maximum(0.0, background - window)
-    hidden = background - exposed_bg
-    if cfg.network.overlap_slowdown and hidden.any():  # overlapped comm slows the compute it overlaps
-        busy = busy + cfg.network.overlap_slowdown * np.concatenate([hidden[1:], [0.0]])[:, None]
-    exposed = critical + exposed_bg  # until the slowest rank leaves the step's collectives
+    hidden = np.minimum(background, window)
+    busy = busy + overlap_slowdowns(np.concatenate([hidden[1:], [0.0]]), w, cfg.network, rng)
+    own_wait, exposed_bg = prefetch_waits(busy, background, routing)
+    exposed = critical[:, None] + own_wait + exposed_bg[:, None]  # until the slowest rank leaves the step
     lead = completion_leads(released, w, cfg.network.completion_spread, rng)
-    arrival = busy - np.concatenate([np.zeros((1, w)), lead[:-1]])  # released early: starts the step early
+    arrival = busy + own_wait - np.concatenate([np.zeros((1, w)), lead[:-1]])  # released early: starts early
     idle = arrival.max(axis=1)[:, None] - arrival
-    exposed_rank = exposed[:, None] - lead
+    exposed_rank = exposed - lead
     wall_rank = busy + idle + exposed_rank
     total = float(wall_rank.sum()) / w
     straggler = 100.0 * float(idle.sum()) / (w * total)
@@ -366,12 +361,52 @@ def time_steps(
         },
         "comm_ms": {
             "critical": 1e3 * float(critical.mean()),
-            "exposed_prefetch": 1e3 * float(exposed_bg.mean()),
+            "exposed_prefetch": 1e3 * float(exposed_bg.mean() + own_wait.mean()),
             "hidden_prefetch": 1e3 * float(hidden.mean()),
             "balancer": 1e3 * float(balancer.mean()),
             "dense_all_reduce": 1e3 * dense,
         },
     }
+
+
+def prefetch_waits(
+    busy: np.ndarray, background: np.ndarray, routing: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exposed prefetch per step: ``([S, W] each rank's own wait, [S] the wait all ranks share)``.
+
+    ``routing`` None (``none``): batch n's background exchanges overlap the slowest rank's compute of
+    step n-1 and what outlasts it is waited for by every rank. PEC: in step n each rank computes,
+    then waits for the routing of batch n+1 (in flight since its compute began) before it launches
+    the step's collectives, and for that batch's rows after them. A rank done computing early waits
+    on the routing first, so where the routing outlasts the compute it absorbs the rank's lead
+    instead of the lead turning into idle time at the collectives; the rows that outlast the last
+    rank's arrival are waited for by all. With equal compute the sum is the ``none`` formula's."""
+    top = busy.max(axis=1)
+    if routing is None:
+        window = np.concatenate([top[:1], top[:-1]])
+        return np.zeros_like(busy), np.maximum(0.0, background - window)
+    following = np.concatenate([routing[1:], [0.0]])
+    own = np.maximum(0.0, following[:, None] - busy)
+    shared = np.maximum(0.0, np.concatenate([background[1:], [0.0]]) - (busy + own).max(axis=1))
+    shared[0] += max(0.0, float(background[0] - top[0]))  # the first batch: fetched beside its own compute
+    return own, shared
+
+
+def overlap_slowdowns(hidden: np.ndarray, w: int, net: Any, rng: np.random.Generator) -> np.ndarray:
+    """``[S, W]`` seconds added to each rank's compute by the communication it overlaps (``hidden``
+    per step): ``overlap_slowdown`` of it on average, spread over the step's ranks by
+    ``overlap_slowdown_spread`` (evenly, in a random order per step; no draw when 0)."""
+    if not net.overlap_slowdown or not hidden.any():
+        return np.zeros((hidden.size, w))
+    shares = np.ones((hidden.size, w))
+    if net.overlap_slowdown_spread and w > 1:
+        shares += net.overlap_slowdown_spread * (2.0 * _even_shares(hidden.size, w, rng) - 1.0)
+    return net.overlap_slowdown * hidden[:, None] * shares
+
+
+def _even_shares(n: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """``[n, W]``: 0 to 1 evenly over the ranks, in a random order per row."""
+    return rng.permuted(np.tile(np.linspace(0.0, 1.0, w), (n, 1)), axis=1)
 
 
 def completion_leads(released: np.ndarray, w: int, spread: float, rng: np.random.Generator) -> np.ndarray:
@@ -388,8 +423,7 @@ def completion_leads(released: np.ndarray, w: int, spread: float, rng: np.random
     """
     if spread == 0 or w == 1:
         return np.zeros((released.size, w))
-    share = rng.permuted(np.tile(np.linspace(0.0, 1.0, w), (released.size, 1)), axis=1)
-    return 2.0 * spread * released[:, None] * share
+    return 2.0 * spread * released[:, None] * _even_shares(released.size, w, rng)
 
 
 def simulate(cfg: SimConfig, source: LengthSource, progress: bool = False) -> dict[str, Any]:
