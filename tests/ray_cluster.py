@@ -30,10 +30,32 @@ NODE_CPUS = 1
 OBJECT_STORE_BYTES = 100 * 2**20
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports, none handed out before by this process. Why: a port bound and
+    released is free again at once, so asking the OS one at a time can return the same port twice,
+    and ``ray start`` refuses two components given one port (seen in CI: metrics export and the
+    dashboard agent both on 34503). Every socket stays bound until all are chosen."""
+    sockets, ports = [], []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                ports.append(port)
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def _node_ports() -> list[str]:
@@ -45,7 +67,7 @@ def _node_ports() -> list[str]:
         "metrics-export-port",
         "runtime-env-agent-port",
     )
-    return [f"--{name}={free_port()}" for name in names]
+    return [f"--{name}={port}" for name, port in zip(names, free_ports(len(names)), strict=True)]
 
 
 @dataclass

@@ -190,3 +190,25 @@ def test_s3_work_dir_with_the_local_engine(sources, local_output, s3_bucket, tmp
     finish(run_prepare(sources, str(out), "--workers", "2", "--work-dir", f"s3://{s3_bucket}/work"))
     assert dataset_files(local_files(str(out))) == local_output
     assert _objects(f"s3://{s3_bucket}/work") == []
+
+
+def test_a_node_gets_distinct_ports_even_when_the_os_repeats_one(monkeypatch) -> None:
+    """The OS may hand back a port it just released; each of a node's components needs its own."""
+    import ray_cluster
+
+    offered = iter([41001, 41001, 41002, 41002, 41003, 41004, 41005, 41006, 41007])
+
+    class Socket:
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(offered)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(ray_cluster.socket, "socket", Socket)
+    monkeypatch.setattr(ray_cluster, "_HANDED_OUT", set(), raising=False)
+    ports = [int(flag.split("=")[1]) for flag in ray_cluster._node_ports()]
+    assert len(ports) == 6 and len(set(ports)) == 6, ports
