@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from freescale.pipeline.steps.mds_shards import FIXED_SIZES
+
 # MDS ``ndarray`` datum head: one byte ``ndim << 2 | code``, then ``ndim`` dims of the code's uint.
 SHAPE_FORMATS = ("B", "H", "I", "Q")
-SHAPE_SIZES = (1, 2, 4, 8)
-SCALARS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64")
+SHAPE_SIZES = tuple(struct.calcsize(f"<{fmt}") for fmt in SHAPE_FORMATS)
+SCALARS = tuple(FIXED_SIZES)  # the scalar encodings the shard writer knows, which are also ndarray dtypes
 
 
 @dataclass(frozen=True)

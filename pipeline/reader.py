@@ -310,8 +310,8 @@ class PreparedDataset:
         return self.row_range(int(self.offsets[index]), int(self.offsets[index + 1]))
 
     def row_range(self, start: int, end: int) -> list[dict[str, Any]]:
-        """Rows ``[start, end)`` (plan order): each shard's part with one open and two reads, decoded by
-        the shard's own reader. Why not ``row`` per index: streaming's reader opens the shard file for
+        """Rows ``[start, end)`` (plan order): each shard's part with one open and two reads, decoded in
+        one pass (``_shard_rows``). Why not ``row`` per index: streaming's reader opens the shard file for
         every row (7 system calls), and a micro-batch is read in the loader's worker, which shares
         the rank's core; a micro-batch's rows are contiguous, so its bytes are too."""
         samples: list[dict[str, Any]] = []
