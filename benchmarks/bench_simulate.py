@@ -279,10 +279,10 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
             all_reduce_latency_us=net["all_reduce_latency_us"],
             all_reduce_bandwidth_gbytes_s=net.get("all_reduce_bandwidth_gbytes_s"),
             completion_spread=net.get("completion_spread", 0.0),
-            # Measured where a probe timed compute beside a running exchange (the 2-host link probe:
-            # there the peer's compute and both hosts' network work share 2 cores); else 0: on one
-            # host the in-training collective time is waiting, not CPU work that slows compute.
-            overlap_slowdown=net.get("overlap_slowdown", 0.0),
+            # Measured where a probe timed compute beside a running exchange (the 2-host contention
+            # probe: there the peer's compute and both hosts' network work share 2 cores); else 0: on
+            # one host the in-training collective time is waiting, not CPU work that slows compute.
+            overlap_slowdown_s_per_mbyte=net.get("overlap_slowdown_s_per_mbyte", 0.0),
             overlap_slowdown_spread=net.get("overlap_slowdown_spread", 0.0),
         ),
         jitter=JitterConfig(noise_floor_pct=calib["noise_floor_pct"], noise_floor_world_size=2),

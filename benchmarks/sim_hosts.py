@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 PROBE_REPS = 5
+CONTENTION_REPS = 20
 PROBE_PORT = 29561
 
 
@@ -75,6 +76,21 @@ def probe_rank(argv: list[str]) -> int:
     return 0
 
 
+def _on_both_hosts(hosts: list, entry: str, extra: list[str], what: str) -> None:
+    """Run this file's rank ``entry`` on both hosts (rank i on host i) and wait; raise with the logs."""
+    from freescale.tools.hosts import node_command
+
+    master = f"{hosts[0].address}:{PROBE_PORT}"
+    procs = []
+    for rank, host in enumerate(hosts):
+        command = [sys.executable, str(Path(__file__).resolve()), entry, "--rank", str(rank), "--master", master]
+        argv, env = node_command(host, command + extra)
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{what} failed:\n" + "\n---\n".join(log[-2000:] for log in logs))
+
+
 def _timed(dist: Any, collective: Any, *tensors: Any) -> float:
     dist.barrier()
     start = time.perf_counter()
@@ -100,20 +116,9 @@ def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple
     The slowest rank sets when a collective is over; the all-to-all sends half a rank's payload to
     the other rank, so the fit is ``α + (payload/2)/bw``. The all-reduce keeps its own latency.
     """
-    from freescale.tools.hosts import node_command
-
     out = work / f"probe-{tag}.json"
-    master = f"{hosts[0].address}:{PROBE_PORT}"
-    procs = []
-    for rank, host in enumerate(hosts):
-        command = [sys.executable, str(Path(__file__).resolve()), "--probe-rank", "--rank", str(rank)]
-        command += ["--master", master, "--dense-bytes", str(dense_bytes), "--out", str(out)]
-        command += ["--sizes", ",".join(map(str, sizes))]
-        argv, env = node_command(host, command)
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"link probe {tag} failed:\n" + "\n---\n".join(log[-2000:] for log in logs))
+    extra = ["--dense-bytes", str(dense_bytes), "--out", str(out), "--sizes", ",".join(map(str, sizes))]
+    _on_both_hosts(hosts, "--probe-rank", extra, f"link probe {tag}")
     per_rank = json.loads(out.read_text())
     slowest = {key: float(np.median(np.max([r[key] for r in per_rank], axis=0))) for key in per_rank[0]}
     y = np.array([slowest[f"all_to_all:{n}"] for n in sizes])
@@ -147,6 +152,133 @@ def completion_spread(times: list[list[list[float]]]) -> float:
     return float(min(0.5, lead.sum() / slowest.sum()))
 
 
+# ------------------------------------------------------------------------------------------ contention probe
+def contention_rank(argv: list[str]) -> int:
+    """Rank entry of the contention probe: one micro-batch's forward+backward of the workload's model,
+    alone and with an all-to-all of what PEC overlaps in flight (launched just before, as PEC
+    does), both ranks at once, barrier-started, interleaved; rank 0 writes the per-rank times."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from freescale.pipeline.cost import ModelConfig
+    from freescale.trainer.calibrate import CALIBRATION_ITEMS, MicroBatchTimer, synthetic_samples
+    from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.data import CollateConfig, collate
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--master", required=True)
+    parser.add_argument("--spec", required=True, help="JSON: model, inbatch_negatives, lengths, exchange_bytes")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    model = ModelConfig(**spec["model"])
+    extra = ModelExtraConfig(num_items=CALIBRATION_ITEMS, num_actions=8, inbatch_negatives=spec["inbatch_negatives"])
+    samples = synthetic_samples(spec["lengths"], CALIBRATION_ITEMS, np.random.default_rng(args.rank))
+    batch = collate(samples, CollateConfig.for_model(model, extra), 0, args.rank)
+    timer = MicroBatchTimer(model, extra, seed=args.rank)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=2)
+    x = torch.ones(max(2, int(spec["exchange_bytes"]) // 8 * 2))
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x)  # warm the connection and the model
+    timer.run(batch)
+    times: dict[str, list[float]] = {"alone": [], "beside": [], "wait": []}
+    for _ in range(CONTENTION_REPS):
+        dist.barrier()
+        start = time.perf_counter()
+        timer.run(batch)
+        times["alone"].append(time.perf_counter() - start)
+        dist.barrier()
+        work = dist.all_to_all_single(y, x, async_op=True)
+        start = time.perf_counter()
+        timer.run(batch)
+        done = time.perf_counter()
+        work.wait()
+        times["beside"].append(done - start)
+        times["wait"].append(time.perf_counter() - done)
+    gathered: list[Any] = [None, None]
+    dist.all_gather_object(gathered, times)
+    if args.rank == 0:
+        Path(args.out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+    return 0
+
+
+def probe_contention(hosts: list, work: Path, tag: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """How much a running exchange slows compute on the two hosts at this cap (``contention_rank``).
+
+    Why a probe: on these emulated hosts the kernel's TCP/veth/token-bucket work and gloo's copies
+    run on the 2 cores the ranks compute on (on GPUs: NCCL kernels on the SMs), so PEC's overlapped
+    exchange slows compute, and unevenly: the rank that takes more of that work is late at the
+    step's collectives. Like a compute benchmark run beside nccl-tests before renting, it measures
+    the machines and the link, never the training runs it predicts.
+    """
+    spec_path = work / f"contention-{tag}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = work / f"contention-{tag}.json"
+    _on_both_hosts(hosts, "--contention-rank", ["--spec", str(spec_path), "--out", str(out)], f"contention {tag}")
+    per_rank = json.loads(out.read_text())
+    return contention_fit(per_rank, float(spec["exchange_bytes"]))
+
+
+def contention_fit(per_rank: list[dict[str, list[float]]], exchange_bytes: float) -> dict[str, Any]:
+    """``network.overlap_slowdown_s_per_mbyte`` and ``overlap_slowdown_spread`` from the probe's times.
+
+    Slowdown: each rank's compute beside the exchange against its own median alone. Per megabyte
+    the exchange moved while the compute ran (its share ``compute / (compute + wait)`` of the
+    payload: where it outlasts the compute, only that share of its bytes loaded the cores). Spread:
+    how far apart the two ranks' slowdowns of one repetition are beyond their difference alone,
+    against twice the mean (W = 2: the simulator's shares are ``1 ± spread``).
+    """
+    alone = np.array([r["alone"] for r in per_rank])  # [rank, rep]
+    beside = np.array([r["beside"] for r in per_rank])
+    wait = np.array([r["wait"] for r in per_rank])
+    slowdown = beside - np.median(alone, axis=1, keepdims=True)
+    mean = float(slowdown.mean())
+    moved = exchange_bytes * beside / (beside + wait)
+    gap = float(np.abs(beside[0] - beside[1]).mean() - np.abs(alone[0] - alone[1]).mean())
+    spread = 0.0 if mean <= 0 else float(np.clip(gap / (2.0 * mean), 0.0, 1.0))
+    return {
+        "compute_alone_ms": 1e3 * float(np.median(alone)),
+        "compute_beside_ms": 1e3 * float(np.median(beside)),
+        "wait_after_ms": 1e3 * float(np.median(wait)),
+        "slowdown_ms": 1e3 * mean,
+        "rank_gap_ms": 1e3 * gap,
+        "moved_mbytes": 1e-6 * float(moved.mean()),
+        "overlap_slowdown_s_per_mbyte": max(0.0, mean / (1e-6 * float(moved.mean()))),
+        "overlap_slowdown_spread": spread,
+        "per_rank": per_rank,
+    }
+
+
+def contention_spec(s: Any, data: str, payload: dict[str, float], overlap_rate: float) -> dict[str, Any]:
+    """The probe's workload: the model, one micro-batch's lengths from the data (the first measured
+    step's rank 0), and the bytes per rank PEC overlaps with a step's compute (the next batch's ids
+    and rows, the NOL share of the gradients). Why those bytes and not a sweep: the slowdown is not
+    linear in them (twice the row exchange slowed compute 1.3x as much at 200 Mbit/s), so, like the
+    link probe, the probe measures at the size the workload sends."""
+    from bench_pec import model_table
+
+    from freescale.pipeline.reader import PreparedDataset
+
+    ds = PreparedDataset(data)
+    lengths = [int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(s.skip_steps, 0, 2))]
+    return {
+        "model": model_table(s),
+        "inbatch_negatives": s.inbatch_negatives,
+        "lengths": lengths,
+        "exchange_bytes": int(
+            payload["input_dist.ids"]
+            + payload["embedding_comm.rows"]
+            + (1.0 - overlap_rate) * payload["gradient_comm.embeddings"]
+        ),
+    }
+
+
 # ------------------------------------------------------------------------------------------ calibration
 def fit_cost_model(s: Any, work: Path) -> str:
     """The cost model of bench_network's model on this host (what ``freescale calibrate`` writes)."""
@@ -167,20 +299,25 @@ def fit_cost_model(s: Any, work: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ measure
-def measure(s: Any, data: str, caps: list[float | None], work: Path, payload: dict[str, float]) -> list[dict[str, Any]]:
-    """Per cap: the link probe, then ``none`` and ``pec`` trained on the two hosts."""
+def measure(s: Any, data: str, caps: list[float | None], work: Path, payload: dict[str, float],
+            overlap_rate: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Per cap: the link and contention probes, then ``none`` and ``pec`` trained on the two hosts."""
     from bench_network import one_run
 
     from freescale.tools.hosts import cap_bandwidth, two_hosts
 
     rows = []
     table_rows = s.points[0][1]
+    spec = contention_spec(s, data, payload, overlap_rate)
     with two_hosts() as hosts:
         for i, cap in enumerate(caps):
             cap_bandwidth(hosts, cap)
             tag = "uncapped" if cap is None else f"{cap:g}mbit"
             print(f"[hosts {i + 1}/{len(caps)}] link {tag}: probe, none, pec", flush=True)
             link = probe_link(hosts, work, tag, int(payload["gradient_comm.dense"]), probe_sizes(payload))
+            contention = probe_contention(hosts, work, tag, spec)
+            link |= {k: contention.pop(k) for k in ("overlap_slowdown_s_per_mbyte", "overlap_slowdown_spread")}
+            link["contention"] = contention
             runs = {o: one_run(hosts, s, data, table_rows, o, "freescale", o, cap, work) for o in ("none", "pec")}
             rows.append({"cap_mbit": cap, "link": link, "runs": runs})
     return rows
@@ -208,7 +345,7 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     if None not in caps:
         caps = [None, *caps]  # the uncapped none run calibrates compute
     payload = payload_bytes(facts, s.d_model, s.num_negatives, params)
-    measured = measure(s, data, caps, work, payload)
+    measured = measure(s, data, caps, work, payload, facts["batch_overlap_rate"])
     uncapped = next(r for r in measured if r["cap_mbit"] is None)
     calib = calibration(cost_path, data, uncapped["runs"]["none"], s.steps, ranks=(0, 1), skip=s.skip_steps)
     bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
@@ -234,4 +371,6 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--probe-rank"]:
         sys.exit(probe_rank(sys.argv[2:]))
+    if sys.argv[1:2] == ["--contention-rank"]:
+        sys.exit(contention_rank(sys.argv[2:]))
     sys.exit("sim_hosts.py is run by bench_simulate.py (the probe entry is --probe-rank)")

@@ -105,11 +105,17 @@ class NetworkConfig:
     not finish together (gloo over TCP serves them one after the other), so a rank released early
     computes ahead and then *waits* at the next collective it launches: that time is idle
     (``straggler_pct``), not communication. A per-rank probe measures it (``benchmarks/sim_hosts.py``);
-    at most 0.5, when one rank leaves as the exchange starts. ``overlap_slowdown_spread``: how
-    unevenly the overlap slowdown falls on the ranks of a step (0: alike; 1: spread evenly from none
-    to twice the mean, in a random order per step). Why: a rank whose compute is slowed more than the
-    others' arrives late at the step's collectives and the others idle; where a rank next waits
-    on communication of its own (PEC's routing of the next batch), that wait absorbs it first.
+    at most 0.5, when one rank leaves as the exchange starts. ``overlap_slowdown_s_per_mbyte``:
+    seconds of compute lost per megabyte (10⁶ bytes, a rank's payload) that the overlapped exchanges
+    move while the compute runs. Why per byte and not per second: where the host's CPU moves the
+    data (gloo over TCP: kernel network work and copies on the cores that compute) the work is per
+    byte, so a slower link spreads the same work over a longer exchange; a probe on 2 emulated hosts
+    measured the same cost per byte at 200 and 50 Mbit/s and 4x less per second of overlap at 50
+    (``benchmarks/sim_hosts.py``). ``overlap_slowdown_spread``: how unevenly the overlap slowdown
+    (both kinds) falls on the ranks of a step (0: alike; 1: spread evenly from none to twice the
+    mean, in a random order per step). Why: a rank whose compute is slowed more than the others'
+    arrives late at the step's collectives and the others idle; where a rank next waits on
+    communication of its own (PEC's routing of the next batch), that wait absorbs it first.
     """
 
     # generic defaults for scripted use; the shipped profiles set (and cite) real values
@@ -123,7 +129,8 @@ class NetworkConfig:
     all_reduce_latency_us: float | None = None  # None: the tree formula of NetworkModel.all_reduce
     all_reduce_bandwidth_gbytes_s: float | None = None  # None: the link's (intra or inter) bandwidth
     completion_spread: float = 0.0  # mean rank's lead over the slowest at a collective's end, share of its time
-    overlap_slowdown_spread: float = 0.0  # how unevenly overlap_slowdown falls on a step's ranks (0..1)
+    overlap_slowdown_spread: float = 0.0  # how unevenly the overlap slowdown falls on a step's ranks (0..1)
+    overlap_slowdown_s_per_mbyte: float = 0.0  # compute seconds lost per MB an overlapped exchange moves
 
     def __post_init__(self) -> None:
         _positive_int(self.ranks_per_node, "network.ranks_per_node")
@@ -135,7 +142,8 @@ class NetworkConfig:
             _positive(self.all_reduce_latency_us, "network.all_reduce_latency_us", allow_zero=True)
         if self.all_reduce_bandwidth_gbytes_s is not None:
             _positive(self.all_reduce_bandwidth_gbytes_s, "network.all_reduce_bandwidth_gbytes_s")
-        for name in ("intra_latency_us", "inter_latency_us", "per_peer_latency_us", "overlap_slowdown"):
+        names = ("intra_latency_us", "inter_latency_us", "per_peer_latency_us", "overlap_slowdown")
+        for name in (*names, "overlap_slowdown_s_per_mbyte"):
             _positive(getattr(self, name), f"network.{name}", allow_zero=True)
         for name in ("intra_bandwidth_gbytes_s", "inter_bandwidth_gbytes_s"):
             value = getattr(self, name)

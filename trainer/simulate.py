@@ -318,21 +318,28 @@ def time_steps(
         moves = work.moved_events.sum(axis=1) > 0
         balancer = 2 * net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes) * moves
     routing = None  # PEC: the next batch's routing, waited for by each rank right after its compute
+    routing_bytes = w * ID_BYTES + unique * ID_BYTES  # counts and ids, per rank
     if overlap == "none":  # TorchRec's schedule: the next step's routing runs during this step's compute
         released = net.all_to_all(rows)  # the row exchange: ranks leave it one by one (completion_spread)
         # the gradient exchange is as large as the row exchange, in flight during the dense all-reduce
         critical = released + np.maximum(released, dense) + balancer
         background = counts + net.all_to_all(unique * ID_BYTES)
+        background_bytes = routing_bytes
     else:
         rate = float(wl.batch_overlap_rate or 0.0)
         released = net.all_to_all(rate * rows)  # the OL exchange; the dense all-reduce after it
         critical = released + dense + balancer
         routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(unique)  # + OL/NOL masks
         background = routing + net.all_to_all(rows) + net.all_to_all((1.0 - rate) * rows)
+        background_bytes = routing_bytes + unique + (2.0 - rate) * rows
     top = busy.max(axis=1)
     window = np.concatenate([top[:1], top[:-1]])  # batch n+1's prefetch runs while batch n computes
     hidden = np.minimum(background, window)
-    busy = busy + overlap_slowdowns(np.concatenate([hidden[1:], [0.0]]), w, cfg.network, rng)
+    # the bytes moved while compute runs: the hidden share of the background exchanges' payload
+    hidden_share = np.divide(hidden, background, out=np.zeros_like(hidden), where=background > 0)
+    hidden_mbytes = 1e-6 * background_bytes.mean(axis=1) * hidden_share
+    following = np.concatenate([hidden[1:], [0.0]]), np.concatenate([hidden_mbytes[1:], [0.0]])
+    busy = busy + overlap_slowdowns(*following, w, cfg.network, rng)
     own_wait, exposed_bg = prefetch_waits(busy, background, routing)
     exposed = critical[:, None] + own_wait + exposed_bg[:, None]  # until the slowest rank leaves the step
     lead = completion_leads(released, w, cfg.network.completion_spread, rng)
@@ -392,16 +399,21 @@ def prefetch_waits(
     return own, shared
 
 
-def overlap_slowdowns(hidden: np.ndarray, w: int, net: Any, rng: np.random.Generator) -> np.ndarray:
-    """``[S, W]`` seconds added to each rank's compute by the communication it overlaps (``hidden``
-    per step): ``overlap_slowdown`` of it on average, spread over the step's ranks by
-    ``overlap_slowdown_spread`` (evenly, in a random order per step; no draw when 0)."""
-    if not net.overlap_slowdown or not hidden.any():
+def overlap_slowdowns(
+    hidden: np.ndarray, hidden_mbytes: np.ndarray, w: int, net: Any, rng: np.random.Generator
+) -> np.ndarray:
+    """``[S, W]`` seconds added to each rank's compute by the communication it overlaps, per step:
+    ``overlap_slowdown`` of its duration (``hidden`` seconds: SM kernels busy while it lasts) plus
+    ``overlap_slowdown_s_per_mbyte`` per megabyte it moves meanwhile (``hidden_mbytes``: host CPU
+    work per byte), on average over the ranks; spread over them by ``overlap_slowdown_spread``
+    (evenly, in a random order per step; no draw when 0)."""
+    mean = net.overlap_slowdown * hidden + net.overlap_slowdown_s_per_mbyte * hidden_mbytes
+    if not mean.any():
         return np.zeros((hidden.size, w))
     shares = np.ones((hidden.size, w))
     if net.overlap_slowdown_spread and w > 1:
         shares += net.overlap_slowdown_spread * (2.0 * _even_shares(hidden.size, w, rng) - 1.0)
-    return net.overlap_slowdown * hidden[:, None] * shares
+    return mean[:, None] * shares
 
 
 def _even_shares(n: int, w: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,0 +1,134 @@
+"""The simulator's overlap slowdown (compute slowed by the exchanges it overlaps, unevenly over the
+ranks) and PEC's routing wait, and the 2-host contention probe's fit (``benchmarks/sim_hosts.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freescale.trainer.sim_config import ComputeConfig, NetworkConfig, SimConfig, WorkloadConfig
+from freescale.trainer.simulate import NetworkModel, StepWork, time_steps
+
+STEPS = 200
+NET = NetworkConfig(intra_latency_us=0.0, intra_bandwidth_gbytes_s=0.01)  # 10 MB/s: tens of ms per exchange
+WORKLOAD = WorkloadConfig(embedding_dim=16, negatives=8, dense_params=1000, batch_overlap_rate=0.0)
+
+
+def work(compute_s: float, events: float = 1e4) -> StepWork:
+    """Equal work on 2 ranks: ``compute_s`` seconds and ``events`` looked-up ids each per step."""
+    shape = (STEPS, 2)
+    return StepWork(np.full(shape, compute_s), np.full(shape, events), np.full(shape, 4.0), None, "test")
+
+
+def run(w: StepWork, overlap: str = "pec", **network) -> dict:
+    net = replace(NET, **network)
+    cfg = SimConfig(network=net, workload=WORKLOAD, compute=ComputeConfig(peak_tflops=1.0))
+    return time_steps(w, overlap, cfg, NetworkModel(net, 2), 0.0, np.random.default_rng(0))
+
+
+def background_mbytes(events: float = 1e4) -> float:
+    """What PEC overlaps per rank and step at rate 0: routing (counts, ids, masks), rows, NOL gradients."""
+    unique = events + WORKLOAD.negatives
+    return 1e-6 * (2 * 8 + unique * 8 + unique + 2 * unique * WORKLOAD.row_bytes)
+
+
+def test_zero_slowdown_is_the_formula_without_it() -> None:
+    """No slowdown: the spread changes nothing (there is nothing to spread), for both schedules."""
+    for overlap in ("none", "pec"):
+        assert run(work(0.5), overlap, overlap_slowdown_spread=1.0) == run(work(0.5), overlap)
+
+
+def test_slowdown_per_megabyte_moved_lengthens_every_step_but_the_last() -> None:
+    """Compute long enough to hide the whole exchange: each step but the last (no next batch in
+    flight) is slower by exactly the coefficient times the megabytes it overlaps; spread 0: no idle."""
+    base, slowed = run(work(0.5)), run(work(0.5), overlap_slowdown_s_per_mbyte=0.01)
+    extra = 0.01 * background_mbytes() * (STEPS - 1) / STEPS
+    assert base["comm_ms"]["exposed_prefetch"] == 0.0
+    assert slowed["step_s"] - base["step_s"] == pytest.approx(extra, rel=1e-6)
+    assert slowed["straggler_pct"] == 0.0
+
+
+def test_uneven_slowdown_makes_one_rank_late_and_the_other_idle() -> None:
+    """Spread s on 2 ranks: one rank is slowed (1 + s)×, the other (1 − s)×; the early one idles the
+    difference at the step's collectives, and straggling grows with s."""
+    mean_s = 0.01 * background_mbytes()
+    got = {s: run(work(0.5), overlap_slowdown_s_per_mbyte=0.01, overlap_slowdown_spread=s) for s in (0.0, 0.5, 1.0)}
+    assert got[0.0]["straggler_pct"] == 0.0
+    assert 0.0 < got[0.5]["straggler_pct"] < got[1.0]["straggler_pct"]
+    idle_per_rank_s = got[1.0]["straggler_pct"] / 100 * got[1.0]["step_s"]  # one rank idles 2·s·mean
+    assert idle_per_rank_s == pytest.approx(mean_s * (STEPS - 1) / STEPS, rel=0.02)
+
+
+def test_routing_wait_absorbs_the_slowed_ranks_lead() -> None:
+    """PEC: where the next batch's routing outlasts the compute, the rank slowed less waits on the
+    routing first, so its lead does not reach the collectives as idle time."""
+    slow = {"overlap_slowdown_s_per_mbyte": 0.01, "overlap_slowdown_spread": 1.0}
+    hidden = run(work(0.5), **slow)  # routing well inside the compute: the lead becomes idle
+    slow_link = {**slow, "intra_bandwidth_gbytes_s": 1e-5}  # 10 kB/s: the routing outlasts compute
+    absorbed = run(work(0.005, events=100), **slow_link)
+    assert hidden["straggler_pct"] > 1.0
+    assert absorbed["comm_ms"]["exposed_prefetch"] > 0
+    assert absorbed["straggler_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+def compute_growth(w: StepWork, link: dict, slowdown: dict) -> float:
+    """Seconds per step the slowdown adds to compute: step time grown, less the exposed prefetch it
+    hides (spread 0: no idle)."""
+    base, slowed = run(w, **link), run(w, **link, **slowdown)
+    hidden_more = 1e-3 * (base["comm_ms"]["exposed_prefetch"] - slowed["comm_ms"]["exposed_prefetch"])
+    return slowed["step_s"] - base["step_s"] + hidden_more
+
+
+def test_a_slower_link_moves_fewer_bytes_during_compute() -> None:
+    """Per byte, not per second: once the exchange outlasts the compute only its hidden share of the
+    bytes slows compute, so a 4x slower link slows compute less (a per-second model: more)."""
+    fast, slow = {"intra_bandwidth_gbytes_s": 0.05}, {"intra_bandwidth_gbytes_s": 0.0125}
+    w = work(0.05)
+    per_byte = {"overlap_slowdown_s_per_mbyte": 0.01}
+    assert compute_growth(w, fast, per_byte) == pytest.approx(0.01 * background_mbytes() * (STEPS - 1) / STEPS)
+    assert 0.0 < compute_growth(w, slow, per_byte) < 0.95 * compute_growth(w, fast, per_byte)
+    per_second = {"overlap_slowdown": 0.2}
+    assert compute_growth(w, slow, per_second) > 2.0 * compute_growth(w, fast, per_second)
+
+
+def test_slowdown_options_are_validated() -> None:
+    with pytest.raises(ValueError, match=r"network\.overlap_slowdown_s_per_mbyte"):
+        NetworkConfig(overlap_slowdown_s_per_mbyte=-1.0)
+    with pytest.raises(ValueError, match=r"network\.overlap_slowdown_spread"):
+        NetworkConfig(overlap_slowdown_spread=1.5)
+
+
+# ------------------------------------------------------------------------------------------ the probe's fit
+def sim_hosts():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "sim_hosts.py"
+    spec = importlib.util.spec_from_file_location("sim_hosts_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_contention_fit_recovers_the_slowdown_and_its_spread() -> None:
+    """Synthetic probe times: 60 ms alone on both ranks, beside the exchange one rank (alternating)
+    +30 ms and the other +10 ms, the exchange over before the compute: 20 ms per 2 MB on average,
+    spread (30 − 10) / (2·20) = 0.5. Where the exchange outlasts the compute (it waits as long again
+    after it), only half the bytes count."""
+    reps = 6
+    alone = [0.06] * reps
+    slow = [0.09 if i % 2 else 0.07 for i in range(reps)]
+    fast = [0.07 if i % 2 else 0.09 for i in range(reps)]
+    per_rank = [
+        {"alone": alone, "beside": slow, "wait": [0.0] * reps},
+        {"alone": alone, "beside": fast, "wait": [0.0] * reps},
+    ]
+    fit = sim_hosts().contention_fit(per_rank, 2e6)
+    assert fit["slowdown_ms"] == pytest.approx(20.0)
+    assert fit["overlap_slowdown_s_per_mbyte"] == pytest.approx(0.01)
+    assert fit["overlap_slowdown_spread"] == pytest.approx(0.5)
+    outlasting = [{**r, "wait": r["beside"]} for r in per_rank]
+    assert sim_hosts().contention_fit(outlasting, 2e6)["overlap_slowdown_s_per_mbyte"] == pytest.approx(0.02)
+    unslowed = [{**r, "beside": alone} for r in per_rank]
+    assert sim_hosts().contention_fit(unslowed, 2e6)["overlap_slowdown_s_per_mbyte"] == 0.0
