@@ -18,6 +18,12 @@ The simulator sees only what a user could measure before renting the cluster:
   each end the two directions of an exchange do not overlap fully (the acknowledgements of one
   direction queue behind the other's data), so the fitted bandwidth is well below the cap: that is
   why the cap itself is not used;
+* **contention at each cap**: a probe on both hosts at once timing one micro-batch's forward+backward
+  of the same model alone and beside an all-to-all of what PEC overlaps with a step's compute
+  (``probe_contention``): the compute lost per megabyte the exchange moved meanwhile
+  (``network.overlap_slowdown_s_per_mbyte``) and how unevenly it fell on the two ranks
+  (``overlap_slowdown_spread``). On these hosts the kernel's network work and gloo's copies run on
+  the 2 cores that compute; on GPUs this is the SM contention the paper's SM-free transport removes;
 * the data's ``batch_overlap_rate`` and distinct-id share.
 
 Validated (never shown to the simulator): ``straggler_pct`` and ``exposed_comm_pct`` of ``pec`` on
@@ -228,7 +234,7 @@ def probe_contention(hosts: list, work: Path, tag: str, spec: dict[str, Any]) ->
 def contention_fit(per_rank: list[dict[str, list[float]]], exchange_bytes: float) -> dict[str, Any]:
     """``network.overlap_slowdown_s_per_mbyte`` and ``overlap_slowdown_spread`` from the probe's times.
 
-    Slowdown: each rank's compute beside the exchange against its own median alone. Per megabyte
+    Slowdown: each rank's compute beside the exchange against its own mean alone. Per megabyte
     the exchange moved while the compute ran (its share ``compute / (compute + wait)`` of the
     payload: where it outlasts the compute, only that share of its bytes loaded the cores). Spread:
     how far apart the two ranks' slowdowns of one repetition are beyond their difference alone,
@@ -237,7 +243,7 @@ def contention_fit(per_rank: list[dict[str, list[float]]], exchange_bytes: float
     alone = np.array([r["alone"] for r in per_rank])  # [rank, rep]
     beside = np.array([r["beside"] for r in per_rank])
     wait = np.array([r["wait"] for r in per_rank])
-    slowdown = beside - np.median(alone, axis=1, keepdims=True)
+    slowdown = beside - alone.mean(axis=1, keepdims=True)  # means: a stray slow repetition counts alike
     mean = float(slowdown.mean())
     moved = exchange_bytes * beside / (beside + wait)
     gap = float(np.abs(beside[0] - beside[1]).mean() - np.abs(alone[0] - alone[1]).mean())

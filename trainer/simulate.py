@@ -29,6 +29,12 @@ Ranks need not leave a collective together (``network.completion_spread``): a ra
 starts its next step early and waits for the others at the next collective, so that share of the
 exposed communication is idle time (``completion_leads``).
 
+Compute overlapped with communication can run slower (``network.overlap_slowdown`` per second of
+overlap: SM kernels; ``overlap_slowdown_s_per_mbyte`` per megabyte moved meanwhile: host CPU
+network work), unevenly over a step's ranks (``overlap_slowdown_spread``): the rank slowed most
+arrives late and the others idle, unless (PEC) they first wait on the next batch's routing
+(``prefetch_waits``).
+
 What is not modelled (and why it is small for the cases validated, see ``benchmarks/bench_simulate.py``):
 the online balancer's placement compute and its negatives exchange, pipelining of the dense
 all-reduce with backward, and congestion between jobs.
