@@ -357,20 +357,23 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
     insitu = insitu_network([bubbles], payload, {"all_to_all_fit": uncapped["link"]}, s.skip_steps)
     source = own_source(data, s.steps, s.skip_steps)
-    rows = []
+    rows: dict[str, list[dict[str, Any]]] = {"validation": [], "validation_without_contention": []}
     for r in measured:
         # latency: the trainer's own collectives in the calibration run; bandwidth: the probe at this cap
         net = {**r["link"], "latency_us": insitu["latency_us"]}
+        # the same prediction without the contention probe's figures: what it changes, on the same runs
+        alone = {k: v for k, v in net.items() if k not in ("overlap_slowdown_s_per_mbyte", "overlap_slowdown_spread")}
         for overlap in ("none", "pec"):
             if r["cap_mbit"] is None and overlap == "none":
                 continue  # the calibration run
-            p = predict(s, cost_path, calib, net, facts, params, source, "plan", overlap, ranks_per_node=1)
             tag = "uncapped" if r["cap_mbit"] is None else f"{r['cap_mbit']:g} Mbit/s"
-            rows.append(compare(f"hosts {tag}/{overlap}", r["runs"][overlap], p))
+            for key, link in (("validation", net), ("validation_without_contention", alone)):
+                p = predict(s, cost_path, calib, link, facts, params, source, "plan", overlap, ranks_per_node=1)
+                rows[key].append(compare(f"hosts {tag}/{overlap}", r["runs"][overlap], p))
     return {
         "calibration": {"compute": calib, "network_in_training": insitu, "data": facts, "dense_params": params},
         "links": {str(r["cap_mbit"]): r["link"] for r in measured},
-        "validation": rows,
+        **rows,
     }
 
 
