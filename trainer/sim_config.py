@@ -109,9 +109,9 @@ class NetworkConfig:
     seconds of compute lost per megabyte (10⁶ bytes, a rank's payload) that the overlapped exchanges
     move while the compute runs. Why per byte and not per second: where the host's CPU moves the
     data (gloo over TCP: kernel network work and copies on the cores that compute) the work is per
-    byte, so a slower link spreads the same work over a longer exchange; a probe on 2 emulated hosts
-    measured the same cost per byte at 200 and 50 Mbit/s and 4x less per second of overlap at 50
-    (``benchmarks/sim_hosts.py``). ``overlap_slowdown_spread``: how unevenly the overlap slowdown
+    byte, so a slower link spreads the same work over a longer exchange; on 2 emulated hosts a probe
+    (``benchmarks/sim_hosts.py``) measured 1.0–1.6x the cost per byte at 50 Mbit/s as at 200, but
+    0.45–0.6x the cost per second of overlap. ``overlap_slowdown_spread``: how unevenly the overlap slowdown
     (both kinds) falls on the ranks of a step (0: alike; 1: spread evenly from none to twice the
     mean, in a random order per step). Why: a rank whose compute is slowed more than the others'
     arrives late at the step's collectives and the others idle; where a rank next waits on
