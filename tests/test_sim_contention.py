@@ -31,9 +31,10 @@ def run(w: StepWork, overlap: str = "pec", **network) -> dict:
 
 
 def background_mbytes(events: float = 1e4) -> float:
-    """What PEC overlaps per rank and step at rate 0: routing (counts, ids, masks), rows, NOL gradients."""
+    """What PEC overlaps per rank and step at rate 0: routing (counts, ids, the owners' int64 reader and
+    OL marks), rows, NOL gradients."""
     unique = events + WORKLOAD.negatives
-    return 1e-6 * (2 * 8 + unique * 8 + unique + 2 * unique * WORKLOAD.row_bytes)
+    return 1e-6 * (2 * 8 + unique * 8 + 2 * 8 * unique + 2 * unique * WORKLOAD.row_bytes)
 
 
 def test_zero_slowdown_is_the_formula_without_it() -> None:

@@ -335,9 +335,10 @@ def time_steps(
         rate = float(wl.batch_overlap_rate or 0.0)
         released = net.all_to_all(rate * rows)  # the OL exchange; the dense all-reduce after it
         critical = released + dense + balancer
-        routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(unique)  # + OL/NOL masks
+        # + the owners' marks (``overlap.exchange_masks``: int64 readers and OL flags per id, now and next)
+        routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(2 * ID_BYTES * unique)
         background = routing + net.all_to_all(rows) + net.all_to_all((1.0 - rate) * rows)
-        background_bytes = routing_bytes + unique + (2.0 - rate) * rows
+        background_bytes = routing_bytes + 2 * ID_BYTES * unique + (2.0 - rate) * rows
     top = busy.max(axis=1)
     window = np.concatenate([top[:1], top[:-1]])  # batch n+1's prefetch runs while batch n computes
     hidden = np.minimum(background, window)
