@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray_cluster import RayCluster, dataset_files, local_files, s3_files, start_cluster
+from ray_cluster import RayCluster, dataset_files, free_ports, local_files, s3_files, start_cluster
 from s3_upload import upload_tree
 
 from freescale.datasets.presets import preset
@@ -212,3 +212,27 @@ def test_a_node_gets_distinct_ports_even_when_the_os_repeats_one(monkeypatch) ->
     monkeypatch.setattr(ray_cluster, "_HANDED_OUT", set(), raising=False)
     ports = [int(flag.split("=")[1]) for flag in ray_cluster._node_ports()]
     assert len(ports) == 6 and len(set(ports)) == 6, ports
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("127.0.0.1:{port}", "--ray-address 127.0.0.1:{port}: no Ray cluster answers there (Connection refused)"),
+        (
+            "ray://127.0.0.1:{port}",
+            "--ray-address ray://127.0.0.1:{port}: no Ray cluster answers there (Connection refused)",
+        ),
+        ("no-port-given", "--ray-address must be auto, HOST:PORT or ray://HOST:PORT, got 'no-port-given'"),
+    ],
+)
+def test_an_address_where_no_cluster_answers_is_one_line_at_once(sources, tmp_path, address, message) -> None:
+    """Before: ray.init retried a refused address for minutes, printing its client's warnings (and
+    a malformed one went to Ray as is); now the job ends in seconds with one line naming the option."""
+    (port,) = free_ports(1)  # released: nothing listens there
+    started = time.perf_counter()
+    proc = run_prepare(sources, str(tmp_path / "ds"), "--engine", "ray", "--ray-address", address.format(port=port))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines() == [f"freescale prepare: error: {message.format(port=port)}"], err
+    assert time.perf_counter() - started < 30
+    assert not (tmp_path / "ds").exists()

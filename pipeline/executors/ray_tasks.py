@@ -34,6 +34,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -60,6 +61,7 @@ KILL_ONCE_ENV = "FREESCALE_KILL_TASK_ONCE"
 # tasks' per-node throughput and the split of the wall time.
 TASK_TIMES_ENV = "FREESCALE_TASK_TIMES"
 RUNTIME_START = "ray runtime start"  # the log's line for ray.init's seconds in the driver
+CONNECT_TIMEOUT_S = 5.0  # --ray-address: how long a cluster's GCS port may take to accept a connection
 
 
 def _forwarded_env() -> dict[str, str]:
@@ -132,14 +134,18 @@ class RayExecutor:
         logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
         self._remote: Any = None  # the Ray task function, made once ray is imported
         if not _ray_initialized() and address:
+            # joined at once: overlapping the join (~0.75 s) with the driver running the scan's first
+            # calls gained nothing on 2 cores (bench_prepare's attached arm, 9.0 vs 9.2 s), and left
+            # fewer of the scan's calls to the cluster
+            resolved = cluster_address(address)
+            try:
+                self._timed_init(address=resolved)
+            except ConnectionError as error:  # something answered, but not a Ray cluster's GCS
+                raise ValueError(f"--ray-address {address}: {error}") from None
             self.progress.warn(
                 "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
-            # joined at once: overlapping the join (~0.75 s) with the driver running the scan's first
-            # calls gained nothing on 2 cores (bench_prepare's attached arm, 9.0 vs 9.2 s), and left
-            # fewer of the scan's calls to the cluster
-            self._timed_init(address=address)
         elif not _ray_initialized():  # started with the first step, while this process runs its first calls
             self._sizing = ray_sizing(memory_limit, workers)
             if self._sizing.warning:
@@ -251,6 +257,48 @@ class RayExecutor:
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
+
+
+def cluster_address(address: str) -> str:
+    """``address`` once something answers there, else a ``ValueError`` naming ``--ray-address``.
+
+    Why: given a cluster that is down or a mistyped host, ``ray.init`` retries for minutes, printing
+    its C++ client's warnings; given ``auto`` with no cluster, it raises a traceback. A TCP connect
+    with a short timeout tells the first case apart (a port that answers but is not Ray's is left to
+    Ray); ``auto`` is resolved first by Ray's own lookup (``RAY_ADDRESS``, then this host's latest
+    cluster), so a stale record of a stopped cluster is caught too."""
+    resolved = _resolve_auto() if address == "auto" else address
+    if resolved == "auto":  # Ray's lookup moved (private API): ray.init resolves it
+        return resolved
+    host, port = split_address(resolved)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        shown = address if resolved == address else f"{address} ({resolved})"
+        reason = error.strerror or type(error).__name__
+        raise ValueError(f"--ray-address {shown}: no Ray cluster answers there ({reason})") from None
+    return resolved
+
+
+def _resolve_auto() -> str:
+    """The cluster ``auto`` names, by the lookup ``ray.init`` runs; ``"auto"`` if that API moved."""
+    try:
+        from ray._private.services import get_ray_address_from_environment
+    except ImportError:
+        return "auto"
+    try:
+        return get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        raise ValueError("--ray-address auto: no running Ray cluster found (start one, or give HOST:PORT)") from None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT`` (Ray Client), else a ``ValueError``."""
+    bare = address.removeprefix("ray://")
+    host, _, port = bare.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray-address must be auto, HOST:PORT or ray://HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
 
 
 def _ray_initialized() -> bool:
