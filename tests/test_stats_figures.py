@@ -237,3 +237,25 @@ def test_user_sampling_is_deterministic_and_close_to_the_fraction() -> None:
     assert np.array_equal(keep, selected(users, 0.1))
     assert np.all(selected(users, 0.2)[keep])  # nested: a larger fraction keeps everyone a smaller one did
     assert selected(users, 1.0).all()
+
+
+# ------------------------------------------------------------------------------------------ plots
+def test_log_axes_drop_minor_ticks_only_where_they_carry_no_labels() -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import LogLocator, NullLocator
+
+    from freescale.pipeline.stats.plots import _light_log_ticks
+
+    ax = Figure().add_subplot()
+    ax.plot([1.0, 5e4], [20.0, 80.0])  # x: 4.7 decades, y: 0.6 of a decade (read from minor labels)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _light_log_ticks(ax)
+    assert isinstance(ax.xaxis.get_minor_locator(), NullLocator)
+    assert isinstance(ax.yaxis.get_minor_locator(), LogLocator) and ax.yaxis.get_minorticklocs().size
+    assert isinstance(ax.xaxis.get_major_locator(), LogLocator) and ax.xaxis.get_majorticklocs().size
+    linear = Figure().add_subplot()
+    linear.plot([0.0, 1e6], [0.0, 1.0])
+    minor = type(linear.xaxis.get_minor_locator())
+    _light_log_ticks(linear)
+    assert type(linear.xaxis.get_minor_locator()) is minor  # linear axes are left alone

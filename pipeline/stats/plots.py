@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import numpy as np
@@ -212,6 +213,22 @@ def plot_straggler(ax: Any, report: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
+def _light_log_ticks(ax: Any) -> None:
+    """No minor ticks on a log axis that spans more than one decade of its base.
+
+    There they are unlabelled marks (matplotlib's ``LogFormatter`` labels minor ticks only on axes
+    spanning at most ``minor_thresholds[0]`` = 1 decade), yet each is a ``Tick`` of five artists laid
+    out at every draw: a third of the drawing time of the four plots. A narrower log axis keeps them,
+    as its values are read from their labels. Major ticks, labels and grid are unchanged.
+    """
+    from matplotlib.ticker import NullLocator
+
+    for axis, (low, high) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        low, high = min(low, high), max(low, high)
+        if axis.get_scale() == "log" and low > 0 and math.log(high / low, axis.get_transform().base) > 1:
+            axis.set_minor_locator(NullLocator())
+
+
 def write_plots(report: dict[str, Any], output: str) -> dict[str, str]:
     """Draw the four plots under ``output`` (local directory or ``s3://`` prefix); returns their names."""
     import matplotlib
@@ -230,8 +247,11 @@ def write_plots(report: dict[str, Any], output: str) -> dict[str, str]:
         fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.14)
         try:
             draw(ax, report)
-            ax.set_title(f"{title} — {_title(report)}", fontsize=10)
+            # y=1.0 as matplotlib would place it (no axis decorations above these plots): a title
+            # at an automatic height makes every draw lay out all tick labels once more to find it
+            ax.set_title(f"{title} — {_title(report)}", fontsize=10, y=1.0)
             ax.grid(True, which="major", alpha=0.3)
+            _light_log_ticks(ax)
             written[key] = _save(fig, output, PLOTS[key])
         finally:
             plt.close(fig)
