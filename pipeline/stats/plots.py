@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -229,30 +230,46 @@ def _light_log_ticks(ax: Any) -> None:
             axis.set_minor_locator(NullLocator())
 
 
-def write_plots(report: dict[str, Any], output: str) -> dict[str, str]:
-    """Draw the four plots under ``output`` (local directory or ``s3://`` prefix); returns their names."""
-    import matplotlib
+DRAWN_BY = {
+    "length_histogram": (plot_lengths, "UIH length distribution"),
+    "overlap_rate_curve": (plot_overlap, "batch_overlap_rate vs global batch size"),
+    "popularity": (plot_popularity, "item popularity"),
+    "straggler_bars": (plot_straggler, "predicted straggler_pct"),
+}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    written = {}
-    for key, (draw, title) in {
-        "length_histogram": (plot_lengths, "UIH length distribution"),
-        "overlap_rate_curve": (plot_overlap, "batch_overlap_rate vs global batch size"),
-        "popularity": (plot_popularity, "item popularity"),
-        "straggler_bars": (plot_straggler, "predicted straggler_pct"),
-    }.items():
-        fig, ax = plt.subplots(figsize=(8, 5))
-        fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.14)
-        try:
-            draw(ax, report)
-            # y=1.0 as matplotlib would place it (no axis decorations above these plots): a title
-            # at an automatic height makes every draw lay out all tick labels once more to find it
-            ax.set_title(f"{title} — {_title(report)}", fontsize=10, y=1.0)
-            ax.grid(True, which="major", alpha=0.3)
-            _light_log_ticks(ax)
-            written[key] = _save(fig, output, PLOTS[key])
-        finally:
-            plt.close(fig)
-    return written
+def draw_plot(report: dict[str, Any], output: str, key: str) -> str:
+    """Draw one plot (``PLOTS[key]``) under ``output``; returns its name. A figure with its own Agg
+    canvas (no pyplot state), so any process can draw any plot: ``write_plots`` spreads them."""
+    from freescale.pipeline.executors.processes import imports_without_gc
+
+    with imports_without_gc():
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+    draw, title = DRAWN_BY[key]
+    fig = Figure(figsize=(8, 5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.14)
+    draw(ax, report)
+    # y=1.0 as matplotlib would place it (no axis decorations above these plots): a title at an
+    # automatic height makes every draw lay out all tick labels once more to find it
+    ax.set_title(f"{title} — {_title(report)}", fontsize=10, y=1.0)
+    ax.grid(True, which="major", alpha=0.3)
+    _light_log_ticks(ax)
+    return _save(fig, output, PLOTS[key])
+
+
+def write_plots(
+    report: dict[str, Any], output: str, run: Callable[[list[tuple[Callable, tuple]]], list[Any]] | None = None
+) -> dict[str, str]:
+    """Draw the four plots under ``output`` (local directory or ``s3://`` prefix); returns their names.
+
+    ``run``: runs ``(fn, args)`` calls in several processes at once (``stats`` passes its local job's
+    executor, whose worker idles once the report is built): each process imports matplotlib (~0.3 s)
+    and draws a share of the plots. On ``large`` the plots took 0.83 s in the driver alone and 0.62 s
+    on the driver and the worker; ``None`` draws them here, one after the other."""
+    calls = [(draw_plot, (report, output, key)) for key in PLOTS]
+    names = run(calls) if run is not None else [fn(*args) for fn, args in calls]
+    return dict(zip(PLOTS, names))
