@@ -120,11 +120,14 @@ def test_disjoint_batches_overlap_zero_identical_batches_one(tmp_path) -> None:
     sizes=st.lists(st.integers(1, 12), min_size=1, max_size=3, unique=True),
     buckets=st.integers(1, 3),
     seed=st.integers(0, 2**16),
+    wide=st.booleans(),
 )
-def test_overlap_and_popularity_match_brute_force(tmp_path_factory, n, vocab, big, sizes, buckets, seed) -> None:
+def test_overlap_and_popularity_match_brute_force(tmp_path_factory, n, vocab, big, sizes, buckets, seed, wide) -> None:
     rng = np.random.default_rng(seed)
     offset = (1 << 62) + 12345 if big else 0  # 63-bit ids take the raw (ranked) path
-    samples = [rng.integers(0, vocab, rng.integers(1, 9)) + offset for _ in range(n)]
+    # wide: the second chunk's ids need int64 keys while the first chunk's fit uint32 ones
+    shift = [(1 << 40) if wide and not big and i >= n // 2 else 0 for i in range(n)]
+    samples = [rng.integers(0, vocab, rng.integers(1, 9)) + offset + shift[i] for i in range(n)]
     reducer = _reduce(tmp_path_factory.mktemp("spill"), samples, sizes, buckets, table_sizes=(7, 1000))
     for index, size in enumerate(sizes):
         report = reducer.overlap_report(index)["item"]
