@@ -58,8 +58,13 @@ class UserSample:
             bad_rows=piece.bad_rows,
             bad_raw=piece.bad_raw,
             forced={key: codes[kept] for key, codes in piece.forced.items()},
-            sampled_users=np.concatenate([piece.sampled_users, ids[out].astype(np.int64, copy=False)]),
+            sampled_users=_appended(piece.sampled_users, ids[out].astype(np.int64, copy=False)),
         )
+
+
+def _appended(before: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """``before`` then ``more``; no copy of ``more`` (most of a piece's rows) when ``before`` is empty."""
+    return np.concatenate([before, more]) if len(before) else more
 
 
 def sample_piece(piece: RawPiece, sample: UserSample | None) -> RawPiece:

@@ -195,3 +195,23 @@ def test_lines_joined_is_the_chosen_lines_one_per_row(raw: list[bytes], data):
     chosen = np.array(sorted(data.draw(st.sets(st.integers(0, len(raw) - 1)))), dtype=np.int64)
     expected = b"\n".join(raw[i] for i in chosen)
     assert lines.joined(chosen) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=60),
+    st.lists(st.integers(-50, 50), max_size=200),
+    st.booleans(),
+)
+def test_count_values_equals_numpy_unique(wide: list[int], narrow: list[int], read_only: bool):
+    """The scan's per-user counts (``scan.count_values``): a bincount for ids in a narrow range, an
+    in-place sort otherwise (63-bit hashed ids, negative ids), the same result as ``np.unique``."""
+    from freescale.pipeline.steps.scan import count_values
+
+    for values in (np.array(wide, np.int64), np.array(narrow, np.int64), np.array(wide + narrow, np.int64)):
+        want_ids, want_counts = np.unique(values, return_counts=True)
+        given_values = values.copy()
+        given_values.flags.writeable = not read_only
+        ids, counts = count_values(given_values)
+        assert ids.dtype == counts.dtype == np.int64
+        assert np.array_equal(ids, want_ids) and np.array_equal(counts, want_counts)

@@ -25,6 +25,7 @@ from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.prepare import prepare
 from freescale.pipeline.stats import SCHEMA_VERSION, TOP_LEVEL_KEYS, StatsConfig, compute_stats, run_stats
 from freescale.pipeline.stats.inputs import canonical
+from freescale.pipeline.stats.plots import PLOTS, write_plots
 from freescale.tools.cli import main as cli_main
 
 FAST = {"workers": 1, "progress": False, "output": None}
@@ -344,6 +345,18 @@ def test_cli_writes_stable_json_plots_and_summary(tiny, tmp_path, capsys) -> Non
     }
     for name in report["plots"].values():
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_drawn_by_the_job_processes_match_one_process_drawing_them(tiny, tmp_path) -> None:
+    """With 2 workers the local job's driver and worker draw the plots between them (``write_plots``
+    with the executor): the same names and bytes as one process drawing them from the same report."""
+    out = tmp_path / "stats"
+    config = StatsConfig(input=tiny, output=str(out), workers=2, progress=False, world_sizes=(2,), micro_batch_size=8)
+    report = run_stats(config)
+    assert write_plots(report, str(tmp_path / "alone")) == report["plots"]
+    assert sorted(report["plots"].values()) == sorted(PLOTS.values())
+    for name in report["plots"].values():
+        assert (out / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
 
 
 def test_sample_fraction_is_deterministic_and_reports_errors(tiny) -> None:

@@ -120,11 +120,14 @@ def test_disjoint_batches_overlap_zero_identical_batches_one(tmp_path) -> None:
     sizes=st.lists(st.integers(1, 12), min_size=1, max_size=3, unique=True),
     buckets=st.integers(1, 3),
     seed=st.integers(0, 2**16),
+    wide=st.booleans(),
 )
-def test_overlap_and_popularity_match_brute_force(tmp_path_factory, n, vocab, big, sizes, buckets, seed) -> None:
+def test_overlap_and_popularity_match_brute_force(tmp_path_factory, n, vocab, big, sizes, buckets, seed, wide) -> None:
     rng = np.random.default_rng(seed)
     offset = (1 << 62) + 12345 if big else 0  # 63-bit ids take the raw (ranked) path
-    samples = [rng.integers(0, vocab, rng.integers(1, 9)) + offset for _ in range(n)]
+    # wide: the second chunk's ids need int64 keys while the first chunk's fit uint32 ones
+    shift = [(1 << 40) if wide and not big and i >= n // 2 else 0 for i in range(n)]
+    samples = [rng.integers(0, vocab, rng.integers(1, 9)) + offset + shift[i] for i in range(n)]
     reducer = _reduce(tmp_path_factory.mktemp("spill"), samples, sizes, buckets, table_sizes=(7, 1000))
     for index, size in enumerate(sizes):
         report = reducer.overlap_report(index)["item"]
@@ -237,3 +240,25 @@ def test_user_sampling_is_deterministic_and_close_to_the_fraction() -> None:
     assert np.array_equal(keep, selected(users, 0.1))
     assert np.all(selected(users, 0.2)[keep])  # nested: a larger fraction keeps everyone a smaller one did
     assert selected(users, 1.0).all()
+
+
+# ------------------------------------------------------------------------------------------ plots
+def test_log_axes_drop_minor_ticks_only_where_they_carry_no_labels() -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import LogLocator, NullLocator
+
+    from freescale.pipeline.stats.plots import _light_log_ticks
+
+    ax = Figure().add_subplot()
+    ax.plot([1.0, 5e4], [20.0, 80.0])  # x: 4.7 decades, y: 0.6 of a decade (read from minor labels)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _light_log_ticks(ax)
+    assert isinstance(ax.xaxis.get_minor_locator(), NullLocator)
+    assert isinstance(ax.yaxis.get_minor_locator(), LogLocator) and ax.yaxis.get_minorticklocs().size
+    assert isinstance(ax.xaxis.get_major_locator(), LogLocator) and ax.xaxis.get_majorticklocs().size
+    linear = Figure().add_subplot()
+    linear.plot([0.0, 1e6], [0.0, 1.0])
+    minor = type(linear.xaxis.get_minor_locator())
+    _light_log_ticks(linear)
+    assert type(linear.xaxis.get_minor_locator()) is minor  # linear axes are left alone

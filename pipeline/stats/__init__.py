@@ -36,7 +36,8 @@ from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from freescale.pipeline.stats import figures
 from freescale.pipeline.stats.inputs import Collected, collect_prepared, remove
-from freescale.pipeline.stats.sources import collect_sources
+from freescale.pipeline.stats.plots import write_plots
+from freescale.pipeline.stats.sources import collect_sources, stats_job
 
 SCHEMA_VERSION = 1
 STATS_NAME = "stats.json"
@@ -395,6 +396,12 @@ def compute_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) 
 
     ``pool``: workers started earlier (``processes.start_pool``) for the scan of raw sources, as
     ``prepare`` takes them, so their imports overlap this process's; a prepared dataset needs none."""
+    return _compute(config, pool, plots_to=None)
+
+
+def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: str | None) -> dict[str, Any]:
+    """``compute_stats``; with ``plots_to``, the plots are drawn there too (``report["plots"]``): on
+    raw sources with the local engine, by the job's processes before its workers stop."""
     started = time.perf_counter()
     kind, uri = input_kind(config.input)
     config = replace(config, input=uri)
@@ -403,14 +410,17 @@ def compute_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) 
     try:
         if kind == "sources":
             config = replace(config, world_sizes=config.world_sizes or DEFAULT_WORLD_SIZES)
-
             k = config.micro_batch_size or DEFAULT_K
 
             def sizes_for(n: int) -> tuple[list[int], str]:
                 sizes, head, _ = _batch_sizes(config, k, n)
                 return sizes, f"global_batch_{head}"
 
-            collected = collect_sources(config, work, sizes_for, k, pool)
+            with stats_job(config, work, pool) as job:
+                collected = collect_sources(config, work, sizes_for, k, job)
+                report = _round_trip(build_report(collected, config, uri, kind), started)
+                if plots_to is not None and config.engine == "local":  # Ray's workers may sit on other hosts
+                    report["plots"] = write_plots(report, plots_to, lambda calls: job.map_calls(calls, "plots", "plot"))
         else:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -424,13 +434,20 @@ def compute_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) 
                 return sizes, "step_group" if config.global_batch_size is None else f"global_batch_{head}"
 
             collected = collect_prepared(config, work, sizes_for)
-        report = build_report(collected, config, uri, kind)
+            report = _round_trip(build_report(collected, config, uri, kind), started)
     finally:
         remove(work / "spill")
         if own_work:
             remove(work)
+    if plots_to is not None and not report["plots"]:
+        report["plots"] = write_plots(report, plots_to)
+    return report
+
+
+def _round_trip(report: dict[str, Any], started: float) -> dict[str, Any]:
+    """The report with its runtime, through JSON: the caller gets exactly what a later reader of
+    stats.json gets (and the plots are drawn from that)."""
     report["runtime_s"] = round(time.perf_counter() - started, 3)
-    # A JSON round trip: the caller gets exactly what a later reader of stats.json gets.
     return json.loads(json.dumps(report, default=_json_default))
 
 
@@ -444,13 +461,9 @@ def run_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> d
         if fs.get_file_info(path).type == pafs.FileType.File:
             raise StatsError(f"--out {config.output} is a file; give a directory")
     started = time.perf_counter()
-    report = compute_stats(config, pool)
+    report = _compute(config, pool, plots_to=config.output if config.plots else None)
     if config.output is None:
         return report
-    if config.plots:
-        from freescale.pipeline.stats.plots import write_plots
-
-        report["plots"] = write_plots(report, config.output)
     report["runtime_s"] = round(time.perf_counter() - started, 3)
     storage.write_bytes(
         storage.join(config.output, STATS_NAME),

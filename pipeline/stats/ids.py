@@ -90,7 +90,9 @@ def spill_table(
 ) -> int:
     """Spill one table's ``(id, fine)`` records of one chunk into id-hash buckets; returns the count.
 
-    Ids that fit beside the fine batch in 62 bits are packed into one int64 key. Keys in a narrow
+    Ids that fit beside the fine batch in 62 bits are packed into one int64 key, or uint32 when they
+    fit in 32 bits: half the bytes to write, read back and sort (numpy sorts 32-bit keys ~2x faster),
+    for the largest table (items) of every dataset with fewer than ~4M item ids. Keys in a narrow
     range (actions, profile buckets: a few values per fine batch) are deduplicated here by counting
     (one pass, ``_dedup_small``); others are written as they are and sorted once, at reduce time: a
     sort here as well (``np.unique``) cost more than it saved there (item ids: 1.3M records of a
@@ -103,6 +105,8 @@ def spill_table(
         keys = (ids << bits) | fine
         arrays = _dedup_small(keys)
         bucket = _bucket_of(arrays["key"] >> bits, n_buckets)
+        if bits < 32 and int(ids.max()) < (1 << (32 - bits)):  # item ids up to 2^20 beside 4,096 fine batches
+            arrays["key"] = arrays["key"].astype(np.uint32)
     else:
         arrays, bucket = {"id": ids, "fine": fine}, _bucket_of(ids, n_buckets)
     order = np.argsort(bucket, kind="stable") if n_buckets > 1 else None
@@ -177,17 +181,17 @@ def _sorted_records(files: list[Path], bits: int) -> tuple[np.ndarray, np.ndarra
         uid[rank] = raw_ids
         keys, counts = (rank << bits) | np.concatenate(fine), np.concatenate(cnt)
     if counts is None:  # every record counts once: sorting the keys alone is enough (numpy: ~2x polars)
-        keys = np.sort(keys)
+        keys = np.sort(keys)  # uint32 when every chunk's keys were (``spill_table``)
         first = np.ones(keys.size, dtype=bool)
         first[1:] = keys[1:] != keys[:-1]
         starts = np.flatnonzero(first)
-        return keys[starts], np.diff(np.append(starts, keys.size)), uid
+        return keys[starts].astype(np.int64), np.diff(np.append(starts, keys.size)), uid
     order = np.argsort(keys, kind="stable")
     keys, counts = keys[order], counts[order]
     first = np.ones(keys.size, dtype=bool)
     first[1:] = keys[1:] != keys[:-1]
     starts = np.flatnonzero(first)
-    return keys[starts], np.add.reduceat(counts, starts), uid
+    return keys[starts].astype(np.int64), np.add.reduceat(counts, starts), uid
 
 
 def _counts(loaded: list[Any], sizes: list[int]) -> np.ndarray | None:

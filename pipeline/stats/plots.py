@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import io
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -212,27 +214,62 @@ def plot_straggler(ax: Any, report: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def write_plots(report: dict[str, Any], output: str) -> dict[str, str]:
-    """Draw the four plots under ``output`` (local directory or ``s3://`` prefix); returns their names."""
-    import matplotlib
+def _light_log_ticks(ax: Any) -> None:
+    """No minor ticks on a log axis that spans more than one decade of its base.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    There they are unlabelled marks (matplotlib's ``LogFormatter`` labels minor ticks only on axes
+    spanning at most ``minor_thresholds[0]`` = 1 decade), yet each is a ``Tick`` of five artists laid
+    out at every draw: a third of the drawing time of the four plots. A narrower log axis keeps them,
+    as its values are read from their labels. Major ticks, labels and grid are unchanged.
+    """
+    from matplotlib.ticker import NullLocator
 
-    written = {}
-    for key, (draw, title) in {
-        "length_histogram": (plot_lengths, "UIH length distribution"),
-        "overlap_rate_curve": (plot_overlap, "batch_overlap_rate vs global batch size"),
-        "popularity": (plot_popularity, "item popularity"),
-        "straggler_bars": (plot_straggler, "predicted straggler_pct"),
-    }.items():
-        fig, ax = plt.subplots(figsize=(8, 5))
-        fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.14)
-        try:
-            draw(ax, report)
-            ax.set_title(f"{title} — {_title(report)}", fontsize=10)
-            ax.grid(True, which="major", alpha=0.3)
-            written[key] = _save(fig, output, PLOTS[key])
-        finally:
-            plt.close(fig)
-    return written
+    for axis, (low, high) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        low, high = min(low, high), max(low, high)
+        if axis.get_scale() == "log" and low > 0 and math.log(high / low, axis.get_transform().base) > 1:
+            axis.set_minor_locator(NullLocator())
+
+
+DRAWN_BY = {
+    "length_histogram": (plot_lengths, "UIH length distribution"),
+    "overlap_rate_curve": (plot_overlap, "batch_overlap_rate vs global batch size"),
+    "popularity": (plot_popularity, "item popularity"),
+    "straggler_bars": (plot_straggler, "predicted straggler_pct"),
+}
+
+
+def draw_plot(report: dict[str, Any], output: str, key: str) -> str:
+    """Draw one plot (``PLOTS[key]``) under ``output``; returns its name. A figure with its own Agg
+    canvas (no pyplot state), so any process can draw any plot: ``write_plots`` spreads them."""
+    from freescale.pipeline.executors.processes import imports_without_gc
+
+    with imports_without_gc():
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+    draw, title = DRAWN_BY[key]
+    fig = Figure(figsize=(8, 5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.14)
+    draw(ax, report)
+    # y=1.0 as matplotlib would place it (no axis decorations above these plots): a title at an
+    # automatic height makes every draw lay out all tick labels once more to find it
+    ax.set_title(f"{title} — {_title(report)}", fontsize=10, y=1.0)
+    ax.grid(True, which="major", alpha=0.3)
+    _light_log_ticks(ax)
+    return _save(fig, output, PLOTS[key])
+
+
+def write_plots(
+    report: dict[str, Any], output: str, run: Callable[[list[tuple[Callable, tuple]]], list[Any]] | None = None
+) -> dict[str, str]:
+    """Draw the four plots under ``output`` (local directory or ``s3://`` prefix); returns their names.
+
+    ``run``: runs ``(fn, args)`` calls in several processes at once (``stats`` passes its local job's
+    executor, whose worker idles once the report is built): each process imports matplotlib (~0.3 s)
+    and draws a share of the plots. On ``large`` the plots took 0.83 s in the driver alone and 0.62 s
+    on the driver and the worker; ``None`` draws them here, one after the other."""
+    calls = [(draw_plot, (report, output, key)) for key in PLOTS]
+    names = run(calls) if run is not None else [fn(*args) for fn, args in calls]
+    return dict(zip(PLOTS, names))

@@ -20,8 +20,9 @@ with other W, k, seed or table sizes skips the scan and rebuilds the partitions 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,25 +167,29 @@ def _prepare_job(config: Any, work: Path, pool: ProcessPoolExecutor | None) -> A
     )
 
 
+@contextmanager
+def stats_job(config: Any, work: Path, pool: ProcessPoolExecutor | None = None) -> Iterator[Any]:
+    """``prepare``'s job for ``stats`` on raw sources; its executor (workers) stops on leaving.
+    ``pool``: workers started earlier (``processes.start_pool``), as ``prepare`` takes them. The
+    caller keeps the job until the report's plots are drawn: the workers draw some of them."""
+    job = _prepare_job(config, work, pool)
+    try:
+        yield job
+    finally:
+        job.close()
+
+
 def collect_sources(
-    config: Any,
-    work: Path,
-    sizes_for: Callable[[int], tuple[list[int], str]],
-    k: int,
-    pool: ProcessPoolExecutor | None = None,
+    config: Any, work: Path, sizes_for: Callable[[int], tuple[list[int], str]], k: int, job: Any
 ) -> Collected:
     """Raw sources: the count-only path, then the partitions' samples straight into id records.
 
     ``sizes_for(n_selected)`` returns the global batch sizes and the headline layout's name; ``k``
     is the per-rank batch of the straggler predictions, which run beside the partitions' steps (they
     need only the lengths): in the driver after them, one core idled for their ~1 s on ``large``.
-    ``pool``: workers started earlier (``processes.start_pool``), as ``prepare`` takes them."""
-    job = _prepare_job(config, work, pool)
-    try:
-        counts = job.count_samples()
-        return _collect_counted(config, work, sizes_for, k, job, counts)
-    finally:
-        job.close()
+    ``job``: ``stats_job``'s."""
+    counts = job.count_samples()
+    return _collect_counted(config, work, sizes_for, k, job, counts)
 
 
 @dataclass(frozen=True)

@@ -147,10 +147,32 @@ def run_scan_task(
 def _save_user_counts(prefix: Path, users: np.ndarray) -> None:
     """Events per user in this task (``t*.users.npy``: row 0 user ids, row 1 counts), so ``prepare``
     can plan every sample's length before building any (``user_event_counts``)."""
-    ids, counts = np.unique(users, return_counts=True)
+    ids, counts = count_values(users)
     with open(f"{prefix}.users.npy.tmp", "wb") as out:
-        np.save(out, np.stack([ids.astype(np.int64), counts.astype(np.int64)]))
+        np.save(out, np.stack([ids, counts]))
     os.replace(f"{prefix}.users.npy.tmp", f"{prefix}.users.npy")
+
+
+def count_values(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_counts=True)`` as int64, for a scan task's user ids (every row's).
+
+    Consumes ``values`` (sorted in place). Ids in a range no wider than their number (integer user
+    ids) are counted in one pass (``np.bincount``), without a sort; others (63-bit hashes of string
+    ids) are sorted in place. ``np.unique`` first copies its input (``flatten``), and on the scan's
+    ~200 MB of ids per core that copy cost more than its sort: a fifth of a sampled Parquet task."""
+    values = np.asarray(values, dtype=np.int64)
+    if values.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    low, high = int(values.min()), int(values.max())
+    if high - low < values.size:
+        counts = np.bincount(values - low if low else values)
+        present = np.flatnonzero(counts)
+        return present.astype(np.int64) + low, counts[present].astype(np.int64)
+    if not values.flags.writeable:  # a zero-copy view of Arrow memory
+        values = values.copy()
+    values.sort()
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    return values[starts], np.diff(np.append(starts, values.size)).astype(np.int64)
 
 
 def user_event_counts(scan_dir: str, n_tasks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,6 +277,7 @@ __all__ = [
     "EVENT_SCHEMA",
     "SPILL_SCHEMA",
     "ScanSummary",
+    "count_values",
     "load_task_record",
     "load_user_table_record",
     "partition_of",
