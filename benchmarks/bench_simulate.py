@@ -215,7 +215,9 @@ def calibration(
     """``compute.scale`` and ``step_overhead_s`` from a measured 2-rank run: its mean forward+backward
     against the cost model's prediction for the micro-batches of ``ranks`` it trained (the noise-floor
     run trains rank 0's on both ranks), the rest of its busy time as per-step overhead; its
-    ``straggler_pct`` as the noise floor."""
+    ``straggler_pct`` as the noise floor; its data, lookup and sparse-update stages as PEC's prefetch
+    host work (``compute.prefetch_host_s``: the PEC worker starts after the data stage and runs the
+    lookups and the cold update itself; a ``none`` run times the same operations)."""
     from freescale.pipeline.cost import CostModel
     from freescale.pipeline.reader import PreparedDataset
 
@@ -229,12 +231,14 @@ def calibration(
             predicted.append(float(cost.cost(lengths).sum()) + per_mb)
     measured_fb = 1e-3 * (run["stage_ms"]["forward"] + run["stage_ms"]["backward"])
     busy = 1e-3 * run["step_ms"] * (run["compute_pct"] + run["data_pct"]) / 100.0
+    host = sum(run["stage_ms"].get(k, 0.0) for k in ("data", "embedding_lookup", "sparse_update"))
     return {
         "scale": measured_fb / float(np.mean(predicted)),
         "step_overhead_s": max(0.0, busy - measured_fb),
         "predicted_forward_backward_s": float(np.mean(predicted)),
         "measured_forward_backward_s": measured_fb,
         "noise_floor_pct": run["straggler_pct"],
+        "prefetch_host_s": 1e-3 * host,
         # the fit's mean |relative error| as a normal spread's cv (E|x| = cv·sqrt(2/π))
         "cost_error_cv": float(cost.details.get("fit_relative_error_mean", 0.0)) * float(np.sqrt(np.pi / 2)),
     }
@@ -270,6 +274,7 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
             scale=calib["scale"],
             step_overhead_s=calib["step_overhead_s"],
             cost_error_cv=calib["cost_error_cv"],
+            prefetch_host_s=calib["prefetch_host_s"],
         ),
         network=NetworkConfig(
             ranks_per_node=ranks_per_node,

@@ -1,5 +1,6 @@
 """The simulator's overlap slowdown (compute slowed by the exchanges it overlaps, unevenly over the
-ranks) and PEC's routing wait, and the 2-host contention probe's fit (``benchmarks/sim_hosts.py``)."""
+ranks), PEC's routing wait and its prefetch's host work, and the 2-host contention probe's fit
+(``benchmarks/sim_hosts.py``)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,42 @@ def test_slowdown_options_are_validated() -> None:
         NetworkConfig(overlap_slowdown_s_per_mbyte=-1.0)
     with pytest.raises(ValueError, match=r"network\.overlap_slowdown_spread"):
         NetworkConfig(overlap_slowdown_spread=1.5)
+
+
+# ------------------------------------------------------------------------------------------ prefetch host work
+def run_host(w: StepWork, host_s: float, overlap: str = "pec") -> dict:
+    """``run`` with ``compute.prefetch_host_s`` seconds of PEC prefetch work outside the collectives."""
+    cfg = SimConfig(network=NET, workload=WORKLOAD, compute=ComputeConfig(peak_tflops=1.0, prefetch_host_s=host_s))
+    return time_steps(w, overlap, cfg, NetworkModel(NET, 2), 0.0, np.random.default_rng(0))
+
+
+def test_zero_host_work_is_the_formula_without_it_and_none_has_no_worker() -> None:
+    for compute_s in (0.5, 0.005):
+        assert run_host(work(compute_s), 0.0) == run(work(compute_s))
+        assert run_host(work(compute_s), 0.3, "none") == run(work(compute_s), "none")
+
+
+def test_host_work_is_exposed_only_where_the_prefetch_outlasts_the_compute() -> None:
+    """Compute of 0.5 s hides exchanges + 0.1 s: nothing changes. Compute of 5 ms, outlasted by the
+    exchanges alone: every step (the first batch's fetch included) waits exactly the host work longer."""
+    assert run_host(work(0.5), 0.1) == run(work(0.5))
+    base, longer = run(work(0.005)), run_host(work(0.005), 0.02)
+    assert base["comm_ms"]["exposed_prefetch"] > 0
+    assert longer["comm_ms"]["exposed_prefetch"] - base["comm_ms"]["exposed_prefetch"] == pytest.approx(20.0)
+    assert longer["step_s"] - base["step_s"] == pytest.approx(0.02)
+
+
+def test_exposed_comm_grows_monotonically_with_host_work() -> None:
+    """Compute about as long as the prefetch: more host work never exposes less, and some exposes more."""
+    w = work(0.16)
+    got = [run_host(w, h)["exposed_comm_pct"] for h in (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)]
+    assert got == sorted(got)
+    assert got[-1] > got[0]
+
+
+def test_host_work_option_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"compute\.prefetch_host_s"):
+        ComputeConfig(peak_tflops=1.0, prefetch_host_s=-0.1)
 
 
 # ------------------------------------------------------------------------------------------ the probe's fit

@@ -59,7 +59,12 @@ class ComputeConfig:
     is a fixed cost per rank per step (kernel launches, the fit's constant ``d``), ``step_overhead_s``
     the rest of a step on every rank (data loading, optimizer). ``cost_error_cv``: the cost model's
     per-sample error (``freescale calibrate`` reports the fit's mean relative error): the planner and
-    the balancer place by predicted cost, the ranks spend the actual one.
+    the balancer place by predicted cost, the ranks spend the actual one. ``prefetch_host_s``
+    (``overlap = pec`` only): seconds of each step's prefetch that are not its collectives — the
+    step's data stage, after which the worker is handed the next batch, and the worker's own lookups
+    and cold sparse update on the host's cores — so the prefetch ends that much later than its
+    exchanges alone would (a ``none`` run of the same workload times these operations as its
+    ``data``, ``embedding_lookup`` and ``sparse_update`` stages).
     """
 
     cost_model: str | None = None
@@ -69,6 +74,7 @@ class ComputeConfig:
     per_micro_batch_s: float | None = None  # None: the calibrated file's per_micro_batch_s, else 0
     step_overhead_s: float = 0.0
     cost_error_cv: float = 0.0  # per-sample error of the cost model: samples are placed by predicted cost
+    prefetch_host_s: float = 0.0  # PEC: the prefetch's non-collective seconds per step (see above)
 
     def __post_init__(self) -> None:
         if self.peak_tflops is not None:
@@ -81,6 +87,7 @@ class ComputeConfig:
             _positive(self.per_micro_batch_s, "compute.per_micro_batch_s", allow_zero=True)
         _positive(self.step_overhead_s, "compute.step_overhead_s", allow_zero=True)
         _positive(self.cost_error_cv, "compute.cost_error_cv", allow_zero=True)
+        _positive(self.prefetch_host_s, "compute.prefetch_host_s", allow_zero=True)
         if self.cost_model is None and self.peak_tflops is None:
             raise ValueError(
                 "compute needs a cost model (--cost-model, from `freescale calibrate`) or compute.peak_tflops"

@@ -33,7 +33,9 @@ Compute overlapped with communication can run slower (``network.overlap_slowdown
 overlap: SM kernels; ``overlap_slowdown_s_per_mbyte`` per megabyte moved meanwhile: host CPU
 network work), unevenly over a step's ranks (``overlap_slowdown_spread``): the rank slowed most
 arrives late and the others idle, unless (PEC) they first wait on the next batch's routing
-(``prefetch_waits``).
+(``prefetch_waits``). PEC's prefetch also ends ``compute.prefetch_host_s`` later than its exchanges
+alone: the worker gets the next batch after the step's data stage and does lookups and the cold
+sparse update itself (exposed only where that outlasts the compute).
 
 What is not modelled (and why it is small for the cases validated, see ``benchmarks/bench_simulate.py``):
 the online balancer's placement compute and its negatives exchange, pipelining of the dense
@@ -347,6 +349,8 @@ def time_steps(
     hidden_mbytes = 1e-6 * background_bytes.mean(axis=1) * hidden_share
     following = np.concatenate([hidden[1:], [0.0]]), np.concatenate([hidden_mbytes[1:], [0.0]])
     busy = busy + overlap_slowdowns(*following, w, cfg.network, rng)
+    if routing is not None:  # PEC's worker: its host work (data stage, lookups, cold update) comes first
+        background, routing = background + cfg.compute.prefetch_host_s, routing + cfg.compute.prefetch_host_s
     own_wait, exposed_bg = prefetch_waits(busy, background, routing)
     exposed = critical[:, None] + own_wait + exposed_bg[:, None]  # until the slowest rank leaves the step
     lead = completion_leads(released, w, cfg.network.completion_spread, rng)
