@@ -50,7 +50,6 @@ PROBE_PORT = 29561
 # ------------------------------------------------------------------------------------------ link probe
 def probe_rank(argv: list[str]) -> int:
     """Rank entry of the link probe (runs inside one host's namespace); rank 0 writes the JSON."""
-    import os
 
     import torch
     import torch.distributed as dist
@@ -62,9 +61,7 @@ def probe_rank(argv: list[str]) -> int:
     parser.add_argument("--sizes", required=True, help="comma-separated all-to-all payloads, bytes per rank")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=2)
+    _join_pair(args)
     times: dict[str, list[float]] = {}
     for nbytes in (int(x) for x in args.sizes.split(",")):
         x = torch.ones(nbytes // 4)
@@ -74,6 +71,26 @@ def probe_rank(argv: list[str]) -> int:
     dense = torch.ones(max(1, args.dense_bytes // 4))
     dist.all_reduce(dense)
     times["all_reduce"] = [_timed(dist, dist.all_reduce, dense) for _ in range(PROBE_REPS)]
+    return _leave_pair(args, times)
+
+
+def _join_pair(args: argparse.Namespace) -> None:
+    """A probe rank's start: one compute thread (as a trainer rank on these hosts), then the gloo
+    group of the two hosts' ranks at ``args.master``."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=2)
+
+
+def _leave_pair(args: argparse.Namespace, times: dict[str, list[float]]) -> int:
+    """A probe rank's end: rank 0 writes both ranks' ``times`` to ``args.out``; the group is left."""
+    import torch.distributed as dist
+
     gathered: list[Any] = [None, None]
     dist.all_gather_object(gathered, times)
     if args.rank == 0:
@@ -163,7 +180,6 @@ def contention_rank(argv: list[str]) -> int:
     """Rank entry of the contention probe: one micro-batch's forward+backward of the workload's model,
     alone and with an all-to-all of what PEC overlaps in flight (launched just before, as PEC
     does), both ranks at once, barrier-started, interleaved; rank 0 writes the per-rank times."""
-    import os
 
     import torch
     import torch.distributed as dist
@@ -180,14 +196,12 @@ def contention_rank(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
+    _join_pair(args)  # first: one compute thread before the model is built
     model = ModelConfig(**spec["model"])
     extra = ModelExtraConfig(num_items=CALIBRATION_ITEMS, num_actions=8, inbatch_negatives=spec["inbatch_negatives"])
     samples = synthetic_samples(spec["lengths"], CALIBRATION_ITEMS, np.random.default_rng(args.rank))
     batch = collate(samples, CollateConfig.for_model(model, extra), 0, args.rank)
     timer = MicroBatchTimer(model, extra, seed=args.rank)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=2)
     x = torch.ones(max(2, int(spec["exchange_bytes"]) // 8 * 2))
     y = torch.empty_like(x)
     dist.all_to_all_single(y, x)  # warm the connection and the model
@@ -206,12 +220,7 @@ def contention_rank(argv: list[str]) -> int:
         work.wait()
         times["beside"].append(done - start)
         times["wait"].append(time.perf_counter() - done)
-    gathered: list[Any] = [None, None]
-    dist.all_gather_object(gathered, times)
-    if args.rank == 0:
-        Path(args.out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
-    return 0
+    return _leave_pair(args, times)
 
 
 def probe_contention(hosts: list, work: Path, tag: str, spec: dict[str, Any]) -> dict[str, Any]:

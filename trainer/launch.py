@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from freescale.endpoints import host_port
 from freescale.trainer.config import RunConfig
 from freescale.trainer.lifetime import die_with_parent, run_group
 
@@ -75,13 +76,10 @@ class Nodes:
             raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
-        if self.nnodes > 1:
-            host, _, port = self.rdzv_endpoint.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(
-                    f"--rdzv-endpoint must be HOST:PORT of node 0 with --nnodes {self.nnodes}, "
-                    f"got {self.rdzv_endpoint!r}"
-                )
+        if self.nnodes > 1 and host_port(self.rdzv_endpoint) is None:
+            raise ValueError(
+                f"--rdzv-endpoint must be HOST:PORT of node 0 with --nnodes {self.nnodes}, got {self.rdzv_endpoint!r}"
+            )
         if not self.rdzv_id or not self.rdzv_id.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"--rdzv-id must be letters, digits, '-' or '_', got {self.rdzv_id!r}")
 

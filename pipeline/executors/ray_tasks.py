@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from freescale.endpoints import host_port
 from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import (
     CallQueue,
@@ -294,11 +295,10 @@ def _resolve_auto() -> str:
 
 def split_address(address: str) -> tuple[str, int]:
     """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT`` (Ray Client), else a ``ValueError``."""
-    bare = address.removeprefix("ray://")
-    host, _, port = bare.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    parsed = host_port(address.removeprefix("ray://"))
+    if parsed is None:
         raise ValueError(f"--ray-address must be auto, HOST:PORT or ray://HOST:PORT, got {address!r}")
-    return host.strip("[]"), int(port)
+    return parsed
 
 
 def _ray_initialized() -> bool:

@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 
 from freescale.pipeline.stats import figures
+from freescale.pipeline.steps.scan import count_values
 
 BASE_TABLES = ("item", "action", "user")
 
@@ -181,11 +182,8 @@ def _sorted_records(files: list[Path], bits: int) -> tuple[np.ndarray, np.ndarra
         uid[rank] = raw_ids
         keys, counts = (rank << bits) | np.concatenate(fine), np.concatenate(cnt)
     if counts is None:  # every record counts once: sorting the keys alone is enough (numpy: ~2x polars)
-        keys = np.sort(keys)  # uint32 when every chunk's keys were (``spill_table``)
-        first = np.ones(keys.size, dtype=bool)
-        first[1:] = keys[1:] != keys[:-1]
-        starts = np.flatnonzero(first)
-        return keys[starts].astype(np.int64), np.diff(np.append(starts, keys.size)), uid
+        distinct, counts = count_values(keys)  # uint32 when every chunk's keys were (``spill_table``)
+        return distinct, counts, uid
     order = np.argsort(keys, kind="stable")
     keys, counts = keys[order], counts[order]
     first = np.ones(keys.size, dtype=bool)
