@@ -7,6 +7,7 @@ that reason otherwise; the namespaces are removed in every case.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -79,3 +80,35 @@ def test_bench_network_refuses_a_bad_cap() -> None:
     bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_network.py"
     result = subprocess.run([sys.executable, str(bench), "--caps", "none,-5"], capture_output=True, text=True)
     assert result.returncode == 2 and "a cap must be > 0 Mbit/s" in result.stderr
+
+
+def test_each_host_runs_on_its_own_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Separate machines do not share CPUs: the cores are split evenly, one host per core on 2 cores;
+    with fewer cores than hosts both get all of them (sharing cannot be avoided)."""
+    from freescale.tools import hosts as hosts_module
+
+    for cores, expected in (({0, 1}, [(0,), (1,)]), ({0, 1, 2, 3, 4}, [(0, 1), (2, 3)]), ({3}, [(3,), (3,)])):
+        monkeypatch.setattr(hosts_module.os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        assert hosts_module.cpu_slices(2) == expected
+    argv, _ = hosts_module.node_command(Host("ns", "if", "10.0.0.1", (2, 3)), ["python", "-c", "pass"])
+    assert "taskset -c 2,3 python -c pass" in argv[-1]
+    argv, _ = hosts_module.node_command(Host("ns", "if", "10.0.0.1"), ["python"])
+    assert "taskset" not in argv[-1]
+
+
+def test_a_command_inside_a_host_sees_only_that_hosts_cores() -> None:
+    from freescale.tools.hosts import node_command
+
+    show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    try:
+        with two_hosts() as hosts:
+            seen = []
+            for host in hosts:
+                argv, env = node_command(host, show)
+                result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
+                seen.append(result.stdout.strip())
+    except HostsUnavailableError as error:
+        pytest.skip(str(error))
+    assert seen == [str(list(host.cpus)) for host in hosts]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert set(hosts[0].cpus).isdisjoint(hosts[1].cpus)

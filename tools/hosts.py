@@ -4,11 +4,14 @@ Why: multi-node behaviour (torchrun's c10d rendezvous across addresses, gloo ove
 hop, cross-host clock alignment, slow links) must be shown without a second machine. Each host is a
 network namespace holding one end of a veth pair with its own address; ``node_command`` wraps a
 command so it runs inside a host, with a private ``/dev/shm`` (separate machines do not share
-mosaicml-streaming's shared memory). ``cap_bandwidth`` puts a token-bucket (``tc ... tbf``) on both
-ends, so each direction is limited to the rate (this kernel has no ``netem``: latency comes only from
-the cap and its queue). Used by ``tests/test_multinode.py`` and ``benchmarks/bench_network.py``.
+mosaicml-streaming's shared memory) and on its own slice of this machine's cores (``Host.cpus``:
+separate machines do not share CPUs either; with both hosts' processes free to run on every core, one
+rank's forward pass of a micro-batch took 27 to 152 ms, as the peer host's compute and network work
+landed on its core or not). ``cap_bandwidth`` puts a token-bucket (``tc ... tbf``) on both ends, so
+each direction is limited to the rate (this kernel has no ``netem``: latency comes only from the cap
+and its queue). Used by ``tests/test_multinode.py`` and ``benchmarks/bench_network.py``.
 
-Building namespaces needs root, iproute2 (``ip netns``, veth, ``tc``) and util-linux's ``unshare``;
+Building namespaces needs root, iproute2 (``ip netns``, veth, ``tc``) and util-linux's ``unshare`` and ``taskset``;
 ``unavailable_reason`` says what is missing. Namespaces (and with them the veth pair and its
 qdiscs) are removed when ``two_hosts`` exits, whatever happened inside. Traffic stays on the veth
 pair between the two namespaces this process made.
@@ -35,13 +38,24 @@ class Host:
     namespace: str
     interface: str
     address: str
+    cpus: tuple[int, ...] = ()  # the cores its processes run on; () = all of this machine's
+
+
+def cpu_slices(n_hosts: int) -> list[tuple[int, ...]]:
+    """This process's cores split evenly over ``n_hosts`` (a host gets all of them when there are
+    fewer cores than hosts: sharing is then unavoidable)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < n_hosts:
+        return [tuple(cpus)] * n_hosts
+    share = len(cpus) // n_hosts
+    return [tuple(cpus[i * share : (i + 1) * share]) for i in range(n_hosts)]
 
 
 def unavailable_reason() -> str | None:
     """Why two hosts cannot be built here, or None."""
     if os.geteuid() != 0:
         return "building two hosts needs root (ip netns)"
-    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "tc", "unshare", "taskset") if shutil.which(tool) is None]
     if missing:
         return f"building two hosts needs {', '.join(missing)} (iproute2, util-linux)"
     return None
@@ -57,14 +71,19 @@ def _remove(namespaces: list[str]) -> None:
 
 
 @contextmanager
-def two_hosts() -> Iterator[list[Host]]:
-    """Two namespaces joined by a veth pair on a random /24 of 10.213.0.0/16; removed on exit."""
+def two_hosts(split_cpus: bool = True) -> Iterator[list[Host]]:
+    """Two namespaces joined by a veth pair on a random /24 of 10.213.0.0/16, each on its own half of
+    the cores (``split_cpus``; else both on all of them); removed on exit."""
     reason = unavailable_reason()
     if reason is not None:
         raise HostsUnavailableError(reason)
     tag = uuid.uuid4().hex[:6]
     subnet = f"10.213.{int(tag, 16) % 250 + 1}"
-    hosts = [Host(f"fs{tag}{side}", f"v{tag}{side}", f"{subnet}.{n}") for n, side in ((1, "a"), (2, "b"))]
+    slices = cpu_slices(2) if split_cpus else [(), ()]
+    hosts = [
+        Host(f"fs{tag}{side}", f"v{tag}{side}", f"{subnet}.{n}", cpus)
+        for (n, side), cpus in zip(((1, "a"), (2, "b")), slices, strict=True)
+    ]
     try:
         for host in hosts:
             _ip("netns", "add", host.namespace)
@@ -107,8 +126,10 @@ def cap_bandwidth(hosts: list[Host], mbit: float | None) -> None:
 
 
 def node_command(host: Host, command: list[str]) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) that run ``command`` inside ``host``: its namespace, a private /dev/shm, gloo bound
-    to its veth interface."""
+    """(argv, env) that run ``command`` inside ``host``: its namespace, a private /dev/shm, its cores,
+    gloo bound to its veth interface."""
+    if host.cpus:
+        command = ["taskset", "-c", ",".join(map(str, host.cpus)), *command]
     private_shm = f"mount -t tmpfs tmpfs /dev/shm && exec {shlex.join(command)}"
     argv = ["ip", "netns", "exec", host.namespace, "unshare", "--mount", "sh", "-c", private_shm]
     return argv, dict(os.environ, GLOO_SOCKET_IFNAME=host.interface)
