@@ -44,11 +44,12 @@ def test_zero_slowdown_is_the_formula_without_it() -> None:
         assert run(work(0.5), overlap, overlap_slowdown_spread=1.0) == run(work(0.5), overlap)
 
 
-def test_slowdown_per_megabyte_moved_lengthens_every_step_but_the_last() -> None:
-    """Compute long enough to hide the whole exchange: each step but the last (no next batch in
-    flight) is slower by exactly the coefficient times the megabytes it overlaps; spread 0: no idle."""
+def test_slowdown_per_megabyte_moved_lengthens_every_step() -> None:
+    """Compute long enough to hide the whole exchange: each step (steady state: the next batch is
+    always in flight) is slower by exactly the coefficient times the megabytes it overlaps; spread 0:
+    no idle."""
     base, slowed = run(work(0.5)), run(work(0.5), overlap_slowdown_s_per_mbyte=0.01)
-    extra = 0.01 * background_mbytes() * (STEPS - 1) / STEPS
+    extra = 0.01 * background_mbytes()
     assert base["comm_ms"]["exposed_prefetch"] == 0.0
     assert slowed["step_s"] - base["step_s"] == pytest.approx(extra, rel=1e-6)
     assert slowed["straggler_pct"] == 0.0
@@ -62,7 +63,7 @@ def test_uneven_slowdown_makes_one_rank_late_and_the_other_idle() -> None:
     assert got[0.0]["straggler_pct"] == 0.0
     assert 0.0 < got[0.5]["straggler_pct"] < got[1.0]["straggler_pct"]
     idle_per_rank_s = got[1.0]["straggler_pct"] / 100 * got[1.0]["step_s"]  # one rank idles 2·s·mean
-    assert idle_per_rank_s == pytest.approx(mean_s * (STEPS - 1) / STEPS, rel=0.02)
+    assert idle_per_rank_s == pytest.approx(mean_s, rel=0.02)
 
 
 def test_routing_wait_absorbs_the_slowed_ranks_lead() -> None:
@@ -91,7 +92,7 @@ def test_a_slower_link_moves_fewer_bytes_during_compute() -> None:
     fast, slow = {"intra_bandwidth_gbytes_s": 0.05}, {"intra_bandwidth_gbytes_s": 0.0125}
     w = work(0.05)
     per_byte = {"overlap_slowdown_s_per_mbyte": 0.01}
-    assert compute_growth(w, fast, per_byte) == pytest.approx(0.01 * background_mbytes() * (STEPS - 1) / STEPS)
+    assert compute_growth(w, fast, per_byte) == pytest.approx(0.01 * background_mbytes())
     assert 0.0 < compute_growth(w, slow, per_byte) < 0.95 * compute_growth(w, fast, per_byte)
     per_second = {"overlap_slowdown": 0.2}
     assert compute_growth(w, slow, per_second) > 2.0 * compute_growth(w, fast, per_second)
@@ -135,6 +136,20 @@ def test_exposed_comm_grows_monotonically_with_host_work() -> None:
     assert got[-1] > got[0]
 
 
+def test_steady_state_a_window_predicts_what_it_predicts_repeated() -> None:
+    """Steady state: the per-step figures of a window of unequal steps equal those of the same window
+    run 4 times over, for both schedules (a run's first fetch and last drain are in neither)."""
+    pattern = np.array([0.004, 0.3, 0.02, 0.15])
+    for overlap in ("none", "pec"):
+        figures = []
+        for repeats in (1, 4):
+            compute = np.tile(pattern, repeats)[:, None] * np.ones((1, 2))
+            events, samples = np.full(compute.shape, 1e4), np.full(compute.shape, 4.0)
+            got = run_host(StepWork(compute, events, samples, None, "test"), 0.01, overlap)
+            figures.append((got["exposed_comm_pct"], got["straggler_pct"], got["step_s"]))
+        assert figures[0] == pytest.approx(figures[1]), overlap
+
+
 def test_host_work_option_is_validated() -> None:
     with pytest.raises(ValueError, match=r"compute\.prefetch_host_s"):
         ComputeConfig(peak_tflops=1.0, prefetch_host_s=-0.1)
@@ -170,3 +185,29 @@ def test_contention_fit_recovers_the_slowdown_and_its_spread() -> None:
     assert sim_hosts().contention_fit(outlasting, 2e6)["overlap_slowdown_s_per_mbyte"] == pytest.approx(0.02)
     unslowed = [{**r, "beside": alone} for r in per_rank]
     assert sim_hosts().contention_fit(unslowed, 2e6)["overlap_slowdown_s_per_mbyte"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------ measured window
+def test_measured_steady_figures_leave_out_warm_up_and_the_drain_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps 0-3 on 2 ranks, skip 1: steps 1 and 2 only (step 3 is the run's drain), weighted by wall
+    time like ``bubbles.summarize``: idle 10 + 30 of 400 ms, comm 20 + 20."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from bench_pec import steady_figures
+
+    def rank_step(step: int, rank: int, idle: float, comm: float) -> dict:
+        return {"step": step, "rank": rank, "wall": 0.1, "compute": 0.1 - idle - comm, "data": 0.0,
+                "comm": comm, "idle": idle, "untimed": 0.0}  # fmt: skip
+
+    drain = 0.09  # the last step: almost all communication
+    ranks = [rank_step(0, r, 0.05, 0.05) for r in (0, 1)] + [rank_step(3, r, 0.0, drain) for r in (0, 1)]
+    ranks += [rank_step(1, 0, 0.01, 0.01), rank_step(1, 1, 0.0, 0.01), rank_step(2, 0, 0.0, 0.01)]
+    ranks += [rank_step(2, 1, 0.03, 0.01)]
+    lines = [{"step": s, "step_ms": 100.0, "samples": 8, "straggler_pct": 0.0, "exposed_comm_pct": 0.0,
+              "bubble_pct": 0.0, "samples_per_s": 80.0, "imbalance": 1.0} for s in range(4)]  # fmt: skip
+    got = steady_figures({"steps": lines, "rank_steps": ranks}, 1)
+    assert got["steps"] == 2 and got["step_ms"] == pytest.approx(100.0)
+    assert got["straggler_pct"] == pytest.approx(100 * 0.04 / 0.4)
+    assert got["exposed_comm_pct"] == pytest.approx(100 * 0.04 / 0.4)
+    assert got["bubble_pct"] == pytest.approx(20.0)
+    assert got["samples_per_s"] == pytest.approx(80.0)
+    assert len(got["per_step"]["straggler_pct"]) == 2

@@ -341,14 +341,12 @@ def time_steps(
         routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(2 * ID_BYTES * unique)
         background = routing + net.all_to_all(rows) + net.all_to_all((1.0 - rate) * rows)
         background_bytes = routing_bytes + 2 * ID_BYTES * unique + (2.0 - rate) * rows
-    top = busy.max(axis=1)
-    window = np.concatenate([top[:1], top[:-1]])  # batch n+1's prefetch runs while batch n computes
+    window = np.roll(busy.max(axis=1), 1)  # batch n+1's prefetch runs while batch n computes (steady state)
     hidden = np.minimum(background, window)
     # the bytes moved while compute runs: the hidden share of the background exchanges' payload
     hidden_share = np.divide(hidden, background, out=np.zeros_like(hidden), where=background > 0)
     hidden_mbytes = 1e-6 * background_bytes.mean(axis=1) * hidden_share
-    following = np.concatenate([hidden[1:], [0.0]]), np.concatenate([hidden_mbytes[1:], [0.0]])
-    busy = busy + overlap_slowdowns(*following, w, cfg.network, rng)
+    busy = busy + overlap_slowdowns(np.roll(hidden, -1), np.roll(hidden_mbytes, -1), w, cfg.network, rng)
     if routing is not None:  # PEC's worker: its host work (data stage, lookups, cold update) comes first
         background, routing = background + cfg.compute.prefetch_host_s, routing + cfg.compute.prefetch_host_s
     own_wait, exposed_bg = prefetch_waits(busy, background, routing)
@@ -398,15 +396,16 @@ def prefetch_waits(
     the step's collectives, and for that batch's rows after them. A rank done computing early waits
     on the routing first, so where the routing outlasts the compute it absorbs the rank's lead
     instead of the lead turning into idle time at the collectives; the rows that outlast the last
-    rank's arrival are waited for by all. With equal compute the sum is the ``none`` formula's."""
+    rank's arrival are waited for by all. With equal compute the sum is the ``none`` formula's.
+
+    Steady state: the steps repeat (step 0's batch was fetched during the last step), so a run's
+    two ends, which a long run amortises (the first batch fetched beside nothing, the last step's
+    gradients sent at once), do not weigh on the per-step figures of a short simulated window."""
     top = busy.max(axis=1)
     if routing is None:
-        window = np.concatenate([top[:1], top[:-1]])
-        return np.zeros_like(busy), np.maximum(0.0, background - window)
-    following = np.concatenate([routing[1:], [0.0]])
-    own = np.maximum(0.0, following[:, None] - busy)
-    shared = np.maximum(0.0, np.concatenate([background[1:], [0.0]]) - (busy + own).max(axis=1))
-    shared[0] += max(0.0, float(background[0] - top[0]))  # the first batch: fetched beside its own compute
+        return np.zeros_like(busy), np.maximum(0.0, background - np.roll(top, 1))
+    own = np.maximum(0.0, np.roll(routing, -1)[:, None] - busy)
+    shared = np.maximum(0.0, np.roll(background, -1) - (busy + own).max(axis=1))
     return own, shared
 
 
