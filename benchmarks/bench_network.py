@@ -35,7 +35,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench_pec import ENGINES, Settings, machine, prepare_point, steady_state, write_config
+from bench_pec import ENGINES, Settings, machine, prepare_point, steady_figures, steady_state, write_config
 from measure import FREESCALE, write_result
 
 from freescale.tools.hosts import HostsUnavailableError, cap_bandwidth, train_on_hosts, two_hosts
@@ -78,18 +78,18 @@ def one_run(hosts: list, s: Settings, data: str, rows: int, label: str, engine: 
     if any(code != 0 for code, _ in results):
         raise RuntimeError(f"{tag} failed:\n" + "\n---\n".join(out_[-3000:] for _, out_ in results))
     report = json.loads((out / "bubbles.json").read_text())
-    summary = report["summary"]
+    steady = steady_figures(report, s.skip_steps)  # the run's drain step left out, as in steady_state
     return {
         "wall_s": wall,
-        "step_ms": summary["step_ms"],
-        "samples_per_s": summary["samples_per_s"],
-        "exposed_comm_pct": summary["exposed_comm_pct"],
-        "compute_ms": summary["compute_pct"] * summary["step_ms"] / 100.0,
-        "straggler_pct": summary["straggler_pct"],
-        "bubble_pct": summary["bubble_pct"],
-        "compute_pct": summary["compute_pct"],
-        "data_pct": summary["data_pct"],
-        "stage_ms": summary["stage_ms"],
+        "step_ms": steady["step_ms"],
+        "samples_per_s": steady["samples_per_s"],
+        "exposed_comm_pct": steady["exposed_comm_pct"],
+        "compute_ms": steady["compute_pct"] * steady["step_ms"] / 100.0,
+        "straggler_pct": steady["straggler_pct"],
+        "bubble_pct": steady["bubble_pct"],
+        "compute_pct": steady["compute_pct"],
+        "data_pct": steady["data_pct"],
+        "stage_ms": report["summary"]["stage_ms"],
         **steady_state(report["steps"], s.skip_steps),
         "losses": [line["loss"] for line in report["steps"]],
     }

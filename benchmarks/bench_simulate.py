@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
+from bench_pec import steady_figures
 from measure import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_simulate.json"
@@ -403,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
                 variant, overlap = name.split("/")
                 sub = work / overlap
                 sub.mkdir(exist_ok=True)
-                runs[name].append(one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps))
+                row = one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps)
+                report = json.loads((sub / "runs" / f"freescale-{variant}-{repeat}" / "bubbles.json").read_text())
+                runs[name].append(row | steady_figures(report, SKIP_STEPS))  # no drain step: the steady state
         measured = {name: pool(rows) for name, rows in runs.items()}
         floor = measured.pop("identical/none")
         planned = data["datasets"]["planned"]["path"]
@@ -416,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, m in measured.items():
             variant, overlap = name.split("/")
             arm = "random" if variant == "random" else "plan"
-            source = own_source(data["datasets"][variant]["path"], steps)
+            source = own_source(data["datasets"][variant]["path"], steps - 1)  # the measured window
             rows.append(
                 compare(name, m, predict(s, data["cost_path"], calib, net, facts, params, source, arm, overlap))
             )

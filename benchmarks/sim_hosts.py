@@ -11,12 +11,12 @@ The simulator sees only what a user could measure before renting the cluster:
   ``straggler_pct`` as the noise floor (its data are planned, its lengths narrow: what is left is
   jitter), and the latency of the trainer's own collectives in it;
 * **the link at each cap**: a probe between the two hosts (gloo ``all_to_all_single`` of 16 KB–2 MB
-  per rank and an all-reduce of the dense gradient's size, barrier-started, the slowest rank's
-  median), fitted to latency + bytes/bandwidth, and how much earlier than the slowest rank the
-  other leaves an exchange (``completion_spread``). Like ``nccl-tests`` on a real cluster, it is a
-  property of the link, not of the training runs it predicts. Over gloo/TCP with a token bucket on
-  each end the two directions of an exchange do not overlap fully (the acknowledgements of one
-  direction queue behind the other's data), so the fitted bandwidth is well below the cap: that is
+  per rank and an all-reduce of the dense gradient's size, barrier-started, the slowest rank's mean
+  over 8 repetitions), fitted to latency + bytes/bandwidth, and how much earlier than the slowest
+  rank the other leaves an exchange (``completion_spread``). Like ``nccl-tests`` on a real cluster,
+  it is a property of the link, not of the training runs it predicts. Over gloo/TCP with a token
+  bucket on each end the two directions of an exchange do not always overlap (the acknowledgements
+  of one direction queue behind the other's data), so the fitted bandwidth is below the cap: that is
   why the cap itself is not used;
 * **contention at each cap**: a probe on both hosts at once timing one micro-batch's forward+backward
   of the same model alone and beside an all-to-all of what PEC overlaps with a step's compute
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-PROBE_REPS = 5
+PROBE_REPS = 8
 CONTENTION_REPS = 20
 PROBE_PORT = 29561
 
@@ -138,12 +138,15 @@ def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple
 
     The slowest rank sets when a collective is over; the all-to-all sends half a rank's payload to
     the other rank, so the fit is ``α + (payload/2)/bw``. The all-reduce keeps its own latency.
+    Means over repetitions, not medians: over TCP through a token bucket an exchange's two directions
+    sometimes run together and sometimes one after the other (times of t or ~2t), and a step's
+    time adds up what its exchanges take on average; a median flips between the two modes.
     """
     out = work / f"probe-{tag}.json"
     extra = ["--dense-bytes", str(dense_bytes), "--out", str(out), "--sizes", ",".join(map(str, sizes))]
     _on_both_hosts(hosts, "--probe-rank", extra, f"link probe {tag}")
     per_rank = json.loads(out.read_text())
-    slowest = {key: float(np.median(np.max([r[key] for r in per_rank], axis=0))) for key in per_rank[0]}
+    slowest = {key: float(np.mean(np.max([r[key] for r in per_rank], axis=0))) for key in per_rank[0]}
     y = np.array([slowest[f"all_to_all:{n}"] for n in sizes])
     x = np.array(sizes, dtype=np.float64) / 2
     (beta, alpha), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
@@ -365,7 +368,7 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     calib = calibration(cost_path, data, uncapped["runs"]["none"], s.steps, ranks=(0, 1), skip=s.skip_steps)
     bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
     insitu = insitu_network([bubbles], payload, {"all_to_all_fit": uncapped["link"]}, s.skip_steps)
-    source = own_source(data, s.steps, s.skip_steps)
+    source = own_source(data, s.steps - 1, s.skip_steps)  # the measured window: no drain step
     rows: dict[str, list[dict[str, Any]]] = {"validation": [], "validation_without_contention": []}
     for r in measured:
         # latency: the trainer's own collectives in the calibration run; bandwidth: the probe at this cap
