@@ -119,6 +119,24 @@ def test_network_model_by_hand() -> None:
     assert own.all_reduce(1e6) == pytest.approx(1e6 / 4e9)
 
 
+def test_collectives_side_by_side_share_the_links_bandwidth() -> None:
+    """Bandwidth-bound, the gradient exchange and the dense all-reduce in flight together take their
+    bandwidth terms one after the other; latency-bound, the longer latency; ``none``'s critical path
+    charges the dense all-reduce's bytes beside the gradient exchange."""
+    net = NetworkModel(NetworkConfig(intra_latency_us=100.0, intra_bandwidth_gbytes_s=0.01), 2)
+    a2a_latency, ar_latency = net.all_to_all(0.0), net.all_reduce(0.0)  # 100 µs; 2 × 100 µs (one hop)
+    grads, dense = net.all_to_all(np.array([[2e6, 2e6]])), net.all_reduce(1e6)  # 0.1 s of bytes each
+    assert net.side_by_side(grads, a2a_latency, dense, ar_latency)[0] == pytest.approx(200e-6 + 0.1 + 0.1)
+    tiny = net.side_by_side(net.all_to_all(np.array([[8.0, 8.0]])), a2a_latency, net.all_reduce(8.0), ar_latency)
+    assert tiny[0] == pytest.approx(200e-6, rel=0.01)  # the longer latency, not their sum
+    workload = WorkloadConfig(embedding_dim=16, negatives=0, dense_params=250_000, batch_overlap_rate=0.0)
+    cfg = SimConfig(network=net.cfg, workload=workload, compute=ComputeConfig(peak_tflops=1.0))
+    w = StepWork(np.full((4, 2), 1.0), np.full((4, 2), 1e4), np.full((4, 2), 4.0), None, "test")
+    got = time_steps(w, "none", cfg, net, 0.0, np.random.default_rng(0))
+    rows = net.all_to_all(np.array([[1e4 * workload.row_bytes] * 2]))[0]  # latency included
+    assert got["comm_ms"]["critical"] == pytest.approx(1e3 * (2 * rows - 100e-6 + 200e-6 + 0.1), rel=1e-6)
+
+
 def test_pec_leaves_the_overlap_share_on_the_critical_path() -> None:
     """With compute long enough to hide the prefetch, PEC's exposed comm is the OL gradients and the
     dense all-reduce: it grows with batch_overlap_rate and stays below overlap=none."""
