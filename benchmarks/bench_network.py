@@ -49,7 +49,7 @@ def network_settings(quick: bool) -> Settings:
     base = Settings().quick() if quick else Settings()
     if quick:
         return replace(base, points=[(0.5, 200_000)], steps=8)
-    return replace(base, d_model=64, micro_batch_size=128, num_negatives=256, steps=20, points=[(0.5, 2_000_000)])
+    return replace(base, d_model=64, micro_batch_size=128, num_negatives=256, steps=40, points=[(0.5, 2_000_000)])
 
 
 def parse_caps(text: str) -> list[float | None]:

@@ -12,12 +12,12 @@ The simulator sees only what a user could measure before renting the cluster:
   jitter), and the latency of the trainer's own collectives in it;
 * **the link at each cap**: a probe between the two hosts (gloo ``all_to_all_single`` of 16 KB–2 MB
   per rank and an all-reduce of the dense gradient's size, barrier-started, the slowest rank's mean
-  over 8 repetitions), fitted to latency + bytes/bandwidth, and how much earlier than the slowest
-  rank the other leaves an exchange (``completion_spread``). Like ``nccl-tests`` on a real cluster,
-  it is a property of the link, not of the training runs it predicts. Over gloo/TCP with a token
-  bucket on each end the two directions of an exchange do not always overlap (the acknowledgements
-  of one direction queue behind the other's data), so the fitted bandwidth is below the cap: that is
-  why the cap itself is not used;
+  over 16 interleaved repetitions), fitted to latency + bytes/bandwidth, and how much earlier than
+  the slowest rank the other leaves an exchange (``completion_spread``). Like ``nccl-tests`` on a
+  real cluster, it is a property of the link, not of the training runs it predicts. Over gloo/TCP
+  with a token bucket on each end the two directions of an exchange do not always overlap (the
+  acknowledgements of one direction queue behind the other's data), so the fitted bandwidth is
+  below the cap: that is why the cap itself is not used;
 * **contention at each cap**: a probe on both hosts at once timing one micro-batch's forward+backward
   of the same model alone and beside an all-to-all of what PEC overlaps with a step's compute
   (``probe_contention``): the compute lost per megabyte the exchange moved meanwhile
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-PROBE_REPS = 8
+PROBE_REPS = 16
 CONTENTION_REPS = 20
 PROBE_PORT = 29561
 
@@ -62,15 +62,16 @@ def probe_rank(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     _join_pair(args)
-    times: dict[str, list[float]] = {}
-    for nbytes in (int(x) for x in args.sizes.split(",")):
-        x = torch.ones(nbytes // 4)
-        y = torch.empty_like(x)
-        dist.all_to_all_single(y, x)  # warm the connection
-        times[f"all_to_all:{nbytes}"] = [_timed(dist, dist.all_to_all_single, y, x) for _ in range(PROBE_REPS)]
+    buffers = {f"all_to_all:{n}": (torch.empty(n // 4), torch.ones(n // 4)) for n in map(int, args.sizes.split(","))}
     dense = torch.ones(max(1, args.dense_bytes // 4))
+    for y, x in buffers.values():
+        dist.all_to_all_single(y, x)  # warm the connection
     dist.all_reduce(dense)
-    times["all_reduce"] = [_timed(dist, dist.all_reduce, dense) for _ in range(PROBE_REPS)]
+    times: dict[str, list[float]] = {key: [] for key in [*buffers, "all_reduce"]}
+    for _ in range(PROBE_REPS):  # sizes interleaved: an exchange's mode tends to repeat in runs
+        for key, (y, x) in buffers.items():
+            times[key].append(_timed(dist, dist.all_to_all_single, y, x))
+        times["all_reduce"].append(_timed(dist, dist.all_reduce, dense))
     return _leave_pair(args, times)
 
 
@@ -139,8 +140,9 @@ def probe_link(hosts: list, work: Path, tag: str, dense_bytes: int, sizes: tuple
     The slowest rank sets when a collective is over; the all-to-all sends half a rank's payload to
     the other rank, so the fit is ``α + (payload/2)/bw``. The all-reduce keeps its own latency.
     Means over repetitions, not medians: over TCP through a token bucket an exchange's two directions
-    sometimes run together and sometimes one after the other (times of t or ~2t), and a step's
-    time adds up what its exchanges take on average; a median flips between the two modes.
+    sometimes run together and sometimes one after the other (times of t or ~2t, in runs of one mode:
+    hence the sizes interleaved), and a step's time adds up what its exchanges take on average; a
+    median flips between the two modes.
     """
     out = work / f"probe-{tag}.json"
     extra = ["--dense-bytes", str(dense_bytes), "--out", str(out), "--sizes", ",".join(map(str, sizes))]
