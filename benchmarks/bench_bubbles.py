@@ -259,6 +259,7 @@ def one_run(
         "run": name,
         "engine": engine,
         "data": variant,
+        "report": str(out / "bubbles.json"),
         "pipeline": report["pipeline"],
         "wall_s": seconds,
         **{

@@ -33,7 +33,7 @@ from typing import Any
 
 from measure import FREESCALE, write_result
 
-from freescale.trainer.bubbles import PARTS, mean_embedding_comm
+from freescale.trainer.bubbles import mean_embedding_comm, part_shares
 from freescale.trainer.config import write_run_toml
 
 PER_STEP = ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")
@@ -178,11 +178,7 @@ def steady_figures(report: dict[str, Any], skip: int) -> dict[str, Any]:
     critical path, ~1 pp of a 17-step window's exposed communication."""
     last = max(line["step"] for line in report["steps"])
     lines = [line for line in report["steps"] if skip <= line["step"] < last]
-    kept = [r for r in report["rank_steps"] if skip <= r["step"] < last]
-    wall = sum(r["wall"] for r in kept)
-    out: dict[str, Any] = {f"{p}_pct": 100.0 * sum(r[p] for r in kept) / wall for p in PARTS}
-    out |= {"straggler_pct": out["idle_pct"], "exposed_comm_pct": out["comm_pct"]}
-    out["bubble_pct"] = out["idle_pct"] + out["comm_pct"]
+    out: dict[str, Any] = part_shares([r for r in report["rank_steps"] if skip <= r["step"] < last])
     step_s = 1e-3 * sum(line["step_ms"] for line in lines)
     out |= {"steps": len(lines), "step_ms": 1e3 * step_s / len(lines)}
     out["samples_per_s"] = sum(line["samples"] for line in lines) / step_s

@@ -197,12 +197,13 @@ def dense_params(model_table: dict[str, Any], items: int) -> int:
 
 # ------------------------------------------------------------------------------------------ simulate
 def own_source(path: str, steps: int, skip: int = SKIP_STEPS):
-    """The dataset's own layout over the measured steps (warm-up and the trailing partial group cut)."""
+    """The dataset's own layout over the measured window of a ``steps``-step run: ``steady_figures``'
+    (warm-up and the run's last, drain step left out)."""
     from freescale.trainer.sim_inputs import OwnLayout, read_prepared
 
     source = read_prepared(path)
     layout = source.layout
-    lo, hi = 2 * skip, 2 * steps  # micro-batches of steps [SKIP_STEPS, steps) at W = 2
+    lo, hi = 2 * skip, 2 * (steps - 1)  # micro-batches of steps [skip, steps - 1) at W = 2
     offsets = layout.offsets[lo : hi + 1]
     lengths = layout.lengths[offsets[0] : offsets[-1]]
     source.layout = OwnLayout(lengths, offsets - offsets[0], layout.group_size, layout.strategy)
@@ -287,7 +288,7 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
             all_reduce_bandwidth_gbytes_s=net.get("all_reduce_bandwidth_gbytes_s"),
             completion_spread=net.get("completion_spread", 0.0),
             # Measured where a probe timed compute beside a running exchange (the 2-host contention
-            # probe: there the peer's compute and both hosts' network work share 2 cores); else 0: on
+            # probe: there each host's network work shares its one core with its rank); else 0: on
             # one host the in-training collective time is waiting, not CPU work that slows compute.
             overlap_slowdown_s_per_mbyte=net.get("overlap_slowdown_s_per_mbyte", 0.0),
             overlap_slowdown_spread=net.get("overlap_slowdown_spread", 0.0),
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 sub = work / overlap
                 sub.mkdir(exist_ok=True)
                 row = one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps)
-                report = json.loads((sub / "runs" / f"freescale-{variant}-{repeat}" / "bubbles.json").read_text())
+                report = json.loads(Path(row["report"]).read_text())
                 runs[name].append(row | steady_figures(report, SKIP_STEPS))  # no drain step: the steady state
         measured = {name: pool(rows) for name, rows in runs.items()}
         floor = measured.pop("identical/none")
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, m in measured.items():
             variant, overlap = name.split("/")
             arm = "random" if variant == "random" else "plan"
-            source = own_source(data["datasets"][variant]["path"], steps - 1)  # the measured window
+            source = own_source(data["datasets"][variant]["path"], steps)
             rows.append(
                 compare(name, m, predict(s, data["cost_path"], calib, net, facts, params, source, arm, overlap))
             )

@@ -23,7 +23,8 @@ The simulator sees only what a user could measure before renting the cluster:
   (``probe_contention``): the compute lost per megabyte the exchange moved meanwhile
   (``network.overlap_slowdown_s_per_mbyte``) and how unevenly it fell on the two ranks
   (``overlap_slowdown_spread``). On these hosts the kernel's network work and gloo's copies run on
-  the 2 cores that compute; on GPUs this is the SM contention the paper's SM-free transport removes;
+  the core each rank computes on; on GPUs this is the SM contention the paper's SM-free transport
+  removes;
 * the data's ``batch_overlap_rate`` and distinct-id share.
 
 Validated (never shown to the simulator): ``straggler_pct`` and ``exposed_comm_pct`` of ``pec`` on
@@ -232,7 +233,7 @@ def probe_contention(hosts: list, work: Path, tag: str, spec: dict[str, Any]) ->
     """How much a running exchange slows compute on the two hosts at this cap (``contention_rank``).
 
     Why a probe: on these emulated hosts the kernel's TCP/veth/token-bucket work and gloo's copies
-    run on the 2 cores the ranks compute on (on GPUs: NCCL kernels on the SMs), so PEC's overlapped
+    run on the core each rank computes on (on GPUs: NCCL kernels on the SMs), so PEC's overlapped
     exchange slows compute, and unevenly: the rank that takes more of that work is late at the
     step's collectives. Like a compute benchmark run beside nccl-tests before renting, it measures
     the machines and the link, never the training runs it predicts.
@@ -370,7 +371,7 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     calib = calibration(cost_path, data, uncapped["runs"]["none"], s.steps, ranks=(0, 1), skip=s.skip_steps)
     bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
     insitu = insitu_network([bubbles], payload, {"all_to_all_fit": uncapped["link"]}, s.skip_steps)
-    source = own_source(data, s.steps - 1, s.skip_steps)  # the measured window: no drain step
+    source = own_source(data, s.steps, s.skip_steps)
     rows: dict[str, list[dict[str, Any]]] = {"validation": [], "validation_without_contention": []}
     for r in measured:
         # latency: the trainer's own collectives in the calibration run; bandwidth: the probe at this cap

@@ -321,10 +321,16 @@ def embedding_comm_line(emb: dict[str, Any]) -> str:
 
 
 def _totals(rank_steps: list[RankStep]) -> dict[str, float]:
-    wall = sum(r.wall for r in rank_steps)
+    return part_shares([r.parts() for r in rank_steps])
+
+
+def part_shares(rank_steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Each part's share of the wall time, and DESIGN's bubble figures, over rank-steps given as
+    ``RankStep.parts()`` (``bubbles.json``'s ``rank_steps``): each weighted by its wall time."""
+    wall = sum(r["wall"] for r in rank_steps)
     if wall <= 0:
         return {f"{p}_pct": 0.0 for p in PARTS} | {"straggler_pct": 0.0, "exposed_comm_pct": 0.0, "bubble_pct": 0.0}
-    share = {f"{p}_pct": 100.0 * sum(getattr(r, p) for r in rank_steps) / wall for p in PARTS}
+    share = {f"{p}_pct": 100.0 * sum(r[p] for r in rank_steps) / wall for p in PARTS}
     share["straggler_pct"] = share["idle_pct"]
     share["exposed_comm_pct"] = share["comm_pct"]
     share["bubble_pct"] = share["idle_pct"] + share["comm_pct"]
