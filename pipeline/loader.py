@@ -40,6 +40,7 @@ import torch
 from torch.utils.data import Dataset
 
 from freescale import storage
+from freescale.optional import torchrec_unavailable
 from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer.data import CollateConfig, collate, sequence_arrays
 
@@ -82,6 +83,8 @@ class Config:
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"loader option '{name}' {rule}, got {getattr(self, name)!r}")
+        if self.output == "kjt" and (reason := torchrec_unavailable("loader option 'output' 'kjt'")):
+            raise ValueError(f"{reason}; or read output='batch' or 'samples', which need neither")
 
 
 def total_steps(dataset: PreparedDataset, world_size: int, epochs: float, max_steps: int = 0) -> int:

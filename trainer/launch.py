@@ -122,9 +122,12 @@ def torchrun_command(
 
 def check_before_start(cfg: RunConfig, world_size: int) -> None:
     """What every rank would trip over, checked once here: a one-line error instead of N tracebacks."""
+    from freescale.optional import torchrec_unavailable
     from freescale.pipeline.manifest import read_manifest
     from freescale.trainer.checkpoint import resolve_resume
 
+    if cfg.engine.name == "torchrec" and (reason := torchrec_unavailable("engine.name 'torchrec'")):
+        raise ValueError(f"{reason}; engine.name = 'freescale' needs neither")
     manifest = read_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
     group = int(manifest["layout"]["group_size"])
     if group % world_size:

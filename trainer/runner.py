@@ -114,6 +114,11 @@ def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device
     """The engine ``engine.name`` (and the resolved ``engine.overlap``) selects; TorchRec is imported only
     for ``torchrec``."""
     if cfg.engine.name == "torchrec":
+        from freescale.optional import torchrec_unavailable
+
+        reason = torchrec_unavailable("engine.name 'torchrec'")
+        if reason:  # the launcher says so first; a rank started by torchrun directly says it in one line too
+            raise TrainingError(reason)
         from freescale.trainer.torchrec_engine import TorchRecEngine
 
         return TorchRecEngine(cfg, rank, world_size, device)
