@@ -374,3 +374,6 @@ def test_steps_without_targets_are_reported_empty_and_left_out_of_the_loss() -> 
     mixed, empty = analyze([[record(0, 0, 2.0, 5), record(1, 0, 0.0, 0)], [record(0, 1, 0.0, 0), record(1, 1, 0.0, 0)]])
     assert step_metrics(mixed)["loss"] == 2.0 and "empty" not in step_metrics(mixed)
     assert step_metrics(empty)["loss"] is None and step_metrics(empty)["empty"] is True
+    assert step_metrics(mixed)["rank_loss"] == [2.0, None] and step_metrics(empty)["rank_loss"] == [None, None]
+    (diverged,) = analyze([[record(0, 0, float("nan"), 5)], [record(0, 1, 3.0, 5)]])
+    assert step_metrics(diverged)["rank_loss"] == [None, 3.0]

@@ -19,6 +19,7 @@ steps) and leave out the first ``skip_steps`` warm-up steps.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,6 +217,13 @@ def step_loss(ranks: list[RankStep]) -> dict[str, Any]:
     return line
 
 
+def rank_losses(ranks: list[RankStep]) -> list[float | None]:
+    """Each rank's own loss (None: no targets, or not finite). Why keep them beside the mean: rank r of
+    a W-rank run reads at step 0 the micro-batch rank r of any other world size reads, from the same
+    initial state, so step 0's per-rank losses must agree across world sizes and transports."""
+    return [r.loss if r.positions > 0 and math.isfinite(r.loss) else None for r in ranks]
+
+
 def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     """The per-step JSONL fields for one step (all ranks)."""
 
@@ -229,6 +237,7 @@ def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
     return {
         "step": ranks[0].step,
         **step_loss(ranks),
+        "rank_loss": rank_losses(ranks),
         "samples": sum(r.samples for r in ranks),
         "step_ms": 1000.0 * wall,
         "samples_per_s": sum(r.samples for r in ranks) / wall if wall > 0 else 0.0,

@@ -188,6 +188,11 @@ class EngineConfig:
     balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/online.py)
     balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
     balancer_min_gain: float = 0.02  # online balancer: move samples only if the step's max rank cost drops > 2%
+    # CUDA: let ranks of a node share GPUs (local rank r on cuda:(r % GPUs)). NCCL refuses two ranks on one
+    # GPU, so collectives run on gloo (auto backend) and the all-to-alls on copy engines through CUDA IPC
+    # (engine.transport auto). For checks on a one-GPU machine, not for speed.
+    share_gpus: bool = False
+    deterministic: bool = False  # torch.use_deterministic_algorithms: bitwise-repeatable CUDA runs, slower
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -203,6 +208,13 @@ class EngineConfig:
         _check(self.collective_timeout_s > 0, "engine.collective_timeout_s", "must be > 0", self.collective_timeout_s)
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("engine.backend 'nccl' needs engine.device 'cuda' (use gloo on CPU)")
+        if self.share_gpus and self.device != "cuda":
+            raise ValueError("engine.share_gpus needs engine.device 'cuda' (it places several CUDA ranks on one GPU)")
+        if self.share_gpus and self.backend == "nccl":
+            raise ValueError(
+                "engine.share_gpus cannot run on engine.backend 'nccl' (NCCL refuses two ranks on one GPU); "
+                "leave engine.backend = 'auto' (gloo when GPUs are shared) or set 'gloo'"
+            )
         if self.transport == "copy_engine" and self.device != "cuda":
             raise ValueError(
                 "engine.transport 'copy_engine' needs engine.device 'cuda' (copy engines are GPU DMA engines); "
@@ -226,9 +238,10 @@ class EngineConfig:
             )
 
     def resolved_backend(self) -> str:
+        """gloo on CPU and for ranks sharing GPUs (``share_gpus``), else nccl on CUDA."""
         if self.backend != "auto":
             return self.backend
-        return "nccl" if self.device == "cuda" else "gloo"
+        return "nccl" if self.device == "cuda" and not self.share_gpus else "gloo"
 
 
 @dataclass

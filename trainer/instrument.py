@@ -10,9 +10,10 @@ are measured by the same rule.
 
 Timestamps are ``time.perf_counter()`` (CLOCK_MONOTONIC, shared by processes of one host); ranks on
 other hosts are aligned with offsets measured once at start-up (``clock_offsets``). On CUDA the
-timer synchronises the device at stage boundaries (``engine.instrument``), so stage times are device
-times, at the cost of the overlap a later engine will add — measured runs of that engine will use
-CUDA events instead.
+timer synchronises the calling thread's current stream at stage boundaries (``engine.instrument``),
+so stage times are device times of the step's own work. Not the whole device: PEC's communication
+thread runs its kernels and copies on a stream of its own, and a device-wide synchronize would make
+every stage of the main thread wait for them, serialising what PEC overlaps.
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ class StepTimer:
     def __init__(self, rank: int, device: torch.device, enabled: bool = True) -> None:
         self.rank = rank
         self.enabled = enabled
-        self._sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" and enabled else (lambda: None)
+        self._sync: Callable[[], None] = (
+            (lambda: torch.cuda.current_stream(device).synchronize())
+            if device.type == "cuda" and enabled
+            else (lambda: None)
+        )
         self.current: StepRecord | None = None
         self._last_end = 0.0
 

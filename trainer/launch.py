@@ -141,6 +141,18 @@ def check_before_start(cfg: RunConfig, world_size: int) -> None:
     check_table_sizes(cfg, manifest)
 
 
+def check_cuda_devices(cfg: RunConfig, nproc: int, visible: int) -> None:
+    """Enough GPUs for ``nproc`` ranks on this machine, or ``engine.share_gpus`` to put several on one."""
+    if visible == 0:
+        raise ValueError("engine.device is 'cuda' but no CUDA device is visible (torch.cuda.device_count() is 0)")
+    if nproc > visible and not cfg.engine.share_gpus:
+        raise ValueError(
+            f"--nproc {nproc} needs {nproc} CUDA devices, {visible} visible (NCCL takes one GPU per rank); "
+            "set engine.share_gpus = true to run several ranks per GPU (gloo collectives, copy-engine "
+            "all-to-alls through CUDA IPC: for checks, not for speed)"
+        )
+
+
 def check_table_sizes(cfg: RunConfig, manifest: dict) -> None:
     """A configured table smaller than the dataset's vocabulary (``protocol.resolve_tables`` on every
     rank says the same; this says it once, before any rank starts)."""
@@ -173,11 +185,10 @@ def launch(
     if device is not None:
         overrides.append(f'engine.device="{device}"')
     cfg = RunConfig.from_toml(config, overrides)
-    if cfg.engine.device == "cuda" and nproc > 1:
+    if cfg.engine.device == "cuda":
         import torch
 
-        if torch.cuda.device_count() < nproc:
-            raise ValueError(f"--nproc {nproc} needs {nproc} CUDA devices, {torch.cuda.device_count()} visible")
+        check_cuda_devices(cfg, nproc, torch.cuda.device_count())
     check_before_start(cfg, nproc * nodes.nnodes)
     if evaluate_checkpoint:
         from freescale.trainer.checkpoint import resolve_resume

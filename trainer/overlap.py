@@ -180,6 +180,16 @@ class CommWorker:
         self.stream.synchronize()
         return result
 
+    def publish(self, future: Future, value: Any) -> None:
+        """(worker) Resolve ``future`` with tensors this task made, once its stream has computed them.
+
+        Why: the main thread uses a published value on its own stream at once, while the task goes
+        on; ``_run`` synchronises the stream only when the whole task returns.
+        """
+        if self.stream is not None:
+            self.stream.synchronize()
+        future.set_result(value)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self.comm.close()

@@ -174,7 +174,7 @@ class PECEngine(FreeScaleEngine):
         except BaseException as error:
             routed.set_exception(error)
             raise
-        routed.set_result((ctx, masks))
+        self.worker.publish(routed, (ctx, masks))
         received = comm.all_to_all("embedding_comm.prefetch", rows, ctx.recv_splits, ctx.send_splits)
         ol_state = masked_all_to_all(
             comm, "embedding_comm.prefetch_state", state, masks.ol_recv, ctx.recv_splits, masks.ol_send, ctx.send_splits

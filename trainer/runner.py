@@ -526,12 +526,40 @@ class Trainer:
 
 
 def device_for(cfg: RunConfig, local_rank: int) -> torch.device:
-    if cfg.engine.device == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("engine.device is 'cuda' but no CUDA device is visible")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    """This rank's device: ``cuda:<local rank>`` (``engine.share_gpus``: modulo the GPUs visible), or the CPU."""
+    if cfg.engine.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count(), cfg.engine.share_gpus))
+    torch.cuda.set_device(device)
+    return device
+
+
+def cuda_index(local_rank: int, visible: int, share: bool) -> int:
+    """The GPU of local rank ``local_rank`` among ``visible`` ones; with ``share`` ranks wrap around."""
+    if visible == 0:
+        raise TrainingError("engine.device is 'cuda' but no CUDA device is visible")
+    if local_rank < visible:
+        return local_rank
+    if share:
+        return local_rank % visible
+    raise TrainingError(
+        f"local rank {local_rank} has no GPU of its own ({visible} visible); set engine.share_gpus = true "
+        "to run several ranks per GPU"
+    )
+
+
+def process_group_options(backend: str, device: torch.device) -> dict[str, Any]:
+    """``init_process_group`` keywords: NCCL binds its communicator to the rank's GPU (``device_id``);
+    gloo, the backend of ranks sharing a GPU, takes CUDA tensors without one."""
+    return {"device_id": device} if backend == "nccl" and device.type == "cuda" else {}
+
+
+def use_deterministic(enabled: bool) -> None:
+    """``engine.deterministic``: kernels that give the same bits on every run (cuBLAS needs a fixed
+    workspace, set before its first use); an op without such a kernel raises instead of varying."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
 
 
 def pin_to_cpus(local_rank: int, local_world_size: int) -> list[int]:
@@ -551,14 +579,15 @@ def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, An
     """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*);
     with ``evaluate_checkpoint`` the rank scores that checkpoint instead of training."""
     torch.set_num_threads(cfg.engine.threads)
+    use_deterministic(cfg.engine.deterministic)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cfg.engine.pin_cpus:
         pin_to_cpus(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = device_for(cfg, local_rank)
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        backend = cfg.engine.resolved_backend()
         timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
-        dist.init_process_group(cfg.engine.resolved_backend(), timeout=timeout, **kwargs)
+        dist.init_process_group(backend, timeout=timeout, **process_group_options(backend, device))
     pids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(pids, (socket.gethostname(), os.getpid()))
     try:
