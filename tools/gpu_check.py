@@ -83,6 +83,8 @@ class Check:
     def env(self) -> dict[str, str]:
         """Children import FreeScale and the wheels from the private site folder once it exists."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # every rank is on this machine; an
+            env.setdefault(variable, "lo")  # offline VM's other interfaces or hostname may lead nowhere
         if not self.dry and self.site.is_dir():
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.site), os.environ.get("PYTHONPATH", "")) if p)
         return env
