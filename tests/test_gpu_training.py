@@ -57,7 +57,7 @@ def train(prepared: str, root: Path, name: str, nproc: int = 1, **engine: object
         "optimizer": {"dense": "sgd", "dense_lr": 0.05},
         "engine": {"deterministic": True, **engine},
         "eval": {"max_users": 0},
-        "logging": {"log_every": STEPS, "trace_steps": 2, "timeline_steps": 1},
+        "logging": {"log_every": STEPS, "trace_steps": 0, "timeline_steps": 0},
     }
     config = run_toml(root / f"{name}.toml", prepared, out, **tables)
     command = [sys.executable, "-P", "-m", "freescale.tools.cli", "train", "--config", config, "--nproc", str(nproc)]
