@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 
 FREESCALE = [str(Path(sys.executable).parent / "freescale")]
 
@@ -94,3 +95,27 @@ def ensure_preset(preset: str, data_dir: str) -> Path:
             [*FREESCALE, "generate", "--preset", preset, "--out", str(data)], check=True, cwd=tempfile.gettempdir()
         )
     return data
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, iters: int = 10) -> float:
+    """The card's dense matmul TFLOP/s: ``n³`` products of random ``dtype`` matrices (mean after warm-up)."""
+    gen = torch.Generator().manual_seed(0)
+    dtype = dtype if device.type == "cuda" else torch.float32
+    a, b = (torch.randn(n, n, generator=gen).to(dtype).to(device) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            a @ b
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / iters
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        seconds = (time.perf_counter() - t0) / iters
+    return 2.0 * n**3 / seconds / 1e12
