@@ -87,7 +87,7 @@ def quick_settings() -> Settings:
 def small_settings() -> Settings:
     return Settings(device="cpu", d_model=16, heads=2, time_buckets=16, heavy_samples=6, heavy_median=12.0,
                     heavy_cap=48, uniform_lengths=[16, 40], uniform_tokens=80, warmup=1, iters=1, compile_on=[],
-                    sweep=False, matmul_n=64)  # fmt: skip
+                    sweep=True, matmul_n=64)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -145,17 +145,33 @@ class Inputs:
         return [self.q, self.k, self.v, self.layer.pos_bias, self.layer.time_bias]
 
 
-def triton_call(x: Inputs, config=None, time_bias: bool = True) -> Callable[[], torch.Tensor]:
+def triton_call(x: Inputs, config=None, time_bias: bool = True, autograd: bool = False) -> Callable[[], torch.Tensor]:
+    """The kernel through ``hstu_attention`` (default tiles), or with ``config``'s tiles: forward only,
+    or (``autograd``) through an autograd function running both kernels with those tiles."""
     from freescale.kernels import hstu_attention_triton as tri
     from freescale.kernels.hstu_attention import hstu_attention
 
     j, layer = x.jagged, x.layer
     bias = layer.time_bias if time_bias else layer.time_bias[:0]
+    args = (x.q, x.k, x.v, j.offsets, j.timestamps, j.query_times, layer.pos_bias, bias, layer.num_heads, j.max_len)
     if config is None:
-        return lambda: hstu_attention(x.q, x.k, x.v, j.offsets, j.timestamps, j.query_times, layer.pos_bias, bias,
-                                      layer.num_heads, j.max_len)  # fmt: skip
-    return lambda: tri.forward(x.q, x.k, x.v, j.offsets, j.timestamps, j.query_times, layer.pos_bias, bias,
-                               layer.num_heads, j.max_len, config)  # fmt: skip
+        return lambda: hstu_attention(*args)
+    if not autograd:
+        return lambda: tri.forward(*args, config)
+
+    class Tiled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, pos_bias, time_bias):  # type: ignore[override]
+            ctx.save_for_backward(q, k, v, pos_bias, time_bias)
+            return tri.forward(q, k, v, *args[3:6], pos_bias, time_bias, *args[8:], config)
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[override]
+            q, k, v, pos_bias, time_bias = ctx.saved_tensors
+            dq, dk, dv, dpos, dtime = tri.backward(grad, q, k, v, *args[3:6], pos_bias, time_bias, *args[8:], config)
+            return dq, dk, dv, dpos, dtime
+
+    return lambda: Tiled.apply(x.q, x.k, x.v, layer.pos_bias, bias)
 
 
 def torch_call(x: Inputs, s: Settings, compiled: bool = False) -> Callable[[], torch.Tensor]:
@@ -245,11 +261,19 @@ def max_error(x: Inputs, s: Settings) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
-def sweep_configs() -> list:
+def forward_sweep() -> list:
+    """Forward tile configurations besides the default (GPU_CONFIG), timed on the longest uniform point."""
     from freescale.kernels.hstu_attention_triton import AttentionKernelConfig
 
     return [AttentionKernelConfig(fwd_block_m=m, fwd_block_n=n, fwd_warps=w, fwd_stages=st)
-            for m, n, w, st in ((64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (64, 32, 4, 3))]  # fmt: skip
+            for m, n, w, st in ((64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3))]  # fmt: skip
+
+
+def backward_sweep() -> list:
+    """Backward tile configurations besides the default, timed forward + backward on ``heavy``."""
+    from freescale.kernels.hstu_attention_triton import AttentionKernelConfig
+
+    return [AttentionKernelConfig(bwd_block=b, bwd_warps=w) for b, w in ((64, 8), (32, 4))]
 
 
 def bench_workload(s: Settings, work: Workload, dtype: torch.dtype) -> dict:
@@ -267,9 +291,13 @@ def bench_workload(s: Settings, work: Workload, dtype: torch.dtype) -> dict:
     if s.sweep and work.name == f"uniform_{max(s.uniform_lengths)}":
         arms.append(measure_arm("triton fwd, no time bias", triton_call(x, time_bias=False), work, s,
                                 False))  # fmt: skip
-        for cfg in sweep_configs():
+        for cfg in forward_sweep():
             label = f"triton fwd {cfg.fwd_block_m}x{cfg.fwd_block_n} w{cfg.fwd_warps} s{cfg.fwd_stages}"
             arms.append(measure_arm(label, triton_call(x, cfg), work, s, False))
+    if s.sweep and work.name == "heavy":
+        for cfg in backward_sweep():
+            label = f"triton fwd+bwd, bwd {cfg.bwd_block} w{cfg.bwd_warps}"
+            arms.append(measure_arm(label, with_backward(x, triton_call(x, cfg, autograd=True)), work, s, True))
     try:
         row["triton_vs_torch_max_rel_error"] = max_error(x, s)
     except Exception as error:

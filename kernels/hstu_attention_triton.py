@@ -21,7 +21,11 @@ bit-for-bit repeatable (PEC's exactness against synchronous training relies on i
 * the time bias gradient: for each bucket present in the tile, a masked sum, accumulated in a
   per-program vector and stored in its own row of a ``[programs, buckets]`` buffer.
 
-The time bucket takes ``log`` and an IEEE division exactly as ``torch.log`` / ``/`` do on CUDA
+Times enter the kernels as int32 seconds since the sample's first event (``rebased_times``), so a
+gap is one 32-bit subtraction instead of 64-bit arithmetic on every score (registers, and int64 is
+two instructions per operation on the GPU); a sample spanning more than 2^30 s (34 years) would have
+its far times clamped. The time bucket takes ``log`` and an IEEE division exactly as ``torch.log`` /
+``/`` do on CUDA
 (libdevice's ``logf`` and ``div.rn``), so a gap lands in the same bucket as in the PyTorch model; the
 CPU interpreter uses numpy's ``log``, which can differ in the last bit (a bucket edge within one ulp).
 """
@@ -45,11 +49,14 @@ else:  # pragma: no cover - triton is in the pinned stack
 class AttentionKernelConfig:
     """Tile sizes and launch options (powers of two; blocks >= 16 for ``tl.dot``)."""
 
+    # Defaults picked by compiling for sm_90 on a GPU-less host (ptxas register report), before any
+    # GPU measurement: 64x64 forward tiles on 8 warps and 32x32 backward tiles on 8 warps are the
+    # largest without register spills (64x64 backward tiles spill ~1.3 KB per thread).
     fwd_block_m: int = 64
     fwd_block_n: int = 64
-    fwd_warps: int = 4
+    fwd_warps: int = 8
     fwd_stages: int = 2
-    bwd_block: int = 64
+    bwd_block: int = 32
     bwd_warps: int = 8
     bwd_stages: int = 1
 
@@ -77,7 +84,7 @@ def default_config(device: torch.device) -> AttentionKernelConfig:
 
 # The kernels call the helpers by these names; ``_bind`` sets them to the jitted helpers of the current
 # interpreter mode before every launch.
-_dot = _time_bucket = _scores = _load_rows = None
+_dot = _time_bucket = _scores = _load_rows = _add_diagonals = None
 
 
 def _dot_impl(a, b, PRECISION: tl.constexpr, COMPILED: tl.constexpr):
@@ -109,6 +116,20 @@ def _scores_impl(q, k, rm, rn, tq, TS, start, mask_n, PB, TB, num_pos, num_bucke
         bucket = _time_bucket(tq[:, None] - tk[None, :], num_buckets, COMPILED)
         s += tl.load(TB + bucket).to(tl.float32)
     return s, bucket
+
+
+def _add_diagonals_impl(scratch, pos_row, r, kk, offset, num_pos, pos_width, BLOCK: tl.constexpr):
+    """Add the diagonal sums of the ``[BLOCK, BLOCK]`` tile in ``scratch`` for skewed columns ``kk``
+    (relative distance ``kk - (BLOCK - 1)``, plus the tile's ``offset``) into this program's row of the
+    position-bias partials; return the sum of the diagonals at or past the last bias entry."""
+    column = r[:, None] + (BLOCK - 1) - kk[None, :]  # the tile column of row r on skewed column kk
+    sums = tl.reduce(tl.load(scratch + r[:, None] * BLOCK + column, mask=(column >= 0) & (column < BLOCK),
+                             other=0.0), 0, tl.standard._sum_combine)  # fmt: skip
+    distance = offset + kk - (BLOCK - 1)
+    inside = (distance >= 0) & (distance < num_pos - 1) & (distance < pos_width)
+    kept = tl.load(pos_row + distance, mask=inside, other=0.0)
+    tl.store(pos_row + distance, kept + sums, mask=inside)
+    return tl.reduce(tl.where(distance >= num_pos - 1, sums, 0.0), 0, tl.standard._sum_combine)
 
 
 def _load_rows_impl(PTR, rows, stride, col, mask_rows, mask_d):
@@ -185,9 +206,6 @@ def _hstu_bwd_kernel(
     r = tl.arange(0, BLOCK)
     rd = tl.arange(0, BLOCK_D)
     mask_d = rd < HEAD_DIM
-    kk = tl.arange(0, 2 * BLOCK)
-    skew = r[:, None] + (BLOCK - 1) - kk[None, :]  # column of tile row r on skewed column kk
-    skew_ok = (skew >= 0) & (skew < BLOCK)
     buckets = tl.arange(0, BUCKETS_POW2)
     time_grad = tl.full([BUCKETS_POW2], 0.0, tl.float32)
     rn = j0 + r
@@ -217,13 +235,8 @@ def _hstu_bwd_kernel(
             # relative position bias: diagonal sums of ds through the skewed scratch
             tl.store(scratch + r[:, None] * BLOCK + r[None, :], ds)
             tl.debug_barrier()
-            diagonals = tl.reduce(tl.load(scratch + r[:, None] * BLOCK + skew, mask=skew_ok, other=0.0), 0,
-                                  tl.standard._sum_combine)  # fmt: skip
-            distance = (i0 - j0) + kk - (BLOCK - 1)
-            inside = (distance >= 0) & (distance < num_pos - 1) & (distance < pos_width)
-            kept = tl.load(pos_row + distance, mask=inside, other=0.0)
-            tl.store(pos_row + distance, kept + diagonals, mask=inside)
-            clamped = tl.reduce(tl.where(distance >= num_pos - 1, diagonals, 0.0), 0, tl.standard._sum_combine)
+            clamped = _add_diagonals(scratch, pos_row, r, r, i0 - j0, num_pos, pos_width, BLOCK)
+            clamped += _add_diagonals(scratch, pos_row, r, r + BLOCK, i0 - j0, num_pos, pos_width, BLOCK)
             last = pos_row + num_pos - 1
             has_last = num_pos - 1 < pos_width
             tl.store(last, tl.load(last, mask=has_last, other=0.0) + clamped, mask=has_last)
@@ -274,7 +287,22 @@ def _bind() -> tuple[object, object]:
     globals()["_time_bucket"] = jit_lazily(_time_bucket_impl)
     globals()["_scores"] = jit_lazily(_scores_impl)
     globals()["_load_rows"] = jit_lazily(_load_rows_impl)
+    globals()["_add_diagonals"] = jit_lazily(_add_diagonals_impl)
     return jit_lazily(_hstu_fwd_kernel), jit_lazily(_hstu_bwd_kernel)
+
+
+TIME_CLAMP = 2**30  # rebased times stay within +-2^30 s, so their difference fits in int32
+
+
+def rebased_times(offsets: Tensor, timestamps: Tensor, query_times: Tensor) -> tuple[Tensor, Tensor]:
+    """int32 seconds since each sample's first event, of the events and of the times they predict."""
+    n = timestamps.numel()
+    lengths = offsets[1:] - offsets[:-1]
+    first = timestamps[offsets[:-1].clamp(max=max(n - 1, 0))] if n else timestamps[:0]
+    base = torch.repeat_interleave(first, lengths, output_size=n)
+    return tuple(  # type: ignore[return-value]
+        (t - base).clamp(-TIME_CLAMP, TIME_CLAMP).to(torch.int32) for t in (timestamps, query_times)
+    )
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -300,8 +328,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, timestamps: Tensor
     fwd, _ = _bind()
     num_blocks = triton.cdiv(max_len, cfg.fwd_block_m)
     has_time = time_bias.numel() > 0
+    times, queries = rebased_times(offsets, timestamps, query_times)
     fwd[(num_blocks, batch * num_heads)](
-        q, k, v, out, offsets, timestamps, query_times, pos_bias, time_bias if has_time else pos_bias,
+        q, k, v, out, offsets, times, queries, pos_bias, time_bias if has_time else pos_bias,
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         num_heads, pos_bias.numel(), max(time_bias.numel(), 1), num_blocks,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_M=cfg.fwd_block_m, BLOCK_N=cfg.fwd_block_n,
@@ -337,8 +366,9 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, tim
     time_part = torch.zeros(rows if has_time else 1, buckets_pow2, dtype=torch.float32, device=q.device)
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     num_blocks = triton.cdiv(max_len, block)
+    times, queries = rebased_times(offsets, timestamps, query_times)
     bwd[(num_blocks, batch)](
-        q, k, v, grad, dq, dk, dv, offsets, first_row, timestamps, query_times, pos_bias,
+        q, k, v, grad, dq, dk, dv, offsets, first_row, times, queries, pos_bias,
         time_bias if has_time else pos_bias, scratch, pos_part, time_part,
         q.stride(0), k.stride(0), v.stride(0), grad.stride(0), dq.stride(0), dk.stride(0), dv.stride(0),
         num_heads, pos_bias.numel(), max(time_bias.numel(), 1), num_blocks, pos_width,

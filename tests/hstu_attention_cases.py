@@ -39,9 +39,8 @@ def make_case(lengths: list[int], num_heads: int, head_dim: int, num_pos: int, b
     n, width = sum(lengths), num_heads * head_dim
     scale = head_dim**-0.5
     if fused:
-        fused_rows = torch.randn(n, 3 * width, generator=gen) * scale
-        q, k, v = (t.to(dtype).to(device) for t in fused_rows.split(width, dim=1))
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        fused_rows = (torch.randn(n, 3 * width, generator=gen) * scale).to(dtype).to(device)
+        q, k, v = (t.detach().requires_grad_() for t in fused_rows.split(width, dim=1))
     else:
         q, k, v = (
             (torch.randn(n, width, generator=gen) * scale).to(dtype).to(device).requires_grad_() for _ in range(3)
