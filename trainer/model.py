@@ -7,7 +7,8 @@ FreeScale engine, the TorchRec baseline and the single-process reference run the
 HSTU layer (generative-recommenders, "Actions Speak Louder than Words"): a fused projection
 ``silu(W_uvqk · LN(x))`` split into u, v, q, k; pointwise attention ``silu(qkᵀ + rab) / n`` with a
 causal mask and a relative bias of position distance and log-bucketed time gap; a gated output
-``x + W_o · (u ⊙ LN(attn · v))``. ``n`` is the sample's own length (GR divides by the padded batch
+``x + W_o · (u ⊙ LN(attn · v))``. The attention runs as the jagged Triton kernel on CUDA or as
+length-grouped padded PyTorch (``model_extra.attention``; docs/kernels.md). ``n`` is the sample's own length (GR divides by the padded batch
 max); that keeps a sample's output independent of which samples share its micro-batch, which the
 jagged layout, the sharded/reference equivalence test and resume exactness rely on. The time bias of
 query ``i`` and key ``j`` buckets ``t_{i+1} - t_j``, as GR does: position ``i`` predicts the event at
