@@ -8,9 +8,10 @@ HSTU layer (generative-recommenders, "Actions Speak Louder than Words"): a fused
 ``silu(W_uvqk · LN(x))`` split into u, v, q, k; pointwise attention ``silu(qkᵀ + rab) / n`` with a
 causal mask and a relative bias of position distance and log-bucketed time gap; a gated output
 ``x + W_o · (u ⊙ LN(attn · v))``. The attention runs as the jagged Triton kernel on CUDA or as
-length-grouped padded PyTorch (``model_extra.attention``; docs/kernels.md). ``n`` is the sample's own length (GR divides by the padded batch
-max); that keeps a sample's output independent of which samples share its micro-batch, which the
-jagged layout, the sharded/reference equivalence test and resume exactness rely on. The time bias of
+length-grouped padded PyTorch (``model_extra.attention``; docs/kernels.md). ``n`` is the sample's
+own length (GR divides by the padded batch max); that keeps a sample's output independent of which
+samples share its micro-batch, which the jagged layout, the sharded/reference equivalence test and
+resume exactness rely on. The time bias of
 query ``i`` and key ``j`` buckets ``t_{i+1} - t_j``, as GR does: position ``i`` predicts the event at
 ``t_{i+1}`` and knows *when* it is asked (the request time, known when serving), so it can tell a
 continuing session from a return after a long gap. Only that timestamp of the target is read, never
