@@ -92,3 +92,20 @@ def test_config_refuses_triton_for_sasrec_and_unknown_names() -> None:
         ModelExtraConfig(architecture="sasrec", attention="triton")
     with pytest.raises(ValueError, match=r"model_extra\.attention"):
         ModelExtraConfig(attention="flash")
+
+
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_bf16_precision_runs_the_layers_in_bf16_and_stays_close(attention: str, monkeypatch) -> None:
+    """``model_extra.precision = "bf16"``: bf16 products under autocast, float32 out, parameters and
+    their gradients float32; the result stays within bf16 rounding of the float32 model."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    reference = _run(attention)
+    model = _model(attention)
+    model.precision = "bf16"
+    items, actions, times, queries = _inputs()
+    out = model(items, actions, build_layout(torch.tensor(LENGTHS)), times, queries)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    scale = reference[0].abs().max()
+    assert (out.detach() - reference[0]).abs().max() <= 0.05 * scale

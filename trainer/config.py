@@ -34,6 +34,7 @@ TRANSPORTS = ("auto", "torch", "copy_engine")
 ID_MODES = ("exact", "hashed")
 LOSSES = ("sampled_softmax", "full_softmax")
 ATTENTIONS = ("auto", "triton", "torch")
+PRECISIONS = ("fp32", "bf16")
 EVAL_METRICS = ("ndcg", "hr")  # kernels.transport.TRANSPORTS, without importing torch here
 
 
@@ -96,11 +97,13 @@ class ModelExtraConfig:
     # HSTU attention: triton = jagged Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1), torch =
     # length-grouped padded PyTorch, auto = triton on CUDA, torch elsewhere (docs/kernels.md)
     attention: str = "auto"
+    precision: str = "fp32"  # fp32 | bf16: the dense layers under bf16 autocast (GPUs; parameters stay fp32)
 
     def __post_init__(self) -> None:
         _choice("model_extra.architecture", self.architecture, ARCHITECTURES)
         _choice("model_extra.ids", self.ids, ID_MODES)
         _choice("model_extra.attention", self.attention, ATTENTIONS)
+        _choice("model_extra.precision", self.precision, PRECISIONS)
         if self.attention == "triton" and self.architecture != "hstu":
             raise ValueError(
                 "model_extra.attention 'triton' is the HSTU kernel; SASRec runs PyTorch's scaled_dot_product_attention "

@@ -17,6 +17,10 @@ query ``i`` and key ``j`` buckets ``t_{i+1} - t_j``, as GR does: position ``i`` 
 continuing session from a return after a long gap. Only that timestamp of the target is read, never
 its item or action.
 
+Precision (``model_extra.precision``): ``fp32``, or ``bf16``: the layers run under bf16 autocast
+(products in bf16 on the tensor cores, normalisations and the residual stream in float32) and hand
+float32 outputs to the loss; parameters, embedding rows and optimizer state stay float32.
+
 SASRec (Kang & McAuley 2018): pre-LN softmax self-attention plus feed-forward blocks; no timestamps.
 
 Inputs of both: item + action embedding of each event (the same tables) plus a learned absolute
@@ -193,6 +197,7 @@ class SequentialTransducer(nn.Module):
         super().__init__()
         self.architecture = extra.architecture
         self.attention = extra.attention
+        self.precision = extra.precision
         self.scale = math.sqrt(model.d_model)
         self.max_distance = model.max_uih_len
         self.time_buckets = extra.time_buckets if extra.architecture == "hstu" else None
@@ -232,9 +237,10 @@ class SequentialTransducer(nn.Module):
             contexts = JaggedContext(layout.offsets, timestamps.long(), query_times.long(), max_len)
         else:
             contexts = attention_contexts(layout, timestamps, query_times, self.max_distance, self.time_buckets)
-        for layer in self.layers:
-            x = layer(x, layout, contexts)
-        return self.final_norm(x)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            for layer in self.layers:
+                x = layer(x, layout, contexts)
+            return self.final_norm(x).float()
 
 
 def sampled_softmax_loss(
