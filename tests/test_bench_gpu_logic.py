@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
+from typing import ClassVar
 
 import pytest
 import torch
@@ -135,3 +136,160 @@ def test_dispatch_run_survives_a_failed_point_and_a_failed_kernel(
     assert "naive broke" in rows[16]["errors"]["naive"] and set(rows[16]["dispatch_ms"]) == {"pytorch"}
     assert report["target_met"] is False
     assert report["targets"]["dispatch_vs_naive"]["reason"] == "W=512 was not run"
+
+
+# ------------------------------------------------------------------------------------------ bench_sm_contention
+
+
+def _pair(slowdown: float, covered: bool = True) -> dict:
+    return {"slowdown_pct": slowdown, "compute_alone_ms": 50.0, "compute_overlapped_ms": 50.0 * (1 + slowdown / 100),
+            "copies_outlasted_compute": covered}  # fmt: skip
+
+
+def test_contention_target_is_copy_engines_gentle_where_the_sm_copy_hurts(bench) -> None:
+    """Issue 31: copy engines <= 3% on every workload where the SM copy slows compute >= 8%."""
+    b = bench("bench_sm_contention")
+    results = {
+        "gemm_bf16": {"sm_triton": _pair(12.0), "ce_d2h": _pair(1.0), "ce_h2d": _pair(2.5), "ce_d2d": _pair(9.0)},
+        # the SM copy barely hurts here: the workload says nothing about copy engines, 4% is not held against them
+        "attention_fused": {"sm_triton": _pair(5.0), "ce_d2h": _pair(4.0), "ce_h2d": _pair(0.5)},
+        # the Triton arm failed: the PyTorch SM copy stands in
+        "hstu_unfused": {"sm_triton": {"error": "boom"}, "sm_torch": _pair(20.0), "ce_d2h": _pair(0.2),
+                         "ce_h2d": _pair(2.9), "ce_d2d": _pair(1.0)},
+    }  # fmt: skip
+    got = b.evaluate(results)
+    w = got["workloads"]
+    assert got["contention_shown_on"] == ["gemm_bf16", "hstu_unfused"] and got["target_met"]
+    assert w["gemm_bf16"]["target_met"] and w["gemm_bf16"]["ce_max_slowdown_pct"] == 2.5
+    assert w["gemm_bf16"]["d2d_behaves_as_copy_engine"] is False  # a finding, not part of the target
+    assert not w["attention_fused"]["contention_shown"] and not w["attention_fused"]["target_met"]
+    assert w["hstu_unfused"]["sm_arm"] == "sm_torch" and w["hstu_unfused"]["d2d_behaves_as_copy_engine"]
+    results["hstu_unfused"]["ce_h2d"] = _pair(3.5)
+    assert not b.evaluate(results)["target_met"]
+    results["hstu_unfused"]["ce_h2d"] = _pair(1.0, covered=False)  # copies ended first: understated
+    entry = b.evaluate(results)["workloads"]["hstu_unfused"]
+    assert not entry["copy_engine_spares_compute"] and entry["reason"] == "no valid figure for ce_h2d"
+    quiet = {"gemm_bf16": {"sm_triton": _pair(2.0), "ce_d2h": _pair(0.0), "ce_h2d": _pair(0.0)}}
+    assert not b.evaluate(quiet)["target_met"]  # nothing shows contention: the comparison proves nothing
+    assert not b.evaluate({})["target_met"]
+
+
+def test_contention_settings_and_cpu_behaviour(bench, capsys: pytest.CaptureFixture[str]) -> None:
+    b = bench("bench_sm_contention")
+    q = b.parse(["--quick", "--out", "x.json"])
+    assert q.quick and q.copy_mib == 64 and q.reps == 3 and q.window_ms == 50.0 and q.out == "x.json"
+    assert q.arms == list(b.ARMS) and q.workloads == list(b.WORKLOADS)
+    assert b.parse([]).out == str(b.RESULTS)
+    narrow = b.parse(["--arms", "sm_triton,ce_d2h", "--workloads", "gemm_bf16", "--copy-mib", "8"])
+    assert narrow.arms == ["sm_triton", "ce_d2h"] and narrow.copy_mib == 8
+    for bad, match in ((["--copy-mib", "0"], "copy-mib"), (["--window-ms", "0"], "window-ms"),
+                       (["--arms", "dma"], "--arms"), (["--workloads", "conv"], "--workloads"),
+                       (["--reps", "0"], "reps")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            b.parse(bad)
+    assert b.main(["--reps", "0"]) == 2
+    if not torch.cuda.is_available():
+        assert b.main(["--quick"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_contention_help_runs_without_a_gpu() -> None:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "bench_sm_contention.py"), "--help"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and "--quick" in result.stdout and "issue 31" in result.stdout
+
+
+class _FakeStream:
+    """A CUDA stream stand-in: a clock that the calls queued on it advance."""
+
+    every: ClassVar[list[_FakeStream]] = []
+
+    def __init__(self) -> None:
+        self.t = max((s.t for s in self.every), default=0.0)
+        self.every.append(self)
+
+    @classmethod
+    def synchronize(cls, *args: object) -> None:
+        """The device catches up: every stream's clock at the latest one's."""
+        now = max(s.t for s in cls.every)
+        for s in cls.every:
+            s.t = now
+
+    def wait_event(self, event: _FakeEvent) -> None:
+        self.t = max(self.t, event.t)
+
+
+class _FakeEvent:
+    current: ClassVar[list[_FakeStream]] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self, stream: _FakeStream | None = None) -> None:
+        self.t = (stream or self.current[-1]).t
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        return other.t - self.t
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return False
+
+
+def test_contention_run_plumbing_with_a_fake_device(
+    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole run on stand-in streams and events (no GPU semantics, only the script's own logic):
+    every pair measured or recorded as failed (a copy mechanism that cannot start, a workload that
+    cannot be built, an arm failing mid-measurement), the JSON complete, the table printed."""
+    import contextlib
+
+    b = bench("bench_sm_contention")
+    _FakeStream.every.clear()
+    _FakeEvent.current[:] = [_FakeStream()]  # the default stream
+
+    @contextlib.contextmanager
+    def on_stream(stream: _FakeStream):
+        _FakeEvent.current.append(stream)
+        yield
+        _FakeEvent.current.pop()
+
+    def advance(ms: float):
+        def call() -> None:
+            _FakeEvent.current[-1].t += ms
+
+        return call
+
+    def make_copy(s, name, buffers):
+        if name == "nccl":
+            raise RuntimeError("NCCL init failed (simulated)")
+        if name == "ce_d2d":
+            return lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("out of memory (simulated)"))
+        return advance(0.5)
+
+    def make_compute(s, name):
+        if name == "attention_fused":
+            raise RuntimeError("no flash kernel (simulated)")
+        return advance(2.0), 1e9
+
+    fake_cuda = {"is_available": lambda: True, "Stream": _FakeStream, "Event": _FakeEvent, "stream": on_stream,
+                 "synchronize": _FakeStream.synchronize, "_sleep": lambda cycles: None, "empty_cache": lambda: None,
+                 "get_device_name": lambda *a: "Fake GPU"}  # fmt: skip
+    for name, value in fake_cuda.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(b, "make_copy", make_copy)
+    monkeypatch.setattr(b, "make_compute", make_compute)
+    monkeypatch.setattr(b, "gpu_activity", lambda fn, stream: {"kernels": [], "memcpy": ["Memcpy (fake)"]})
+    out = tmp_path / "c.json"
+    assert b.main(["--quick", "--reps", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["environment"]["device_name"] == "Fake GPU" and report["settings"]["quick"]
+    assert "NCCL init failed" in report["arms"]["nccl"]["error"]
+    gemm = report["results"]["gemm_bf16"]
+    assert set(gemm) == set(b.ARMS) and "out of memory" in gemm["ce_d2d"]["error"]
+    assert gemm["sm_triton"]["slowdown_pct"] == pytest.approx(0.0) and gemm["sm_triton"]["copies_outlasted_compute"]
+    assert all("no flash kernel" in r["error"] for r in report["results"]["attention_fused"].values())
+    assert report["target_met"] is False and report["contention_shown_on"] == []  # nothing contends here
+    assert "gemm_bf16" in capsys.readouterr().out
