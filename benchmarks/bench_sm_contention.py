@@ -368,6 +368,10 @@ def environment() -> dict[str, Any]:
         env["nccl"] = None
     if torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name()
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (set by some training stacks) funnels every stream into one hardware
+    # queue: nothing would overlap, and every slowdown would read as ~0 or as serialization
+    env["env"] = {k: os.environ.get(k) for k in ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_SOCKET_IFNAME",
+                                                 "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")}  # fmt: skip
     return env
 
 
