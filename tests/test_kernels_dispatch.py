@@ -233,20 +233,22 @@ def test_tensors_on_another_device_than_the_plan_are_refused() -> None:
     kernel given a host index reads host addresses (the interpreter, all numpy, would not notice)."""
     from freescale.kernels import dispatch_triton as tri
 
-    x = torch.arange(8.0).view(4, 2)
-    res = dispatch(x, torch.tensor([1, 0, 1, 0]), 2, kernel="pytorch")
-    with pytest.raises(ValueError, match="rows are on meta but the plan is on cpu"):
+    x = torch.arange(8.0, device=DEVICE).view(4, 2)
+    res = dispatch(x, torch.tensor([1, 0, 1, 0], device=DEVICE), 2, kernel="pytorch")
+    with pytest.raises(ValueError, match=f"rows are on meta but the plan is on {DEVICE.type}"):
         combine(x.to("meta"), res.plan)
-    jag = dispatch_jagged(JaggedRows(torch.zeros(3, 2), torch.tensor([1, 2])), torch.tensor([1, 0]), 2)
-    with pytest.raises(ValueError, match="plan is on cpu"):
+    batch = JaggedRows(torch.zeros(3, 2, device=DEVICE), torch.tensor([1, 2], device=DEVICE))
+    jag = dispatch_jagged(batch, torch.tensor([1, 0], device=DEVICE), 2)
+    with pytest.raises(ValueError, match="plan is on"):
         combine_jagged(JaggedRows(torch.zeros(3, 2, device="meta"), jag.buffer.lengths), jag.plan)
-    with pytest.raises(ValueError, match="must be on cpu, got one on meta"):
+    meta = "got one on meta"
+    with pytest.raises(ValueError, match=meta):
         tri.triton_gather_rows(x, torch.arange(4, device="meta"))
-    offsets = torch.tensor([0, 1, 3])
-    with pytest.raises(ValueError, match="must be on cpu, got one on meta"):
-        tri.triton_jagged_gather(torch.zeros(3, 2), offsets, offsets, torch.arange(2, device="meta"))
-    with pytest.raises(ValueError, match="must be on cpu, got one on meta"):
-        tri.triton_plan(torch.tensor([0, 1]), 2, torch.tensor([1, 2], device="meta"))
+    offsets = torch.tensor([0, 1, 3], device=DEVICE)
+    with pytest.raises(ValueError, match=meta):
+        tri.triton_jagged_gather(batch.values, offsets, offsets, torch.arange(2, device="meta"))
+    with pytest.raises(ValueError, match=meta):
+        tri.triton_plan(torch.tensor([0, 1], device=DEVICE), 2, torch.tensor([1, 2], device="meta"))
 
 
 def test_plan_scratch_offsets_are_host_ints() -> None:
