@@ -46,6 +46,14 @@ def test_matmul_tflops_on_cpu_counts_two_n_cubed_flops(bench, monkeypatch: pytes
         measure.matmul_tflops(torch.device("cpu"), n=8, iters=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch.cuda.is_available() is False")
+def test_matmul_tflops_on_the_gpu_is_a_plausible_ceiling(bench) -> None:
+    """H100/H200 dense bf16 runs at hundreds of TFLOP/s; outside 50-3,000 the timing is wrong."""
+    tflops = bench("measure").matmul_tflops(torch.device("cuda"), n=4096, iters=5)
+    assert 50 < tflops < 3000, tflops
+
+
 def test_watchdog_saves_and_exits_when_the_block_hangs(bench, tmp_path: Path) -> None:
     """A block still running at the deadline: the report is written and the process exits with 3."""
     marker = tmp_path / "saved.txt"
