@@ -10,7 +10,8 @@ divisible-by-16 integers, constexprs) a GPU run would. Outputs are garbage; only
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/triton_compile_check.py --arch 90
 
 Relies on Triton internals (``triton.runtime.driver.set_active``, ``JITFunction.run``), checked with
-Triton 3.6 and 3.8 (about 35 s on this 2-core host for every kernel below, cold cache).
+Triton 3.6 and 3.8 (a few minutes on a 2-core host for every kernel below, cold cache; the HSTU
+attention's backward is the slowest).
 """
 
 from __future__ import annotations
@@ -47,6 +48,33 @@ class _TargetOnlyDriver:
         return torch.device("cpu")
 
 
+def compile_hstu_attention() -> None:
+    """Both attention kernels through their launchers: bf16 (the GPU runs), float32 (the fp32 model),
+    with and without the time bias, the default tiles and the ones bench_hstu_attention sweeps."""
+    from freescale.kernels import hstu_attention_triton as att
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from bench_hstu_attention import backward_sweep, forward_sweep
+
+    lengths = [300, 0, 1, 70]
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    n = int(offsets[-1])
+    times = torch.arange(n, dtype=torch.int64)
+    for dtype in (torch.bfloat16, torch.float32):
+        q = torch.zeros(n, 3 * 256, dtype=dtype)[:, :256]  # a strided view, as the model's split gives
+        for buckets in (64, 0):
+            bias = (torch.zeros(8192), torch.zeros(buckets))
+            args = (q, q, q, offsets, times, times, *bias, 4, max(lengths))
+            att.forward(*args)
+            att.backward(torch.zeros(n, 256, dtype=dtype), *args)
+    args = (q.to(torch.bfloat16), q.to(torch.bfloat16), q.to(torch.bfloat16), offsets, times, times,
+            torch.zeros(8192), torch.zeros(64), 4, max(lengths))  # fmt: skip
+    for config in forward_sweep():
+        att.forward(*args, config)
+    for config in backward_sweep():
+        att.backward(torch.zeros(n, 256, dtype=torch.bfloat16), *args, config)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90, help="compute capability as an int (90 = H100/H200)")
@@ -81,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         offsets = torch.arange(shape[0] + 1)
         tri.triton_gather_rows(src, index)
         tri.triton_jagged_gather(src, offsets, offsets, index)
+    compile_hstu_attention()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_sm_contention
 
