@@ -1,16 +1,20 @@
-"""Shared helpers of the benchmark scripts: run a command and measure it as a user would see it."""
+"""Shared helpers of the benchmark scripts: run a command and measure it as a user would see it; the
+card's dense matmul ceiling (``matmul_tflops``) for GPU benchmarks to print beside their own TFLOP/s."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import torch
 
 FREESCALE = [str(Path(sys.executable).parent / "freescale")]
 
@@ -94,3 +98,76 @@ def ensure_preset(preset: str, data_dir: str) -> Path:
             [*FREESCALE, "generate", "--preset", preset, "--out", str(data)], check=True, cwd=tempfile.gettempdir()
         )
     return data
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, dtype: torch.dtype = torch.bfloat16, iters: int = 10) -> float:
+    """Dense ``n x n @ n x n`` matmul TFLOP/s of ``device`` (2 n^3 FLOPs per product).
+
+    The card's own ceiling for benchmarks to print next to their TFLOP/s: a kernel's 300 TFLOP/s reads
+    differently on a card whose cuBLAS bf16 matmul does 600 than on one that does 400. Three warm-up
+    products (cuBLAS heuristics, clocks), then ``iters`` timed ones; on CUDA each is bracketed by its
+    own pair of events recorded back to back on the current stream (one synchronize at the end, so no
+    launch gap is timed) and the mean is reported. On CPU, wall time (for tests with a small ``n``).
+    """
+    if n < 1 or iters < 1:
+        raise ValueError(f"matmul_tflops: n and iters must be >= 1, got n={n}, iters={iters}")
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
+    b = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(iters)]  # fmt: skip
+            for start, end in events:
+                start.record()
+                torch.matmul(a, b, out=out)
+                end.record()
+            torch.cuda.synchronize()
+        seconds = sum(start.elapsed_time(end) for start, end in events) / iters / 1e3
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            torch.matmul(a, b, out=out)
+        seconds = (time.perf_counter() - t0) / iters
+    return 2.0 * n**3 / max(seconds, 1e-12) / 1e12
+
+
+class Watchdog:
+    """Ends a GPU benchmark that stopped making progress, after saving what it measured.
+
+    A kernel that never finishes blocks the main thread inside a CUDA synchronize (with the GIL
+    released), where no exception or ``timeout`` signal handler can reach it. If the ``with`` block is
+    still running after ``seconds``, ``on_expire`` runs on the watchdog thread (the benchmarks write
+    their partial report, the stuck point marked) and the process ends with exit code 3 through
+    ``os._exit``: an orderly exit would wait on the same blocked CUDA call.
+    """
+
+    EXIT_CODE = 3
+
+    def __init__(self, seconds: float | None, on_expire: Callable[[], object]) -> None:
+        self.seconds, self.on_expire = seconds, on_expire
+        self._timer: threading.Timer | None = None
+
+    def _fire(self) -> None:
+        try:
+            self.on_expire()
+        except Exception as e:  # the exit must happen whatever the report did
+            print(f"watchdog: saving the partial report failed: {e!r}", file=sys.stderr)
+        print(f"watchdog: still running after {self.seconds} s; exiting with code {self.EXIT_CODE}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(self.EXIT_CODE)
+
+    def __enter__(self) -> Watchdog:
+        if self.seconds is not None and self.seconds > 0:
+            self._timer = threading.Timer(self.seconds, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()

@@ -182,6 +182,13 @@ def _check_total(values: Tensor, offsets: Tensor, validate: bool) -> None:
         raise ValueError(f"combine_jagged: the plan sent {int(offsets[-1])} values, got {values.shape[0]}")
 
 
+def _check_plan_device(t: Tensor, plan: DispatchPlan) -> None:
+    """Combine's rows must sit with the plan: a Triton kernel handed a host index for a GPU tensor
+    would read host addresses on the device (a fault at best), and the PyTorch paths raise late."""
+    if t.device != plan.perm.device:
+        raise ValueError(f"combine: rows are on {t.device} but the plan is on {plan.perm.device}")
+
+
 def _config(config: DispatchConfig | None) -> DispatchConfig:
     return config if config is not None else DispatchConfig()
 
@@ -287,6 +294,7 @@ def combine(
     for t in tensors:
         if t.dim() < 1 or t.shape[0] != n:
             raise ValueError(f"combine expects {n} rows (the plan's), got shape {tuple(t.shape)}")
+        _check_plan_device(t, plan)
     k = resolve_kernel(kernel, plan.perm.device, _config(config))
     out = tuple(_move_rows(t, plan, k, forward=False) for t in tensors)
     return out[0] if single else out
@@ -360,6 +368,9 @@ def combine_jagged(
         raise ValueError("combine_jagged needs a plan from dispatch_jagged (this one has no lengths)")
     if batch.num_rows != plan.perm.shape[0]:
         raise ValueError(f"combine_jagged expects {plan.perm.shape[0]} samples, got {batch.num_rows}")
+    for t in (batch.values, batch.lengths, batch.dense, batch.labels):
+        if t is not None:
+            _check_plan_device(t, plan)
     _check_total(batch.values, plan.send_value_offsets, _config(config).validate)
     k = resolve_kernel(kernel, plan.perm.device, _config(config))
     return _move_jagged(batch, plan, k, forward=False)

@@ -31,6 +31,7 @@ enabled later.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -102,9 +103,9 @@ def _next_pow2(n: int) -> int:
 
 
 def _block_hist_kernel(
-    dest_ptr, len_ptr, scratch_ptr, n_rows, W_POW2, n_blocks, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr
+    dest_ptr, len_ptr, scratch_ptr, n_rows, W_POW2, VBASE, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr
 ):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # int64 offsets everywhere (see _scratch_bases)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     mask = rows < n_rows
     d = tl.load(dest_ptr + rows, mask=mask, other=0).to(tl.int64)
@@ -112,7 +113,7 @@ def _block_hist_kernel(
     tl.atomic_add(slot, tl.full([BLOCK], 1, tl.int64), mask=mask)
     if HAS_LEN:
         lengths = tl.load(len_ptr + rows, mask=mask, other=0).to(tl.int64)
-        tl.atomic_add(slot + n_blocks * W_POW2, lengths, mask=mask)
+        tl.atomic_add(slot + VBASE, lengths, mask=mask)
 
 
 def _scan_kernel(
@@ -126,6 +127,8 @@ def _scan_kernel(
     world_size,
     n_blocks,
     n_rows,
+    VBASE,
+    HBASE,
     HAS_LEN: tl.constexpr,
     W_POW2: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -134,9 +137,9 @@ def _scan_kernel(
     # inside a tile, a carried running sum across tiles), so a large batch costs n_blocks / BLOCK_B
     # dependent steps rather than n_blocks.
     d = tl.arange(0, W_POW2)
-    rb = tl.arange(0, BLOCK_B)
+    rb = tl.arange(0, BLOCK_B).to(tl.int64)  # int64 tile offsets: (block, dest) can pass 2**31
     dmask = d < world_size
-    vvals = n_blocks * W_POW2  # start of the value-count half of the scratch
+    vvals = VBASE  # start of the value-count half of the scratch
     total = tl.full([W_POW2], 0, tl.int64)
     vtotal = tl.full([W_POW2], 0, tl.int64)
     for b0 in range(0, n_blocks, BLOCK_B):
@@ -175,7 +178,7 @@ def _scan_kernel(
             vrun += tl.reduce(vhere, 0, tl.standard._sum_combine)
             block_values = tl.reduce(vhere, 1, tl.standard._sum_combine)  # values per block
             hbefore = tl.associative_scan(block_values, 0, tl.standard._sum_combine) - block_values
-            tl.store(scratch_ptr + 2 * vvals + b0 + rb, hrun + hbefore, mask=bmask)  # first home value
+            tl.store(scratch_ptr + HBASE + b0 + rb, hrun + hbefore, mask=bmask)  # first home value
             hrun += tl.reduce(block_values, 0, tl.standard._sum_combine)
 
 
@@ -190,11 +193,12 @@ def _stable_scatter_kernel(
     hoff_ptr,
     n_rows,
     W_POW2,
-    n_blocks,
+    VBASE,
+    HBASE,
     HAS_LEN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     local = tl.arange(0, BLOCK)
     rows = pid * BLOCK + local
     mask = rows < n_rows
@@ -209,11 +213,11 @@ def _stable_scatter_kernel(
     if HAS_LEN:
         lengths = tl.load(len_ptr + rows, mask=mask, other=0).to(tl.int64)
         vrank = tl.reduce(tl.where(earlier, lengths[None, :], 0), 1, tl.standard._sum_combine)
-        vbase = tl.load(scratch_ptr + (n_blocks + pid) * W_POW2 + d, mask=mask, other=0)
+        vbase = tl.load(scratch_ptr + VBASE + pid * W_POW2 + d, mask=mask, other=0)
         tl.store(slen_ptr + pos, lengths, mask=mask)
         tl.store(svoff_ptr + pos, vbase + vrank, mask=mask)
         hrank = tl.reduce(tl.where(before, lengths[None, :], 0), 1, tl.standard._sum_combine)
-        hbase = tl.load(scratch_ptr + 2 * n_blocks * W_POW2 + pid)
+        hbase = tl.load(scratch_ptr + HBASE + pid)
         tl.store(hoff_ptr + rows, hbase + hrank, mask=mask)
 
 
@@ -223,12 +227,12 @@ def _stable_scatter_kernel(
 
 
 def _gather_rows_kernel(src_ptr, idx_ptr, out_ptr, n_rows, row_words, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n_rows
     src_rows = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
     src_base = src_rows[:, None] * row_words
-    out_base = rows.to(tl.int64)[:, None] * row_words
+    out_base = rows[:, None] * row_words
     for c0 in range(0, row_words, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         m = rmask[:, None] & (cols < row_words)[None, :]
@@ -251,8 +255,8 @@ def _jagged_gather_kernel(
 ):
     # One program per BLOCK_T output value rows (not per segment): heavy-tailed lengths (one 21k-long
     # segment among 300-long ones) would otherwise leave one program doing most of the work.
-    pid = tl.program_id(0)
-    t = pid * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < total_rows
     lo = tl.full([BLOCK_T], 0, tl.int64)
     hi = tl.full([BLOCK_T], 0, tl.int64) + (n_seg - 1)
@@ -278,15 +282,36 @@ def _jagged_gather_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def _check(device: torch.device) -> None:
+def _check(device: torch.device, *others: Tensor) -> None:
     reason = triton_unavailable_reason(device)
     if reason is not None:
         raise RuntimeError(reason)
+    for t in others:  # a kernel given a host pointer on a GPU reads garbage or faults
+        if t.device != device:
+            raise ValueError(f"triton dispatch: all tensors must be on {device}, got one on {t.device}")
+
+
+def _launch_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Triton launches on the *current* CUDA device and its stream, whatever the tensors' device:
+    make the tensors' device current for the launch (a rank whose tensors live on cuda:1 while
+    cuda:0 is current would otherwise run the kernel on the wrong GPU)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _scratch_bases(n_blocks: int, w_pow2: int) -> tuple[int, int]:
+    """Offsets of the value-count half and of the per-block home values in the plan scratch.
+
+    Computed on the host: as Python ints Triton passes them as int64 once they pass 2**31, where an
+    ``n_blocks * W_POW2`` product inside a kernel would be int32 and wrap.
+    """
+    return n_blocks * w_pow2, 2 * n_blocks * w_pow2
 
 
 def triton_plan(dest: Tensor, world_size: int, lengths: Tensor | None = None) -> PlanTensors:
     """Histogram -> scan -> stable scatter in three launches (see the module docstring)."""
-    _check(dest.device)
+    _check(dest.device, *(() if lengths is None else (lengths,)))
     n, dev, has_len = dest.shape[0], dest.device, lengths is not None
     i64 = {"dtype": torch.int64, "device": dev}
     counts, offsets = torch.empty(world_size, **i64), torch.empty(world_size + 1, **i64)
@@ -301,40 +326,46 @@ def triton_plan(dest: Tensor, world_size: int, lengths: Tensor | None = None) ->
     lens = lengths.contiguous() if has_len else dest
     w_pow2 = _next_pow2(world_size)
     n_blocks = triton.cdiv(n, PLAN_BLOCK)
+    vbase, hbase = _scratch_bases(n_blocks, w_pow2)
     # [block, dest] row counts | [block, dest] value counts | [block] first home value (zeroed: atomics)
     scratch = torch.zeros(((2 * w_pow2 + 1) if has_len else w_pow2) * n_blocks, **i64)
-    _jit(_block_hist_kernel)[(n_blocks,)](dest, lens, scratch, n, w_pow2, n_blocks, HAS_LEN=has_len, BLOCK=PLAN_BLOCK)
-    _jit(_scan_kernel)[(1,)](
-        scratch,
-        counts,
-        offsets,
-        vcounts,
-        voffsets,
-        svoff,
-        hoff,
-        world_size,
-        n_blocks,
-        n,
-        HAS_LEN=has_len,
-        W_POW2=w_pow2,
-        BLOCK_B=max(1, _SCAN_ELEMS // w_pow2),
-        num_warps=8,
-    )
-    _jit(_stable_scatter_kernel)[(n_blocks,)](
-        dest,
-        lens,
-        scratch,
-        perm,
-        inverse,
-        slen,
-        svoff,
-        hoff,
-        n,
-        w_pow2,
-        n_blocks,
-        HAS_LEN=has_len,
-        BLOCK=PLAN_BLOCK,
-    )
+    with _launch_device(dev):
+        _jit(_block_hist_kernel)[(n_blocks,)](dest, lens, scratch, n, w_pow2, vbase, HAS_LEN=has_len,
+                                              BLOCK=PLAN_BLOCK)  # fmt: skip
+        _jit(_scan_kernel)[(1,)](
+            scratch,
+            counts,
+            offsets,
+            vcounts,
+            voffsets,
+            svoff,
+            hoff,
+            world_size,
+            n_blocks,
+            n,
+            vbase,
+            hbase,
+            HAS_LEN=has_len,
+            W_POW2=w_pow2,
+            BLOCK_B=max(1, _SCAN_ELEMS // w_pow2),
+            num_warps=8,
+        )
+        _jit(_stable_scatter_kernel)[(n_blocks,)](
+            dest,
+            lens,
+            scratch,
+            perm,
+            inverse,
+            slen,
+            svoff,
+            hoff,
+            n,
+            w_pow2,
+            vbase,
+            hbase,
+            HAS_LEN=has_len,
+            BLOCK=PLAN_BLOCK,
+        )
     return PlanTensors(counts, offsets, perm, inverse, vcounts, voffsets, slen, svoff, hoff)
 
 
@@ -362,29 +393,30 @@ def _copy_blocks(row_words: int) -> tuple[int, int]:
 
 def triton_gather_rows(src: Tensor, index: Tensor) -> Tensor:
     """``out[j] = src[index[j]]`` with one launch; any dtype and trailing shape."""
-    _check(src.device)
+    _check(src.device, index)
     out = src.new_empty((index.shape[0], *src.shape[1:]))
     n = index.shape[0]
     if n == 0 or out.numel() == 0:
         return out
     src_w, out_w, row_words = _word_views(src.contiguous(), out, src.shape[0], n)
     block_r, block_c = _copy_blocks(row_words)
-    _jit(_gather_rows_kernel)[(triton.cdiv(n, block_r),)](
-        src_w,
-        index.contiguous(),
-        out_w,
-        n,
-        row_words,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        num_warps=_COPY_WARPS,
-    )
+    with _launch_device(src.device):
+        _jit(_gather_rows_kernel)[(triton.cdiv(n, block_r),)](
+            src_w,
+            index.contiguous(),
+            out_w,
+            n,
+            row_words,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            num_warps=_COPY_WARPS,
+        )
     return out
 
 
 def triton_jagged_gather(values: Tensor, in_offsets: Tensor, out_offsets: Tensor, index: Tensor) -> Tensor:
     """Output segment ``j`` is input segment ``index[j]``; one launch over output value rows."""
-    _check(values.device)
+    _check(values.device, in_offsets, out_offsets, index)
     out = torch.empty_like(values, memory_format=torch.contiguous_format)
     total, n_seg = values.shape[0], index.shape[0]
     if total == 0 or out.numel() == 0 or n_seg == 0:
@@ -392,18 +424,19 @@ def triton_jagged_gather(values: Tensor, in_offsets: Tensor, out_offsets: Tensor
     src_w, out_w, row_words = _word_views(values.contiguous(), out, total, total)
     block_t, block_c = _copy_blocks(row_words)
     n_iter = max(1, math.ceil(math.log2(n_seg))) + 1
-    _jit(_jagged_gather_kernel)[(triton.cdiv(total, block_t),)](
-        src_w,
-        in_offsets.contiguous(),
-        out_offsets.contiguous(),
-        index.contiguous(),
-        out_w,
-        n_seg,
-        total,
-        row_words,
-        n_iter,
-        BLOCK_T=block_t,
-        BLOCK_C=block_c,
-        num_warps=_COPY_WARPS,
-    )
+    with _launch_device(values.device):
+        _jit(_jagged_gather_kernel)[(triton.cdiv(total, block_t),)](
+            src_w,
+            in_offsets.contiguous(),
+            out_offsets.contiguous(),
+            index.contiguous(),
+            out_w,
+            n_seg,
+            total,
+            row_words,
+            n_iter,
+            BLOCK_T=block_t,
+            BLOCK_C=block_c,
+            num_warps=_COPY_WARPS,
+        )
     return out

@@ -90,3 +90,21 @@ def test_calibrate_command_validates_and_writes(tmp_path) -> None:
     assert calibrate_main(["--config", str(config), "--out", str(out), "--mixed", "3", "--rounds", "3"]) == 0
     assert CostModel.from_file(str(out)).origin == "calibrated"
     assert calibrate_main(["--config", str(config), "--out", str(out), "--rounds", "0"]) == 2
+
+
+def test_calibrate_names_what_cannot_run_here(tmp_path, capsys, monkeypatch) -> None:
+    """``--device cuda`` without a GPU, or the Triton attention on CPU without the interpreter: one line."""
+    import pytest
+    import torch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    config = tmp_path / "run.toml"
+    config.write_text("[model]\nd_model = 8\nnum_layers = 1\nnum_heads = 2\nmax_uih_len = 64\n"
+                      "[model_extra]\nnum_items = 50\nattention = 'triton'\n")  # fmt: skip
+    out = str(tmp_path / "cost.json")
+    assert calibrate_main(["--config", str(config), "--out", out]) == 2
+    assert "model_extra.attention 'triton' cannot run here" in capsys.readouterr().err
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: --device cuda is valid here")
+    assert calibrate_main(["--config", str(config), "--out", out, "--device", "cuda"]) == 2
+    assert "--device cuda: no CUDA device is visible" in capsys.readouterr().err

@@ -226,3 +226,35 @@ def test_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         dispatch(torch.zeros(2, 1), torch.tensor([0, 1]), 2, kernel="triton")
+
+
+def test_tensors_on_another_device_than_the_plan_are_refused() -> None:
+    """Combine's rows must sit with the plan, and the Triton launchers refuse mixed devices: on a GPU a
+    kernel given a host index reads host addresses (the interpreter, all numpy, would not notice)."""
+    from freescale.kernels import dispatch_triton as tri
+
+    x = torch.arange(8.0, device=DEVICE).view(4, 2)
+    res = dispatch(x, torch.tensor([1, 0, 1, 0], device=DEVICE), 2, kernel="pytorch")
+    with pytest.raises(ValueError, match=f"rows are on meta but the plan is on {DEVICE.type}"):
+        combine(x.to("meta"), res.plan)
+    batch = JaggedRows(torch.zeros(3, 2, device=DEVICE), torch.tensor([1, 2], device=DEVICE))
+    jag = dispatch_jagged(batch, torch.tensor([1, 0], device=DEVICE), 2)
+    with pytest.raises(ValueError, match="plan is on"):
+        combine_jagged(JaggedRows(torch.zeros(3, 2, device="meta"), jag.buffer.lengths), jag.plan)
+    meta = "got one on meta"
+    with pytest.raises(ValueError, match=meta):
+        tri.triton_gather_rows(x, torch.arange(4, device="meta"))
+    offsets = torch.tensor([0, 1, 3], device=DEVICE)
+    with pytest.raises(ValueError, match=meta):
+        tri.triton_jagged_gather(batch.values, offsets, offsets, torch.arange(2, device="meta"))
+    with pytest.raises(ValueError, match=meta):
+        tri.triton_plan(torch.tensor([0, 1], device=DEVICE), 2, torch.tensor([1, 2], device="meta"))
+
+
+def test_plan_scratch_offsets_are_host_ints() -> None:
+    """The plan kernels take the scratch's half offsets from the host: an in-kernel ``n_blocks * W_POW2``
+    is an int32 product that wraps past 2**31 (a 2**25-block batch at W = 64, far beyond a CPU test)."""
+    from freescale.kernels.dispatch_triton import _scratch_bases
+
+    vbase, hbase = _scratch_bases(1 << 25, 64)
+    assert vbase == 1 << 31 and hbase == 1 << 32  # Python ints: Triton passes them as int64

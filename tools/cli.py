@@ -168,6 +168,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch-size", type=int, default=8, help="samples per micro-batch (prepare's k)")
     p.add_argument("--mixed", type=int, default=24, help="mixed-length micro-batches to time")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds (the minimum is kept)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: thread CPU time; cuda: wall time between device synchronisations")  # fmt: skip
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ from freescale.pipeline.cost import CostModel, ModelConfig
 from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data import Batch, CollateConfig, collate
 from freescale.trainer.jagged import padded_sum_of_squares
-from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
+from freescale.trainer.model import SequentialTransducer, resolve_attention, sampled_softmax_loss
 
 CALIBRATION_ITEMS = 1_000  # item rows of the synthetic table when model_extra.num_items is 0 (from the data)
 
@@ -62,15 +62,22 @@ def synthetic_samples(lengths: list[int], num_items: int, rng: np.random.Generat
 
 
 class MicroBatchTimer:
-    """Times the trainer's dense work on one collated micro-batch: forward, loss, backward into rows."""
+    """Times the trainer's dense work on one collated micro-batch: forward, loss, backward into rows.
 
-    def __init__(self, model_cfg: ModelConfig, extra: ModelExtraConfig, seed: int = 0) -> None:
+    On CPU a micro-batch's time is the calling thread's CPU time; on CUDA it is wall time between
+    device synchronisations (the work is the GPU's; the host only launches it), with the batch copied
+    to the device before the clock starts, as the trainer's loader hands it over.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, extra: ModelExtraConfig, seed: int = 0,
+                 device: torch.device | None = None) -> None:  # fmt: skip
         torch.manual_seed(seed)
-        self.model = SequentialTransducer(model_cfg, extra)
+        self.device = device or torch.device("cpu")
+        self.model = SequentialTransducer(model_cfg, extra).to(self.device)
         self.temperature = extra.temperature
         d = model_cfg.d_model
-        self.items = torch.randn(extra.num_items, d) * 0.1
-        self.actions = torch.randn(extra.num_actions, d) * 0.1
+        self.items = (torch.randn(extra.num_items, d) * 0.1).to(self.device)
+        self.actions = (torch.randn(extra.num_actions, d) * 0.1).to(self.device)
 
     def run(self, batch: Batch) -> None:
         """What ``engine.batch_loss`` + backward do, with whole tables standing in for the sharded rows."""
@@ -91,16 +98,26 @@ class MicroBatchTimer:
         self.model.zero_grad(set_to_none=True)
 
     def seconds(self, batches: list[Batch], rounds: int = 3) -> np.ndarray:
-        """Per batch, the minimum thread CPU time over ``rounds`` (each round times every batch once)."""
-        for batch in batches[: min(2, len(batches))]:  # warm-up: allocator, first-call dispatch
+        """Per batch, the minimum time over ``rounds`` (each round times every batch once)."""
+        batches = [batch.to(self.device) for batch in batches]
+        for batch in batches[: min(2, len(batches))]:  # warm-up: allocator, first-call dispatch, kernel builds
             self.run(batch)
         best = np.full(len(batches), np.inf)
         for _ in range(rounds):
             for i, batch in enumerate(batches):
-                start = time.thread_time()
-                self.run(batch)
-                best[i] = min(best[i], time.thread_time() - start)
+                best[i] = min(best[i], self._time(batch))
         return best
+
+    def _time(self, batch: Batch) -> float:
+        if self.device.type != "cuda":
+            start = time.thread_time()
+            self.run(batch)
+            return time.thread_time() - start
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        self.run(batch)
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
 
 def design_lengths(max_len: int, micro_batch_size: int, mixed: int, points: int, seed: int) -> list[list[int]]:
@@ -155,6 +172,7 @@ def calibrate(
     points: int = 6,
     rounds: int = 3,
     seed: int = 0,
+    device: torch.device | None = None,
 ) -> CostModel:
     """Time trainer-shaped micro-batches, fit, and (optionally) write the JSON ``prepare --cost-model`` reads."""
     lengths = design_lengths(max_len, micro_batch_size, mixed, points, seed)
@@ -163,7 +181,9 @@ def calibrate(
     extra = replace(extra, num_items=extra.num_items or CALIBRATION_ITEMS, num_actions=extra.num_actions or 16)
     collate_cfg = CollateConfig.for_model(model_cfg, extra)
     batches = [collate(synthetic_samples(ls, extra.num_items, rng), collate_cfg, i, 0) for i, ls in enumerate(lengths)]
-    seconds = MicroBatchTimer(model_cfg, extra, seed).seconds(batches, rounds)
+    device = device or torch.device("cpu")
+    timer = MicroBatchTimer(model_cfg, extra, seed, device)
+    seconds = timer.seconds(batches, rounds)
     sizes = [np.minimum(np.asarray(ls, dtype=np.float64), max_len) for ls in lengths]
     features = np.array([[float((s * s).sum()), float(s.sum()), float(len(s)), 1.0] for s in sizes])
     a, b, c, d = fit(features, seconds)
@@ -171,8 +191,11 @@ def calibrate(
     relative = np.abs(predicted - seconds) / seconds
     groups = [len(batch.layout.groups) for batch in batches]
     padding = [padded_sum_of_squares(batch.layout) for batch in batches]
+    clock = "wall time between CUDA synchronisations" if device.type == "cuda" else "thread CPU time"
     details = {
-        "method": "micro-batches through collate + forward + loss + backward, thread CPU time, min over rounds",
+        "method": f"micro-batches through collate + forward + loss + backward, {clock}, min over rounds",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "attention": resolve_attention(extra.attention, extra.architecture, device),
         "micro_batch_size": micro_batch_size,
         "rounds": rounds,
         "per_micro_batch_s": d,
@@ -221,6 +244,10 @@ def run(args: argparse.Namespace) -> int:
         model_cfg, extra, threads = read_config(args.config)
         if args.micro_batch_size < 1 or args.mixed < 1 or args.rounds < 1:
             raise ValueError("--micro-batch-size, --mixed and --rounds must be >= 1")
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        resolve_attention(extra.attention, extra.architecture, device)  # a kernel that cannot run here: one line
     except ValueError as error:
         print(f"calibrate: error: {error}", file=sys.stderr)
         return 2
@@ -233,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch_size,
         mixed=args.mixed,
         rounds=args.rounds,
+        device=device,
     )
     print(
         f"a={cost.a:.4g} b={cost.b:.4g} c={cost.c:.4g} s (per micro-batch {cost.details['per_micro_batch_s']:.4g} s), "

@@ -33,6 +33,8 @@ BALANCERS = ("none", "online")
 TRANSPORTS = ("auto", "torch", "copy_engine")
 ID_MODES = ("exact", "hashed")
 LOSSES = ("sampled_softmax", "full_softmax")
+ATTENTIONS = ("auto", "triton", "torch")
+PRECISIONS = ("fp32", "bf16")
 EVAL_METRICS = ("ndcg", "hr")  # kernels.transport.TRANSPORTS, without importing torch here
 
 
@@ -92,10 +94,21 @@ class ModelExtraConfig:
     time_buckets: int = 64  # log-spaced buckets of |Δt| for the HSTU relative time bias
     length_group_ratio: float = 1.25  # jagged attention pads only samples within this length ratio
     ffn_multiplier: int = 4  # SASRec feed-forward width
+    # HSTU attention: triton = jagged Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1), torch =
+    # length-grouped padded PyTorch, auto = triton on CUDA, torch elsewhere (docs/kernels.md)
+    attention: str = "auto"
+    precision: str = "fp32"  # fp32 | bf16: the dense layers under bf16 autocast (GPUs; parameters stay fp32)
 
     def __post_init__(self) -> None:
         _choice("model_extra.architecture", self.architecture, ARCHITECTURES)
         _choice("model_extra.ids", self.ids, ID_MODES)
+        _choice("model_extra.attention", self.attention, ATTENTIONS)
+        _choice("model_extra.precision", self.precision, PRECISIONS)
+        if self.attention == "triton" and self.architecture != "hstu":
+            raise ValueError(
+                "model_extra.attention 'triton' is the HSTU kernel; SASRec runs PyTorch's scaled_dot_product_attention "
+                "(leave model_extra.attention = 'auto')"
+            )
         _choice("model_extra.loss", self.loss, LOSSES)
         for name in ("time_buckets", "ffn_multiplier"):
             _check(getattr(self, name) >= 1, f"model_extra.{name}", "must be >= 1", getattr(self, name))

@@ -15,8 +15,9 @@ groups vs 4.8 ms in one), a straggler bubble no per-sample cost model can see. `
 therefore picks the cut that minimises ``Σ_g (B_g · L_max,g² + overhead)`` (dynamic programming over
 the sorted lengths), with each group's padding bounded by ``ratio² · Σ L_i²`` plus the overhead it
 saves. Short samples then share one group, long ones stay exact, and a micro-batch's time is close
-to a sum of per-sample costs again (what the planner balances). A Triton jagged kernel can replace
-``LengthGroup`` batching behind the same ``JaggedLayout`` interface later.
+to a sum of per-sample costs again (what the planner balances). On CUDA the HSTU model runs the
+jagged Triton kernel instead (``model_extra.attention``; docs/kernels.md), which reads only the
+layout's offsets: no padding and no groups.
 """
 
 from __future__ import annotations

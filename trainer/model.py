@@ -7,13 +7,19 @@ FreeScale engine, the TorchRec baseline and the single-process reference run the
 HSTU layer (generative-recommenders, "Actions Speak Louder than Words"): a fused projection
 ``silu(W_uvqk · LN(x))`` split into u, v, q, k; pointwise attention ``silu(qkᵀ + rab) / n`` with a
 causal mask and a relative bias of position distance and log-bucketed time gap; a gated output
-``x + W_o · (u ⊙ LN(attn · v))``. ``n`` is the sample's own length (GR divides by the padded batch
-max); that keeps a sample's output independent of which samples share its micro-batch, which the
-jagged layout, the sharded/reference equivalence test and resume exactness rely on. The time bias of
+``x + W_o · (u ⊙ LN(attn · v))``. The attention runs as the jagged Triton kernel on CUDA or as
+length-grouped padded PyTorch (``model_extra.attention``; docs/kernels.md). ``n`` is the sample's
+own length (GR divides by the padded batch max); that keeps a sample's output independent of which
+samples share its micro-batch, which the jagged layout, the sharded/reference equivalence test and
+resume exactness rely on. The time bias of
 query ``i`` and key ``j`` buckets ``t_{i+1} - t_j``, as GR does: position ``i`` predicts the event at
 ``t_{i+1}`` and knows *when* it is asked (the request time, known when serving), so it can tell a
 continuing session from a return after a long gap. Only that timestamp of the target is read, never
 its item or action.
+
+Precision (``model_extra.precision``): ``fp32``, or ``bf16``: the layers run under bf16 autocast
+(products in bf16 on the tensor cores, normalisations and the residual stream in float32) and hand
+float32 outputs to the loss; parameters, embedding rows and optimizer state stay float32.
 
 SASRec (Kang & McAuley 2018): pre-LN softmax self-attention plus feed-forward blocks; no timestamps.
 
@@ -35,17 +41,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from freescale.kernels.hstu_attention import hstu_attention
+from freescale.kernels.hstu_attention_ref import time_bucket
+from freescale.kernels.triton_support import triton_unavailable_reason
 from freescale.pipeline.cost import ModelConfig
 from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.jagged import JaggedLayout, from_groups, pad_source, to_padded
 
-TIME_BUCKET_BASE = 0.301  # log(|Δt|) / 0.301: GR's bucketisation of time gaps in seconds
+
+def resolve_attention(choice: str, architecture: str, device: torch.device) -> str:
+    """The HSTU attention that runs: ``model_extra.attention`` resolved for ``device``.
+
+    ``auto`` picks the Triton kernel on CUDA (where Triton is installed) and the length-grouped
+    PyTorch attention elsewhere; ``triton`` on a CPU tensor needs ``TRITON_INTERPRET=1`` (tests).
+    """
+    if architecture != "hstu":
+        return "torch"
+    if choice == "auto":
+        return "triton" if triton_unavailable_reason(device) is None and device.type == "cuda" else "torch"
+    if choice == "triton" and (reason := triton_unavailable_reason(device)) is not None:
+        raise ValueError(f"model_extra.attention 'triton' cannot run here: {reason} (use 'torch' or 'auto')")
+    return choice
 
 
-def time_bucket(delta: torch.Tensor, buckets: int) -> torch.Tensor:
-    """Log-spaced bucket of a time gap in seconds (GR's relative time bias)."""
-    scaled = torch.log(delta.abs().clamp(min=1).to(torch.float32)) / TIME_BUCKET_BASE
-    return scaled.long().clamp(0, buckets - 1)
+@dataclass
+class JaggedContext:
+    """What the Triton attention of every layer reads: sample offsets, times, the longest sample."""
+
+    offsets: torch.Tensor  # [B + 1] int64
+    timestamps: torch.Tensor  # [N] int64
+    query_times: torch.Tensor  # [N] int64
+    max_len: int
 
 
 @dataclass
@@ -101,15 +127,27 @@ class HSTULayer(nn.Module):
         self.time_bias = nn.Parameter(torch.zeros(time_buckets))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, layout: JaggedLayout, contexts: list[GroupContext]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, layout: JaggedLayout, contexts: list[GroupContext] | JaggedContext
+    ) -> torch.Tensor:
         u, v, q, k = F.silu(self.uvqk(self.norm_in(x))).split(self.d_model, dim=-1)
         attn = self._attention(q, k, v, layout, contexts)
         return x + self.out(self.dropout(u * self.norm_attn(attn)))
 
     def _attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: JaggedLayout, contexts: list[GroupContext]
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: JaggedLayout,
+        contexts: list[GroupContext] | JaggedContext,
     ) -> torch.Tensor:
-        """Pointwise SiLU attention ``silu(qkᵀ + rab) / n`` under the causal mask, one batch per group."""
+        """Pointwise SiLU attention ``silu(qkᵀ + rab) / n`` under the causal mask: the jagged Triton
+        kernel (``JaggedContext``), or one padded batch per length group."""
+        if isinstance(contexts, JaggedContext):
+            c = contexts
+            return hstu_attention(q, k, v, c.offsets, c.timestamps, c.query_times, self.pos_bias, self.time_bias,
+                                  self.num_heads, c.max_len)  # fmt: skip
         if not layout.groups:  # empty micro-batch: keep every parameter in the graph (DDP)
             return torch.zeros_like(v) + 0.0 * (self.pos_bias.sum() + self.time_bias.sum())
         h, dh = self.num_heads, self.d_model // self.num_heads
@@ -158,6 +196,8 @@ class SequentialTransducer(nn.Module):
     def __init__(self, model: ModelConfig, extra: ModelExtraConfig) -> None:
         super().__init__()
         self.architecture = extra.architecture
+        self.attention = extra.attention
+        self.precision = extra.precision
         self.scale = math.sqrt(model.d_model)
         self.max_distance = model.max_uih_len
         self.time_buckets = extra.time_buckets if extra.architecture == "hstu" else None
@@ -191,10 +231,16 @@ class SequentialTransducer(nn.Module):
         """
         x = (item_rows + action_rows) * self.scale
         x = self.dropout(x + self.position(layout.positions.clamp(max=self.position.num_embeddings - 1)))
-        contexts = attention_contexts(layout, timestamps, query_times, self.max_distance, self.time_buckets)
-        for layer in self.layers:
-            x = layer(x, layout, contexts)
-        return self.final_norm(x)
+        contexts: list[GroupContext] | JaggedContext
+        if resolve_attention(self.attention, self.architecture, x.device) == "triton":
+            max_len = max((group.max_len for group in layout.groups), default=0)
+            contexts = JaggedContext(layout.offsets, timestamps.long(), query_times.long(), max_len)
+        else:
+            contexts = attention_contexts(layout, timestamps, query_times, self.max_distance, self.time_buckets)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            for layer in self.layers:
+                x = layer(x, layout, contexts)
+            return self.final_norm(x).float()
 
 
 def sampled_softmax_loss(
