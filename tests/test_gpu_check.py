@@ -84,9 +84,22 @@ def test_a_timeout_kills_the_whole_tree_even_what_left_the_group(tmp_path: Path)
     script = f"setsid sleep 300 & echo $! > {pidfile}; sleep 300"
     started = time.monotonic()
     outcome = part_runner.run_command(["bash", "-c", script], tmp_path / "part.log", timeout=1.0)
-    assert outcome.status == "timeout" and time.monotonic() - started < 1.0 + part_runner.GRACE_S + 3
+    assert outcome.status == "timeout" and time.monotonic() - started < 1.0 + 2 * part_runner.GRACE_S + 3
     assert gone(int(pidfile.read_text()))
     assert "killed after the part's timeout" in outcome.tail()
+
+
+def test_pytest_stopped_at_the_timeout_still_reports_what_ran(tmp_path: Path) -> None:
+    """The tests part counts the tests that finished before a hang: pytest gets SIGINT first."""
+    (tmp_path / "test_hang.py").write_text(
+        "import time\n\n\ndef test_a():\n    pass\n\n\ndef test_b():\n    time.sleep(300)\n"
+    )
+    junit = tmp_path / "junit.xml"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "test_hang.py"]
+    outcome = part_runner.run_command(argv, tmp_path / "pytest.log", timeout=12.0, cwd=tmp_path)
+    assert outcome.status == "timeout"
+    counts = part_runner.junit_counts(junit)
+    assert (counts["passed"], counts["interrupted"]) == (1, 1), outcome.tail()
 
 
 def test_a_finished_part_leaves_nothing_behind(tmp_path: Path) -> None:

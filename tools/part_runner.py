@@ -1,11 +1,12 @@
 """Run one command of the GPU check so that it can neither hang the check nor outlive it.
 
 Standard library only (``tools/gpu_check.py`` runs before FreeScale is installed). A command runs in
-a session of its own with its output in a log file; past its timeout its whole process group gets
-SIGTERM, then SIGKILL. Processes that left the group on purpose (``freescale train`` starts torchrun
-in a new session, torchrun its ranks, ranks their loader workers) still carry the part's token in
-their environment (``TOKEN_ENV``), so they are found in ``/proc`` and killed too: every process the
-check started, and no other.
+a session of its own with its output in a log file; past its timeout its leader gets SIGINT first
+(pytest then stops like after Ctrl-C and still writes its JUnit XML, so the tests that ran are
+counted), then the whole process group SIGTERM, then SIGKILL. Processes that left the group on
+purpose (``freescale train`` starts torchrun in a new session, torchrun its ranks, ranks their
+loader workers) still carry the part's token in their environment (``TOKEN_ENV``), so they are
+found in ``/proc`` and killed too: every process the check started, and no other.
 
 Also here: reading a command's results back (``target_met`` entries of a JSON, a pytest JUnit XML).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 TOKEN_ENV = "FREESCALE_GPU_CHECK_TOKEN"
-GRACE_S = 5.0  # between SIGTERM and SIGKILL
+GRACE_S = 4.0  # between SIGINT, SIGTERM and SIGKILL
 
 
 @dataclass
@@ -77,15 +78,16 @@ def run_command(
 
 
 def stop_part(process: subprocess.Popen, token: str, quiet: bool = False) -> None:
-    """SIGTERM the command's group, SIGKILL it after ``GRACE_S``, then SIGKILL every process that
-    still carries ``token``. ``quiet``: after a normal exit, only the token sweep (no grace wait)."""
+    """SIGINT the command, SIGTERM its group, SIGKILL it (``GRACE_S`` apart, skipping what already
+    ended), then SIGKILL every process that still carries ``token``. ``quiet``: after a normal exit,
+    only the token sweep."""
     if not quiet:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=GRACE_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+        for sig, send in ((signal.SIGINT, os.kill), (signal.SIGTERM, os.killpg), (signal.SIGKILL, os.killpg)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                send(process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=GRACE_S)
+                break
     for pid in processes_with_token(token):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -140,11 +142,15 @@ def read_json(path: Path) -> Any:
 
 
 def junit_counts(path: Path) -> dict[str, Any]:
-    """passed / failed / errors / skipped and the names of the tests that did not pass."""
+    """passed / failed / errors / skipped / interrupted and the names of the tests that did not pass.
+
+    A test stopped by SIGINT (the part's timeout) is written as a ``testcase`` without a name."""
     root = ET.parse(path).getroot()
-    cases = root.iter("testcase")
-    counts: dict[str, Any] = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "not_passed": []}
-    for case in cases:
+    counts: dict[str, Any] = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "interrupted": 0, "not_passed": []}
+    for case in root.iter("testcase"):
+        if case.get("name") is None:
+            counts["interrupted"] += 1
+            continue
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         outcome = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
         if outcome is None:
