@@ -258,9 +258,9 @@ def bench(script: str) -> Callable[[Check, Part, float], dict[str, Any]]:
 # Timeouts (seconds on the GPU machine, in a dry run): what each part should take on one H100 with
 # room for Triton's first compilations, about twice. They add up to more than DEADLINE_S on purpose:
 # a part that hangs costs its own timeout, and the parts after it share what is left. Expected: ~5 s
-# environment, ~20 s install, ~40 s attention bench (compiles first: the training then finds its
-# kernels cached), ~120 s tests (five short training runs and the transport test), ~15 s dataset,
-# ~30-40 s per training run, ~30 s per other bench: ~330 s in all.
+# environment, ~20 s install, ~40 s attention bench (early, so the kernel the training runs is
+# measured whatever happens later), ~120 s tests (five short training runs, the transport, kernel and
+# bench-logic gpu tests), ~15 s dataset, ~30-40 s per training run, ~30 s per other bench: ~330 s.
 PARTS = (
     Part("environment", 60, 60, part_environment),
     Part("install", 120, 120, part_install),
