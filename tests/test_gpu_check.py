@@ -165,3 +165,16 @@ def test_results_are_read_back(tmp_path: Path) -> None:
     assert counts["not_passed"][0] == {"test": "t::bad", "outcome": "failed", "message": "boom"}
     files = {p.name for p in gpu_check.gpu_test_files(REPO)}
     assert {"test_transport_gpu.py", "test_gpu_training.py"} <= files and "test_gpu_check.py" not in files
+
+
+def test_the_linked_checkout_imports_as_the_installed_package(tmp_path: Path) -> None:
+    """The fallback when the image's setuptools cannot build the checkout: the package-dir layout of
+    pyproject.toml made of links (checked with -S: no site-packages, so no editable finder)."""
+    gpu_check.link_checkout(REPO, tmp_path)
+    code = "import freescale.tools.gpu_check as g, freescale.trainer as t; print(g.__file__); print(t.__path__[0])"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    result = subprocess.run([sys.executable, "-S", "-P", "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    module, trainer = result.stdout.split()
+    assert module == str(tmp_path / "freescale" / "tools" / "gpu_check.py")
+    assert (Path(trainer) / "profiles").is_dir() and Path(trainer).resolve() == REPO / "trainer"
