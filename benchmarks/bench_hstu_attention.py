@@ -3,7 +3,9 @@
 Workloads (d_model 256, 4 heads, bf16; issue 31):
 
 * ``heavy``: 64 samples, lengths lognormal with median 256 (sigma 1.2), capped at 8,192;
-* ``uniform_L`` for L in 512 / 2,048 / 8,192, each 32,768 positions (64, 16 and 4 samples).
+* ``uniform_L`` for L in 512 / 2,048 / 8,192, each 32,768 positions (64, 16 and 4 samples);
+
+event gaps lognormal around five minutes (sigma 2.5), the query time being the next event's.
 
 Arms, timed in the same run on the same inputs (CUDA events, median after warm-up):
 
@@ -130,8 +132,15 @@ class Inputs:
             (torch.randn(n, s.d_model, generator=gen) * scale).to(dtype).to(dev).requires_grad_() for _ in range(3)
         )
         self.grad = torch.randn(n, s.d_model, generator=gen).to(dtype).to(dev)
-        times = torch.cat([torch.randint(1, 86_400, (m,), generator=gen).cumsum(0) for m in work.lengths])
-        queries = times + torch.randint(1, 86_400, (n,), generator=gen)
+        # gaps between events lognormal around 5 minutes (sigma 2.5: seconds inside a session, days
+        # between sessions), as interaction logs are; the query time is the next event's
+        gaps = torch.exp(math.log(300.0) + 2.5 * torch.randn(n + len(work.lengths), generator=gen)).long() + 1
+        times, queries = [], []
+        for sample in gaps.split([m + 1 for m in work.lengths]):
+            clock = sample.cumsum(0)
+            times.append(clock[:-1])
+            queries.append(clock[1:])
+        times, queries = torch.cat(times), torch.cat(queries)
         self.layout = build_layout(torch.tensor(work.lengths)).to(dev)
         self.layer = HSTULayer(s.d_model, s.heads, max(work.lengths), s.time_buckets, 0.0).to(dev)
         with torch.no_grad():

@@ -70,6 +70,9 @@ class AttentionKernelConfig:
                 raise ValueError(f"AttentionKernelConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
+TIME_CLAMP = 2**30 - 1  # rebased times stay within +-(2^30 - 1) s: any difference of two fits in int32
+_TIME_FAR = tl.constexpr(2**30) if HAS_TRITON else None  # past every rebased time (masked lanes' stand-in)
+
 GPU_CONFIG = AttentionKernelConfig()
 INTERPRETER_CONFIG = AttentionKernelConfig(16, 16, 1, 1, 16, 1, 1)  # small tiles: numpy runs every program
 
@@ -104,17 +107,32 @@ def _time_bucket_impl(delta, num_buckets, COMPILED: tl.constexpr):
     return tl.minimum(tl.maximum(scaled.to(tl.int32), 0), num_buckets - 1)
 
 
-def _scores_impl(q, k, rm, rn, tq, TS, start, mask_n, PB, TB, num_pos, num_buckets,
+def _scores_impl(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, num_pos, num_buckets,
                  HAS_TIME: tl.constexpr, COMPILED: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """Scores ``q·kᵀ + biases`` of a tile (float32) and its time buckets (0 without a time bias)."""
+    """Scores ``q·kᵀ + biases`` of a tile (float32) and its time buckets (0 without a time bias).
+
+    A tile whose gaps all fall into one bucket takes the time bias once instead of per score: every
+    gap lies between (earliest query time - latest key time) and (latest query time - earliest key
+    time), and the bucket is monotone in a positive gap, so equal buckets at both bounds mean one
+    bucket for the tile. Far from the diagonal of a long history that is the common case.
+    """
     s = _dot(q, tl.trans(k), PRECISION, COMPILED)
     distance = tl.minimum(tl.maximum(rm[:, None] - rn[None, :], 0), num_pos - 1)
     s += tl.load(PB + distance).to(tl.float32)
-    bucket = distance * 0
+    bucket = (distance * 0).to(tl.int32)
     if HAS_TIME:
         tk = tl.load(TS + start + rn, mask=mask_n, other=0)
-        bucket = _time_bucket(tq[:, None] - tk[None, :], num_buckets, COMPILED)
-        s += tl.load(TB + bucket).to(tl.float32)
+        far = _TIME_FAR
+        lowest = tl.reduce(tl.where(mask_m, tq, far), 0, tl.standard._elementwise_min)
+        highest = tl.reduce(tl.where(mask_m, tq, -far), 0, tl.standard._elementwise_max)
+        gap_lo = lowest - tl.reduce(tl.where(mask_n, tk, -far), 0, tl.standard._elementwise_max)
+        gap_hi = highest - tl.reduce(tl.where(mask_n, tk, far), 0, tl.standard._elementwise_min)
+        first = _time_bucket(gap_lo, num_buckets, COMPILED)
+        if (gap_lo >= 1) & (first == _time_bucket(gap_hi, num_buckets, COMPILED)):
+            bucket += first
+        else:
+            bucket = _time_bucket(tq[:, None] - tk[None, :], num_buckets, COMPILED)
+        s += tl.load(TB + bucket).to(tl.float32)  # no load inside the branch: Triton 3.6 cannot pipeline it
     return s, bucket
 
 
@@ -153,7 +171,7 @@ def _hstu_fwd_kernel(
     b = pair // num_heads
     h = pair % num_heads
     start = tl.load(OFF + b)
-    n = tl.load(OFF + b + 1) - start
+    n = (tl.load(OFF + b + 1) - start).to(tl.int32)  # lengths fit in 32 bits; offsets may not
     m0 = block * BLOCK_M
     if m0 >= n:
         return
@@ -171,7 +189,7 @@ def _hstu_fwd_kernel(
         mask_n = rn < n
         k = _load_rows(K, start + rn, stride_k, col, mask_n, mask_d)
         v = _load_rows(V, start + rn, stride_v, col, mask_n, mask_d)
-        s, _ = _scores(q, k, rm, rn, tq, TS, start, mask_n, PB, TB, num_pos, num_buckets,
+        s, _ = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, num_pos, num_buckets,
                        HAS_TIME, COMPILED, PRECISION)  # fmt: skip
         valid = (rm[:, None] >= rn[None, :]) & mask_m[:, None]
         p = tl.where(valid, s / (1.0 + tl.exp(-s)) * inv_n, 0.0)
@@ -195,7 +213,7 @@ def _hstu_bwd_kernel(
     jb = num_blocks - 1 - tl.program_id(0)
     b = tl.program_id(1)
     start = tl.load(OFF + b)
-    n = tl.load(OFF + b + 1) - start
+    n = (tl.load(OFF + b + 1) - start).to(tl.int32)  # lengths fit in 32 bits; offsets may not
     j0 = jb * BLOCK
     if j0 >= n:
         return
@@ -223,7 +241,7 @@ def _hstu_bwd_kernel(
             q = _load_rows(Q, start + rm, stride_q, col, mask_m, mask_d)
             do = _load_rows(DO, start + rm, stride_do, col, mask_m, mask_d)
             tq = tl.load(QT + start + rm, mask=mask_m, other=0)
-            s, bucket = _scores(q, k, rm, rn, tq, TS, start, mask_n, PB, TB, num_pos, num_buckets,
+            s, bucket = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, num_pos, num_buckets,
                                 HAS_TIME, COMPILED, PRECISION)  # fmt: skip
             valid = (rm[:, None] >= rn[None, :]) & mask_m[:, None]
             sig = 1.0 / (1.0 + tl.exp(-s))
@@ -263,7 +281,7 @@ def _hstu_bwd_kernel(
             mask_c = rc < n
             kc = _load_rows(K, start + rc, stride_k, col, mask_c, mask_d)
             vc = _load_rows(V, start + rc, stride_v, col, mask_c, mask_d)
-            s, _ = _scores(qn, kc, rn, rc, tn, TS, start, mask_c, PB, TB, num_pos, num_buckets,
+            s, _ = _scores(qn, kc, rn, rc, tn, TS, start, mask_n, mask_c, PB, TB, num_pos, num_buckets,
                            HAS_TIME, COMPILED, PRECISION)  # fmt: skip
             valid = (rn[:, None] >= rc[None, :]) & mask_n[:, None]
             sig = 1.0 / (1.0 + tl.exp(-s))
@@ -289,9 +307,6 @@ def _bind() -> tuple[object, object]:
     globals()["_load_rows"] = jit_lazily(_load_rows_impl)
     globals()["_add_diagonals"] = jit_lazily(_add_diagonals_impl)
     return jit_lazily(_hstu_fwd_kernel), jit_lazily(_hstu_bwd_kernel)
-
-
-TIME_CLAMP = 2**30  # rebased times stay within +-2^30 s, so their difference fits in int32
 
 
 def rebased_times(offsets: Tensor, timestamps: Tensor, query_times: Tensor) -> tuple[Tensor, Tensor]:

@@ -34,10 +34,11 @@ def _triton_interpreter():
     num_pos=st.integers(1, 80),
     buckets=st.sampled_from([0, 1, 7, 64]),
     fused=st.booleans(),
+    max_gap=st.sampled_from([2, 1000, 10**6]),
     seed=st.integers(0, 2**16),
 )
-def test_triton_matches_reference_fp32(lengths, num_heads, head_dim, num_pos, buckets, fused, seed) -> None:
-    case = make_case(lengths, num_heads, head_dim, num_pos, buckets, seed, fused=fused)
+def test_triton_matches_reference_fp32(lengths, num_heads, head_dim, num_pos, buckets, fused, max_gap, seed) -> None:
+    case = make_case(lengths, num_heads, head_dim, num_pos, buckets, seed, fused=fused, max_gap=max_gap)
     want = run(case, "reference")
     got = run(case, "triton")
     assert_close(got, want, rel=2e-5, context=f"lengths={lengths}")
@@ -46,6 +47,13 @@ def test_triton_matches_reference_fp32(lengths, num_heads, head_dim, num_pos, bu
 def test_long_samples_fp32() -> None:
     """A few hundred positions: many tiles per sample, distances past the bias table."""
     case = make_case([300, 5, 129], num_heads=2, head_dim=8, num_pos=200, buckets=64, seed=3)
+    assert_close(run(case, "triton"), run(case, "reference"), rel=2e-5)
+
+
+def test_tiles_of_one_time_bucket() -> None:
+    """Seconds between events, minutes of history: far tiles see one bucket (the kernels' shortcut),
+    near ones several; both must match the oracle, gradients of the time bias included."""
+    case = make_case([400, 90], num_heads=2, head_dim=8, num_pos=512, buckets=64, seed=8, max_gap=2)
     assert_close(run(case, "triton"), run(case, "reference"), rel=2e-5)
 
 
