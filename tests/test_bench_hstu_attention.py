@@ -24,6 +24,7 @@ def test_bench_hstu_attention_small_cpu_run(tmp_path: Path) -> None:
     heavy = {arm["arm"] for arm in report["results"][0]["arms"]}
     assert {"triton fwd+bwd", "torch fwd+bwd", "triton fwd+bwd, bwd 64 w8"} <= heavy
     assert len(report["results"][2]["arms"]) == 4 + 1 + 4  # the arms, no time bias, the forward sweep
+    assert report["results"][1]["arms"][-1]["arm"] == "compiled fwd+bwd"  # torch.compile, after the rest
     targets = report["targets"]
     assert {"heavy_fwd_bwd_speedup_vs_padded_torch", "uniform_40_fwd_share_of_matmul", "target_met"} <= targets.keys()
     assert out.with_suffix(".png").stat().st_size > 0

@@ -30,8 +30,6 @@ import pytest
 import torch
 from train_cli import prepare_tiny, run_toml
 
-from freescale.tools.gpu_training import attention_option
-
 NO_CUDA = "needs a CUDA device: torch.cuda.is_available() is False"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
 STEPS = 6
@@ -52,7 +50,7 @@ def train(prepared: str, root: Path, name: str, nproc: int = 1, **engine: object
     host with FreeScale in a --target folder has no ``freescale`` script next to the interpreter."""
     out = root / name
     tables = {
-        "model_extra": attention_option("torch"),
+        "model_extra": {"attention": "torch"},
         "data": {"max_steps": STEPS, "workers": 0},
         "optimizer": {"dense": "sgd", "dense_lr": 0.05},
         "engine": {"deterministic": True, **engine},

@@ -11,7 +11,8 @@ Parts, in order (``PARTS``): ``environment`` (device, versions), ``install`` (th
 ``scripts/gpu_wheels.txt`` from ``.whl/`` into a private ``--target`` folder, then FreeScale itself
 from this checkout, offline), ``bench_hstu_attention`` (``--quick --out``), ``tests`` (every test
 marked ``gpu``, from the test files that hold such marks), ``train_data`` / ``train_w1`` /
-``train_w2`` (``gpu_training.py``), then ``bench_dispatch`` and ``bench_sm_contention``.
+``train_w2`` (``gpu_training.py``), ``calibrate`` (the cost profiles of the Triton and the PyTorch
+attention on this card), then ``bench_dispatch`` and ``bench_sm_contention``.
 
 ``--dry-run`` (CPU, part of ``make test``) proves the check assembles without running anything
 heavy: the wheel list resolves against the wheel folder (or is skipped with a note), the modules the
@@ -232,6 +233,41 @@ def training(name: str) -> Callable[[Check, Part, float], dict[str, Any]]:
     return run
 
 
+CALIBRATION_MODEL = "[model]\nd_model = 256\nnum_layers = 4\nnum_heads = 4\nnum_negatives = 128\nmax_uih_len = 2048\n"
+
+
+def part_calibrate(check: Check, part: Part, timeout: float) -> dict[str, Any]:
+    """``freescale calibrate --device cuda`` of an HSTU model (d_model 256, 4 layers, 4 heads, bf16)
+    with the Triton attention, then with the padded PyTorch one: the per-sample cost profiles the
+    planner and the online balancer read (``prepare --cost-model``), measured on this card."""
+    end = time.monotonic() + timeout
+    check.work.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {}
+    outcome = None
+    for attention in ("triton", "torch"):
+        config = check.work / f"calibrate_{attention}.toml"
+        config.write_text(CALIBRATION_MODEL + f'[model_extra]\nattention = "{attention}"\nprecision = "bf16"\n')
+        result = check.out / f"calibrate_{attention}.result.json"
+        if check.dry:
+            probe = f"from freescale.trainer.calibrate import read_config; read_config({str(config)!r})"
+            outcome = check.command(part, [check.python, "-P", "-c", probe], end - time.monotonic(), cwd=check.out)
+        else:
+            argv = check.python_m("freescale.tools.cli", "calibrate", "--config", str(config), "--out", str(result),
+                                  "--device", "cuda")  # fmt: skip
+            outcome = check.command(part, argv, end - time.monotonic(), cwd=check.out)
+            cost = part_runner.read_json(result)
+            if cost is not None:
+                details = cost.get("details", {})
+                figures[attention] = {k: cost.get(k) for k in ("a", "b", "c")} | {
+                    "per_micro_batch_s": details.get("per_micro_batch_s"),
+                    "fit_relative_error_mean": details.get("fit_relative_error_mean"),
+                    "attention_ran": details.get("attention"), "device": details.get("device")}  # fmt: skip
+        if outcome.status != "ok":
+            break
+    targets = {} if check.dry else {"calibrated_triton": "triton" in figures, "calibrated_torch": "torch" in figures}
+    return {"outcome": outcome, "figures": figures, "target_met": targets}
+
+
 def bench(script: str) -> Callable[[Check, Part, float], dict[str, Any]]:
     """A GPU benchmark as a part: ``--quick --out`` (dry run: ``--help`` names both flags)."""
 
@@ -264,11 +300,12 @@ def bench(script: str) -> Callable[[Check, Part, float], dict[str, Any]]:
 PARTS = (
     Part("environment", 60, 60, part_environment),
     Part("install", 120, 120, part_install),
-    Part("bench_hstu_attention", 90, 60, bench("bench_hstu_attention")),
+    Part("bench_hstu_attention", 150, 120, bench("bench_hstu_attention")),
     Part("tests", 180, 120, part_tests),
     Part("train_data", 60, 90, training("data")),
     Part("train_w1", 100, 60, training("w1")),
     Part("train_w2", 110, 60, training("w2")),
+    Part("calibrate", 60, 60, part_calibrate),
     Part("bench_dispatch", 75, 60, bench("bench_dispatch")),
     Part("bench_sm_contention", 75, 60, bench("bench_sm_contention")),
 )
@@ -327,6 +364,8 @@ def headline(record: dict[str, Any]) -> str:
         return f"{f['devices']} x {f['device']} ({f['sms']} SMs, {f['memory_gib']} GiB), python {f.get('python')}"
     if name == "environment":
         return f"{f.get('device')}, python {f.get('python')}"
+    if name == "calibrate" and f:
+        return "; ".join(f"{k}: a={v['a']:.3g} b={v['b']:.3g} c={v['c']:.3g} s" for k, v in f.items())
     if name == "install":
         return f"{f.get('wheels', 'wheel list not checked')}; FreeScale {f.get('freescale_install', 'in place')}"
     if name == "tests" and "collected" in f:

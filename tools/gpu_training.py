@@ -4,8 +4,8 @@ runs them, each as its own part with its own timeout).
 
 ``data`` generates the demo preset with planted sessions (heavy-tailed lengths, ~1.2M events) and
 prepares it for up to 8 ranks on every core of the machine. ``run --ranks 1`` trains the FreeScale
-engine on one GPU: HSTU, Triton attention, PEC (its own CUDA stream), a few dozen steps, the bubble
-report. ``run --ranks 2`` is the same run with two ranks sharing the GPU (``engine.share_gpus``:
+engine on one GPU: HSTU, Triton attention, bf16 products, PEC (its own CUDA stream), a few dozen
+steps, the bubble report. ``run --ranks 2`` is the same run with two ranks sharing the GPU (``engine.share_gpus``:
 gloo for the dense all-reduce, copy engines through CUDA IPC for the all-to-alls) and, with
 ``--compare`` the one-rank result, checks that the two agree where they must: step 0's rank-0 loss
 (same micro-batch, same initial state, so the sharded lookup across two processes must give the
@@ -26,11 +26,10 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from freescale.trainer.config import ModelExtraConfig, RunConfig, write_run_toml
+from freescale.trainer.config import RunConfig, write_run_toml
 
 MODEL = {"d_model": 128, "num_layers": 2, "num_heads": 4, "num_negatives": 128, "max_uih_len": 512}
 GROUP_SIZE, MICRO_BATCH = 8, 32
@@ -39,17 +38,12 @@ EVAL_USERS = 512
 LOSS_AGREEMENT = 1e-6  # relative: step 0 of rank 0 reads what W = 1 reads; only float noise may differ
 
 
-def attention_option(kind: str) -> dict[str, str]:
-    """``model_extra.attention = kind`` where this checkout's config has the option (the Triton jagged
-    attention and its switch land from main); {} where it does not, so the run uses the model's own."""
-    return {"attention": kind} if "attention" in {f.name for f in fields(ModelExtraConfig)} else {}
-
-
 def run_tables(data: str, out: Path) -> dict[str, dict[str, Any]]:
     """The run config both runs share (the overrides of ``run_overrides`` make them GPU runs)."""
     return {
         "model": MODEL,
-        "model_extra": {"architecture": "hstu", "inbatch_negatives": 32, **attention_option("triton")},
+        # the GPU configuration a user would run: the jagged Triton attention, bf16 products
+        "model_extra": {"architecture": "hstu", "inbatch_negatives": 32, "attention": "triton", "precision": "bf16"},
         "data": {"path": data, "max_steps": STEPS, "workers": 1},
         "optimizer": {"dense_lr": 0.002, "sparse_lr": 0.05},
         "eval": {"max_users": EVAL_USERS},
@@ -169,11 +163,8 @@ def run_targets(figures: dict[str, Any], ranks: int, compare: dict[str, Any] | N
         "loss_falls": len(losses) >= 10 and mean(losses[-5:]) < mean(losses[:5]),
         "overlap_pec": figures["overlap"] == "pec",
     }
-    notes = []
-    if attention_option("triton"):
-        targets["attention_triton"] = figures["attention"] == "triton"
-    else:
-        notes.append("model_extra.attention is not in this checkout: the model's own attention ran")
+    notes: list[str] = []
+    targets["attention_triton"] = figures["attention"] == "triton"
     if ranks > 1:
         targets["transport_copy_engine"] = figures["transport"] == "copy_engine"
     if compare is not None:
