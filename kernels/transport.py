@@ -126,8 +126,17 @@ class Transport(ABC):
         """Synchronous convenience: ``start(...).wait()``."""
         return self.start(send_buffer, send_counts, recv_counts).wait()
 
-    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
-        """Release transport resources (collective for transports that own shared buffers)."""
+    closed: bool = False
+
+    def close(self) -> None:
+        """Release transport resources (collective for transports that own shared buffers); every
+        later exchange raises, whatever the transport (a torch one has nothing to release, but a run
+        that only works on it would break on the copy engines)."""
+        self.closed = True
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,6 +179,7 @@ class TorchDistTransport(Transport):
             else torch.device("cpu")  # fmt: skip
 
     def exchange_counts(self, send_counts: Counts) -> list[int]:
+        self._check_open()
         sent = torch.tensor(counts_list(send_counts, self.world_size, "send_counts"), dtype=torch.int64,
                             device=self.count_device)  # fmt: skip
         recv = torch.empty_like(sent)
@@ -177,6 +187,7 @@ class TorchDistTransport(Transport):
         return recv.tolist()
 
     def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
+        self._check_open()
         sc = counts_list(send_counts, self.world_size, "send_counts")
         send = check_send(send_buffer, sc)
         rc = self.exchange_counts(sc) if recv_counts is None else counts_list(recv_counts, self.world_size,

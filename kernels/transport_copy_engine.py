@@ -99,8 +99,13 @@ def plan_round(matrix: list[list[int]], rank: int, capacity: int) -> CopyRound:
 
 
 def _local_facts(device: torch.device | None) -> dict[str, Any]:
-    """What this rank can offer: CUDA, its host, its device and which node GPUs it can reach."""
-    facts: dict[str, Any] = {"cuda": torch.cuda.is_available(), "host": socket.gethostname()}
+    """What this rank can offer: CUDA, its host, its device and which node GPUs it can reach.
+
+    A rank training on ``cpu`` offers no CUDA even where a GPU is visible (a CPU run on a GPU host once
+    picked the copy engines and failed at its first exchange); ``device=None`` means "this process's
+    current CUDA device, if any"."""
+    on_cuda = device.type == "cuda" if device is not None else True
+    facts: dict[str, Any] = {"cuda": on_cuda and torch.cuda.is_available(), "host": socket.gethostname()}
     if facts["cuda"]:
         idx = device.index if device is not None and device.index is not None else torch.cuda.current_device()
         facts["device"] = idx
@@ -222,6 +227,7 @@ class CopyEngineTransport(Transport):
     def close(self) -> None:
         if self._staging is not None:
             self._release()
+        super().close()
 
     # ---------------------------------------------------------------- exchange
 

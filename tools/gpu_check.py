@@ -78,6 +78,7 @@ class Check:
         self.work = Path(args.work).absolute()
         self.started = time.monotonic()
         self.deadline = args.deadline or (DRY_DEADLINE_S if self.dry else DEADLINE_S)
+        self.pytest_k = args.pytest_k
         self.records: dict[str, dict[str, Any]] = {}
         self.environment: dict[str, Any] = {}
 
@@ -189,6 +190,8 @@ def gpu_test_files(repo: Path) -> list[Path]:
 def part_tests(check: Check, part: Part, timeout: float) -> dict[str, Any]:
     files = [str(p.relative_to(check.repo)) for p in gpu_test_files(check.repo)]
     pytest = check.python_m("pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", *files)
+    if check.pytest_k:
+        pytest += ["-k", check.pytest_k]
     figures: dict[str, Any] = {"files": files}
     if check.dry:
         outcome = check.command(part, [*pytest, "--collect-only"], timeout)
@@ -451,7 +454,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default=f"/tmp/freescale-gpu-check-{os.getuid()}/work", help="dataset folder")
     p.add_argument("--repo", default=default_repo(), help="the FreeScale checkout (default: this file's)")
     p.add_argument("--python", default=sys.executable, help="the interpreter the parts run (default: this one)")
-    p.add_argument("--parts", help=f"comma list of parts to run (default all: {','.join(p.name for p in PARTS)})")
+    p.add_argument("--parts", help=f"comma list of parts to run, in that order (default all: "
+                   f"{','.join(p.name for p in PARTS)})")  # fmt: skip
+    p.add_argument("--pytest-k", help="the tests part runs only the gpu tests matching this pytest -k expression")
     p.add_argument("--deadline", type=float, help=f"seconds for the whole check (default {DEADLINE_S:.0f})")
     p.add_argument("--verify-wheels", metavar="DIR", help="only check DIR against scripts/gpu_wheels.txt")
     return p
@@ -463,10 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         return verify_wheels(Path(args.verify_wheels), Path(args.repo))
     if not args.outdir:
         parser().error("OUTDIR is required")
-    chosen = [p for p in PARTS if not args.parts or p.name in args.parts.split(",")]
-    unknown = set(args.parts.split(",")) - {p.name for p in PARTS} if args.parts else set()
+    by_name = {p.name: p for p in PARTS}
+    names = args.parts.split(",") if args.parts else list(by_name)
+    unknown = sorted(set(names) - set(by_name))
     if unknown:
-        parser().error(f"unknown part(s) {sorted(unknown)}; known: {[p.name for p in PARTS]}")
+        parser().error(f"unknown part(s) {unknown}; known: {list(by_name)}")
+    chosen = [by_name[name] for name in names]  # in the order given: a second shot runs what matters first
     check = Check(args)
     check.out.mkdir(parents=True, exist_ok=True)
     for part in chosen:

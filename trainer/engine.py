@@ -72,8 +72,12 @@ class Engine(Protocol):
     def settle(self) -> None:
         """Apply every pending (deferred) update, so tables are final for evaluation or a checkpoint."""
 
+    def finish_training(self) -> None:
+        """End of training: finish the work in flight (a read-ahead routing, deferred updates,
+        background threads). Evaluation still runs afterwards; idempotent."""
+
     def close(self) -> None:
-        """Release background threads, process groups and transport buffers."""
+        """Release the transport and its buffers (collective); the engine's last call."""
 
     def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Evaluation: each sample's query, its target's row and target id (no update)."""
@@ -262,11 +266,15 @@ class FreeScaleEngine:
     def settle(self) -> None:
         """Apply every pending update (synchronous engine: none are ever pending)."""
 
-    def close(self) -> None:
-        """Finish a routing still in flight, release the transport (collective for copy engines)."""
+    def finish_training(self) -> None:
+        """Finish a routing still in flight (the read-ahead of a batch that will not be trained)."""
         if self._routing is not None:
             self._routing[1].finish()
             self._routing = None
+
+    def close(self) -> None:
+        """``finish_training``, then release the transport (collective for copy engines)."""
+        self.finish_training()
         self.comm.close()
 
     def _all_reduce_dense_grads(self, local_bad: bool = False) -> None:

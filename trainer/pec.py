@@ -80,6 +80,7 @@ class PECEngine(FreeScaleEngine):
         super().__init__(cfg, rank, world_size, device)
         timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
         self.worker = CommWorker(device, cfg.engine.transport, timeout)
+        self._worker_closed = False
         self._ahead: Ahead | None = None
         self._deferred: Deferred | None = None
 
@@ -263,7 +264,11 @@ class PECEngine(FreeScaleEngine):
         if deferred is not None:
             self._wait(deferred.done, "gradient_comm.nol_wait", deferred.submitted)
 
-    def close(self) -> None:
+    def finish_training(self) -> None:
+        """Apply the deferred updates and stop the communication thread (its own transport with it);
+        evaluation runs on the main thread's transport."""
         self.settle()
-        self.worker.close()
-        super().close()
+        if not self._worker_closed:
+            self.worker.close()
+            self._worker_closed = True
+        super().finish_training()

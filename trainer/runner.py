@@ -243,15 +243,18 @@ class Trainer:
         gc.freeze()  # start-up objects are never scanned again (see the module docstring)
         gc.disable()  # collections run at flushes, outside step timing
         try:
-            end = self._loop(self._counted(iter(batches)), start, end, progress)
+            try:
+                end = self._loop(self._counted(iter(batches)), start, end, progress)
+            finally:
+                gc.enable()
+                gc.unfreeze()
+                batches.close()
+                self.engine.finish_training()
+                if progress is not None:
+                    progress.close()
+            return self._finish(end)  # the final evaluation still exchanges rows over the transport
         finally:
-            gc.enable()
-            gc.unfreeze()
-            batches.close()
             self.engine.close()
-            if progress is not None:
-                progress.close()
-        return self._finish(end)
 
     def _loop(self, batches: Any, start: int, end: int, progress: Any) -> int:
         """Train steps ``[start, end)``; returns the step count reached (``data.max_seconds`` may stop early)."""

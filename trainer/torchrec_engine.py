@@ -395,6 +395,10 @@ class TorchRecEngine:
         return _table_shards(self.dmp)["item"]
 
     def close(self) -> None:
+        """Nothing left to release after ``finish_training`` (TorchRec owns its process groups)."""
+        self.finish_training()
+
+    def finish_training(self) -> None:
         """Wait for the all-to-alls of the batch the pipeline read ahead, then drop the pipeline
         (evaluation and checkpoints after training use the sharded model directly).
 
