@@ -289,14 +289,14 @@ def forward_sweep() -> list:
     from freescale.kernels.hstu_attention_triton import AttentionKernelConfig
 
     return [AttentionKernelConfig(fwd_block_m=m, fwd_block_n=n, fwd_warps=w, fwd_stages=st)
-            for m, n, w, st in ((64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3))]  # fmt: skip
+            for m, n, w, st in ((64, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3))]  # fmt: skip
 
 
 def backward_sweep() -> list:
     """Backward tile configurations besides the default, timed forward + backward on ``heavy``."""
     from freescale.kernels.hstu_attention_triton import AttentionKernelConfig
 
-    return [AttentionKernelConfig(bwd_block=b, bwd_warps=w) for b, w in ((64, 8), (32, 4))]
+    return [AttentionKernelConfig(bwd_block=b, bwd_warps=w) for b, w in ((64, 8), (32, 8))]
 
 
 def bench_workload(s: Settings, work: Workload, dtype: torch.dtype) -> dict:

@@ -50,6 +50,19 @@ def test_long_samples_fp32() -> None:
     assert_close(run(case, "triton"), run(case, "reference"), rel=2e-5)
 
 
+def test_other_tile_shapes() -> None:
+    """Forward tiles taller than wide (the GPU default's shape) and 32-row backward tiles."""
+    from freescale.kernels import hstu_attention_triton as tri
+
+    case = make_case([70, 1, 33], num_heads=2, head_dim=8, num_pos=64, buckets=64, seed=9)
+    config = tri.AttentionKernelConfig(fwd_block_m=32, fwd_block_n=16, bwd_block=32, fwd_warps=1, bwd_warps=1)
+    want = run(case, "reference")
+    args = case.args()
+    out = tri.forward(*args, config)
+    grads = tri.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)), *args, config)
+    assert_close([out, *grads], want, rel=2e-5)
+
+
 def test_tiles_of_one_time_bucket() -> None:
     """Seconds between events, minutes of history: far tiles see one bucket (the kernels' shortcut),
     near ones several; both must match the oracle, gradients of the time bias included."""
