@@ -42,7 +42,7 @@ import torch
 from measure import Watchdog, write_result
 
 from freescale.kernels import DispatchConfig, JaggedRows, combine_jagged, dispatch_jagged
-from freescale.kernels.dispatch_triton import interpreter_enabled
+from freescale.kernels.triton_support import interpreter_enabled
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_dispatch.json"
 TARGET_WORLD = 512

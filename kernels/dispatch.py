@@ -27,7 +27,7 @@ from torch import Tensor
 
 from . import dispatch_ops as ops
 from . import dispatch_ref as ref
-from .dispatch_triton import HAS_TRITON, triton_unavailable_reason
+from .triton_support import HAS_TRITON, triton_unavailable_reason
 
 KERNELS = ("naive", "pytorch", "triton")
 
@@ -138,7 +138,7 @@ def resolve_kernel(kernel: str | None, device: torch.device, config: DispatchCon
     if choice == "triton" and not torch.compiler.is_compiling():  # the launchers re-check at run time
         reason = triton_unavailable_reason(device)
         if reason is not None:
-            raise RuntimeError(reason)
+            raise RuntimeError(f"kernel='triton': {reason} (use kernel='pytorch' on CPU)")
     return choice
 
 

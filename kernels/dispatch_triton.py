@@ -20,36 +20,20 @@ Plan (rows are cut into blocks of ``BLOCK`` rows):
 Every kernel was compiled for sm_90 with Triton's bundled ptxas on a GPU-less host: no register spills,
 and the copy kernels emit 128-bit (``v2.b64``) loads/stores when rows are 16-word aligned.
 
-Kernels are jitted lazily (``_jit``) because ``triton.jit`` decides at decoration time whether to
-build a GPU kernel or a CPU interpreter function (``TRITON_INTERPRET=1``); deciding at first use lets
-tests switch the interpreter on after ``triton`` was imported. For the same reason the kernels call
-the builtins ``tl.reduce``/``tl.associative_scan`` with ``tl.standard._sum_combine`` (what
-``tl.sum``/``tl.cumsum`` expand to) and ``tl.full`` instead of ``tl.sum``/``tl.cumsum``/``tl.zeros``,
-which are themselves jitted when ``triton.language`` is imported and cannot run in an interpreter
-enabled later.
+Kernels are jitted lazily and call only Triton builtins (``triton_support`` says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .dispatch_ref import PlanTensors
-
-try:  # Triton is optional at import time: CPU-only installs still get the PyTorch paths.
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - triton is in the pinned stack
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
-    HAS_TRITON = False
+from .triton_support import jit_lazily, next_pow2, tl, triton, triton_unavailable_reason
 
 PLAN_BLOCK = 64  # rows per block in the plan kernels (the scatter compares BLOCK x BLOCK pairs)
 _SCAN_ELEMS = 4096  # scratch entries per scan tile
@@ -57,44 +41,6 @@ _SCAN_ELEMS = 4096  # scratch entries per scan tile
 # 64 registers (full occupancy) while 128-bit loads stay in flight (checked by compiling for sm_90).
 _COPY_ELEMS = 2048
 _COPY_WARPS = 8
-
-
-def interpreter_enabled() -> bool:
-    """True when Triton runs kernels with its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    if not HAS_TRITON:
-        return False
-    from triton import knobs
-
-    return bool(knobs.runtime.interpret)
-
-
-def triton_unavailable_reason(device: torch.device) -> str | None:
-    """Why the Triton path cannot run on ``device`` (None when it can)."""
-    if not HAS_TRITON:
-        return "triton is not installed"
-    if device.type == "cuda":
-        return None
-    if device.type == "cpu" and interpreter_enabled():
-        return None
-    return (
-        f"kernel='triton' needs a CUDA tensor or TRITON_INTERPRET=1 for CPU tensors; got device "
-        f"{device} without the interpreter (use kernel='pytorch' on CPU)"
-    )
-
-
-_JITTED: dict[tuple[str, bool], Any] = {}
-
-
-def _jit(fn: Callable[..., None]) -> Any:
-    """``triton.jit(fn)`` cached per interpreter mode (see the module docstring)."""
-    key = (fn.__name__, interpreter_enabled())
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(fn)
-    return _JITTED[key]
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,7 +231,7 @@ def _jagged_gather_kernel(
 def _check(device: torch.device, *others: Tensor) -> None:
     reason = triton_unavailable_reason(device)
     if reason is not None:
-        raise RuntimeError(reason)
+        raise RuntimeError(f"kernel='triton': {reason} (use kernel='pytorch' on CPU)")
     for t in others:  # a kernel given a host pointer on a GPU reads garbage or faults
         if t.device != device:
             raise ValueError(f"triton dispatch: all tensors must be on {device}, got one on {t.device}")
@@ -324,15 +270,15 @@ def triton_plan(dest: Tensor, world_size: int, lengths: Tensor | None = None) ->
         return PlanTensors(counts, offsets, perm, inverse, vcounts, voffsets, slen, svoff, hoff)
     dest = dest.contiguous()
     lens = lengths.contiguous() if has_len else dest
-    w_pow2 = _next_pow2(world_size)
+    w_pow2 = next_pow2(world_size)
     n_blocks = triton.cdiv(n, PLAN_BLOCK)
     vbase, hbase = _scratch_bases(n_blocks, w_pow2)
     # [block, dest] row counts | [block, dest] value counts | [block] first home value (zeroed: atomics)
     scratch = torch.zeros(((2 * w_pow2 + 1) if has_len else w_pow2) * n_blocks, **i64)
     with _launch_device(dev):
-        _jit(_block_hist_kernel)[(n_blocks,)](dest, lens, scratch, n, w_pow2, vbase, HAS_LEN=has_len,
+        jit_lazily(_block_hist_kernel)[(n_blocks,)](dest, lens, scratch, n, w_pow2, vbase, HAS_LEN=has_len,
                                               BLOCK=PLAN_BLOCK)  # fmt: skip
-        _jit(_scan_kernel)[(1,)](
+        jit_lazily(_scan_kernel)[(1,)](
             scratch,
             counts,
             offsets,
@@ -350,7 +296,7 @@ def triton_plan(dest: Tensor, world_size: int, lengths: Tensor | None = None) ->
             BLOCK_B=max(1, _SCAN_ELEMS // w_pow2),
             num_warps=8,
         )
-        _jit(_stable_scatter_kernel)[(n_blocks,)](
+        jit_lazily(_stable_scatter_kernel)[(n_blocks,)](
             dest,
             lens,
             scratch,
@@ -387,7 +333,7 @@ def _word_views(src: Tensor, out: Tensor, src_rows: int, out_rows: int) -> tuple
 
 
 def _copy_blocks(row_words: int) -> tuple[int, int]:
-    block_c = min(_next_pow2(row_words), 256)
+    block_c = min(next_pow2(row_words), 256)
     return max(1, _COPY_ELEMS // block_c), block_c
 
 
@@ -401,7 +347,7 @@ def triton_gather_rows(src: Tensor, index: Tensor) -> Tensor:
     src_w, out_w, row_words = _word_views(src.contiguous(), out, src.shape[0], n)
     block_r, block_c = _copy_blocks(row_words)
     with _launch_device(src.device):
-        _jit(_gather_rows_kernel)[(triton.cdiv(n, block_r),)](
+        jit_lazily(_gather_rows_kernel)[(triton.cdiv(n, block_r),)](
             src_w,
             index.contiguous(),
             out_w,
@@ -425,7 +371,7 @@ def triton_jagged_gather(values: Tensor, in_offsets: Tensor, out_offsets: Tensor
     block_t, block_c = _copy_blocks(row_words)
     n_iter = max(1, math.ceil(math.log2(n_seg))) + 1
     with _launch_device(values.device):
-        _jit(_jagged_gather_kernel)[(triton.cdiv(total, block_t),)](
+        jit_lazily(_jagged_gather_kernel)[(triton.cdiv(total, block_t),)](
             src_w,
             in_offsets.contiguous(),
             out_offsets.contiguous(),

@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     from freescale.kernels import dispatch_triton as tri
 
     tri._check = lambda *args, **kwargs: None  # CPU tensors stand in for CUDA ones
-    tri.interpreter_enabled = lambda: False
     tri._launch_device = lambda device: contextlib.nullcontext()
     # the plan at the benchmark's and tests' world sizes, one row to many blocks, int32 and int64 dest
     for world in (1, 8, 64, 512, 3000):
