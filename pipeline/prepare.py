@@ -276,7 +276,7 @@ class PrepareJob:
 
     def _check_output(self) -> dict[str, Any] | None:
         """Refuse to clobber a different dataset; report an identical finished one as up to date."""
-        manifest = read_manifest_if_any(self.config.output)
+        manifest = read_manifest_if_any(self.config.output, damaged_ok=self.config.overwrite)
         if manifest is not None and manifest.get("fingerprint") == self.fingerprint and not self.config.overwrite:
             return manifest
         if manifest is not None and not self.config.overwrite:

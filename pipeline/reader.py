@@ -44,7 +44,7 @@ from freescale.pipeline.integrity import (
     files_by_path,
     safe_relative_path,
 )
-from freescale.pipeline.manifest import ManifestError, read_manifest
+from freescale.pipeline.manifest import ManifestError, load_manifest
 from freescale.pipeline.mds_rows import row_decoder
 from freescale.pipeline.streaming_modules import import_streaming_module, streaming_dataset_class
 from freescale.pipeline.vocabulary import Vocabulary
@@ -108,9 +108,9 @@ class PreparedDataset:
     def __init__(self, uri: str, cache_dir: str | None = None, verify: bool = True) -> None:
         self.uri = uri
         self.verify = verify
-        self.manifest = read_manifest(uri)
-        layout = self.manifest["layout"]
-        self.group_size: int = int(layout["group_size"])
+        self.info = load_manifest(uri)  # typed: shape and types checked, errors name the field
+        self.manifest = self.info.raw
+        self.group_size: int = self.info.layout.group_size
         self.files = files_by_path(self.manifest, uri)
         if self.files is None:
             warnings.warn(
@@ -124,7 +124,7 @@ class PreparedDataset:
         self.shards = check_index(self._index_bytes, storage.join(uri, INDEX_NAME))
         self._check_shards_listed()
         self._shard_ends = np.cumsum([int(shard["samples"]) for shard in self.shards], dtype=np.int64)
-        offsets_name = safe_relative_path(layout["offsets_file"], f"{uri}: layout.offsets_file")
+        offsets_name = safe_relative_path(self.info.layout.offsets_file, f"{uri}: layout.offsets_file")
         n_rows = int(self._shard_ends[-1]) if len(self.shards) else 0
         self.offsets = load_offsets(self._read_checked(offsets_name), storage.join(uri, offsets_name), n_rows)
         self.n_micro_batches = len(self.offsets) - 1
@@ -156,19 +156,19 @@ class PreparedDataset:
 
     def table_sizes(self) -> dict[str, int]:
         """Rows of each exact id table (``{}`` for a dataset prepared before vocabularies existed)."""
-        return {table: int(entry["size"]) for table, entry in self.manifest.get("tables", {}).items()}
+        return {table: entry.size for table, entry in self.info.tables.items()}
 
     def vocabulary(self, table: str) -> Vocabulary | None:
         """A table's exact vocabulary (``vocab/<table>.npy``, hash-checked), or None for a dataset
         prepared before vocabularies existed."""
-        entry = self.manifest.get("tables", {}).get(table)
+        entry = self.info.tables.get(table)
         if entry is None:
             return None
-        name = safe_relative_path(entry["file"], f"{self.uri}: tables.{table}.file")
+        name = safe_relative_path(entry.file, f"{self.uri}: tables.{table}.file")
         vocab = Vocabulary.from_bytes(table, self._read_checked(name), storage.join(self.uri, name))
-        if vocab.size != int(entry["size"]):
+        if vocab.size != entry.size:
             where = storage.join(self.uri, name)
-            raise ManifestError(f"{where}: {vocab.size} ids != tables.{table}.size {entry['size']} in the manifest")
+            raise ManifestError(f"{where}: {vocab.size} ids != tables.{table}.size {entry.size} in the manifest")
         return vocab
 
     def _check_shards_listed(self) -> None:
