@@ -15,6 +15,7 @@ from typing import Any
 
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.jsonfields import Fields
+from freescale.pipeline.targets import TargetCoverage
 
 
 class ManifestError(ValueError):
@@ -65,6 +66,7 @@ class Manifest:
     cost_model: CostModel
     tables: dict[str, TableEntry]
     files: tuple[FileEntry, ...] | None  # None: prepared before file tables existed
+    targets: TargetCoverage | None  # what the model's window trains on (None: prepared before it was counted)
 
 
 def parse_manifest(data: Any, where: str) -> Manifest:
@@ -98,6 +100,7 @@ def parse_manifest(data: Any, where: str) -> Manifest:
         cost_model=_cost_model(root),
         tables=_tables(root),
         files=_files(root),
+        targets=_targets(root),
     )
 
 
@@ -152,3 +155,11 @@ def _files(root: Fields) -> tuple[FileEntry, ...] | None:
         )
         for entry in root.items("files")
     )
+
+
+def _targets(root: Fields) -> TargetCoverage | None:
+    targets = root.child("targets", default=None)
+    if targets is None:
+        return None
+    names = TargetCoverage.__dataclass_fields__
+    return TargetCoverage(**{name: targets.value(name, "integer", minimum=0) for name in names})
