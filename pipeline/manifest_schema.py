@@ -67,6 +67,33 @@ class Manifest:
     tables: dict[str, TableEntry]
     files: tuple[FileEntry, ...] | None  # None: prepared before file tables existed
     targets: TargetCoverage | None  # what the model's window trains on (None: prepared before it was counted)
+    report_group_size: int | None = None  # balance.group_size: the planner's own record
+    report_step_groups: int | None = None  # balance.n_step_groups
+
+    def check_plan(self, n_micro_batches: int) -> None:
+        """``layout.group_size`` (what readers schedule by) against the plan's own records of G and the
+        micro-batch count of the offsets file: a hand-edited G would put micro-batches of different
+        step groups into one step, unbalanced, without any other error. One line if they disagree."""
+        g = self.layout.group_size
+        records = {
+            "config.balance.group_size": (self.planned_group_size, g),
+            "balance.group_size": (self.report_group_size, g),
+            "rows.micro_batches": (self.micro_batches, n_micro_batches),
+            "rows.step_groups": (self.step_groups, n_micro_batches // g),
+            "balance.n_step_groups": (self.report_step_groups, n_micro_batches // g),
+        }
+        if n_micro_batches % g:
+            raise ManifestError(
+                f"{self.where}: layout.group_size {g} does not divide the {n_micro_batches} micro-batches of "
+                "the offsets file (hand-edited?); re-run `freescale prepare --overwrite`"
+            )
+        for name, (recorded, expected) in records.items():
+            if recorded is not None and recorded != expected:
+                raise ManifestError(
+                    f"{self.where}: layout.group_size {g} disagrees with the plan ({name} is {recorded}, "
+                    f"expected {expected} for {n_micro_batches} micro-batches in step groups of {g}; "
+                    "hand-edited?); re-run `freescale prepare --overwrite` for another group size"
+                )
 
 
 def parse_manifest(data: Any, where: str) -> Manifest:
@@ -79,7 +106,7 @@ def parse_manifest(data: Any, where: str) -> Manifest:
     samples = root.child("config").child("samples", default=None)
     balance = root.child("config").child("balance", default=None)
     _check_report(root)
-    return Manifest(
+    manifest = Manifest(
         where=where,
         raw=data,
         schema_version=root.value("schema_version", "integer"),
@@ -101,7 +128,11 @@ def parse_manifest(data: Any, where: str) -> Manifest:
         tables=_tables(root),
         files=_files(root),
         targets=_targets(root),
+        report_group_size=root.value("balance.group_size", "integer", minimum=1, default=None),
+        report_step_groups=root.value("balance.n_step_groups", "integer", minimum=0, default=None),
     )
+    manifest.check_plan(manifest.micro_batches)  # the readers check again with the offsets file's count
+    return manifest
 
 
 def _check_report(root: Fields) -> None:

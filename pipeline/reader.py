@@ -128,10 +128,7 @@ class PreparedDataset:
         n_rows = int(self._shard_ends[-1]) if len(self.shards) else 0
         self.offsets = load_offsets(self._read_checked(offsets_name), storage.join(uri, offsets_name), n_rows)
         self.n_micro_batches = len(self.offsets) - 1
-        if self.n_micro_batches % self.group_size:
-            raise ManifestError(
-                f"{uri}: {self.n_micro_batches} micro-batches is not a multiple of group_size {self.group_size}"
-            )
+        self.info.check_plan(self.n_micro_batches)
         self.n_step_groups = self.n_micro_batches // self.group_size
         self.cache_dir = cache_dir or (default_cache_dir(uri) if storage.is_remote(uri) else None)
         self._checked: set[int] = set()
@@ -307,7 +304,18 @@ class PreparedDataset:
         return range(self._shard_of(start), self._shard_of(max(start, end - 1)) + 1)
 
     def micro_batch(self, index: int) -> list[dict[str, Any]]:
-        return self.row_range(int(self.offsets[index]), int(self.offsets[index + 1]))
+        """Micro-batch ``index``'s rows; each row's ``micro_batch`` column must say ``index`` (the
+        offsets and the shards agree: both come from one plan)."""
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        samples = self.row_range(start, end)
+        for row, sample in enumerate(samples, start):
+            if "micro_batch" in sample and int(sample["micro_batch"]) != index:
+                raise IntegrityError(
+                    f"{self.uri}: row {row} belongs to micro-batch {int(sample['micro_batch'])} in the shards, "
+                    f"but {self.info.layout.offsets_file} places it in micro-batch {index}; "
+                    "re-run `freescale prepare --overwrite`"
+                )
+        return samples
 
     def row_range(self, start: int, end: int) -> list[dict[str, Any]]:
         """Rows ``[start, end)`` (plan order): each shard's part with one open and two reads, decoded in

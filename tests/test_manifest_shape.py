@@ -142,3 +142,50 @@ def test_a_cost_model_of_the_wrong_shape_names_file_and_field(tmp_path, content,
     path.write_text(content)
     with pytest.raises(ValueError, match=rf"^--cost-model {path}: {message}"):
         CostModel.from_file(str(path))
+
+
+def test_a_group_size_that_disagrees_with_the_plan_is_refused(copy, capsys) -> None:
+    """Issue 30.4: ``layout.group_size`` decides which micro-batches share a step; edited alone, every
+    step would mix micro-batches of two groups (unbalanced) without any other error."""
+    manifest = json.loads((copy / "manifest.json").read_text())
+    g, n = manifest["layout"]["group_size"], manifest["rows"]["micro_batches"]
+    assert g == 4 and n % 2 == 0
+    edit(copy, _set("layout.group_size", 2))
+    where = copy / "manifest.json"
+    with pytest.raises(ManifestError, match=rf"^{where}: layout.group_size 2 disagrees with the plan \("
+                       r"config\.balance\.group_size is 4, expected 2"):  # fmt: skip
+        PreparedDataset(str(copy))
+    capsys.readouterr()
+    assert cli_main(["inspect", str(copy)]) == 2
+    assert "layout.group_size 2 disagrees with the plan" in capsys.readouterr().err
+    # every record of G edited alike: the step-group count of the offsets file still tells
+    for field in ("config.balance.group_size", "balance.group_size"):
+        edit(copy, _set(field, 2))
+    with pytest.raises(ManifestError, match=rf"rows\.step_groups is {n // 4}, expected {n // 2}"):
+        PreparedDataset(str(copy))
+
+
+def test_offsets_that_disagree_with_the_shards_micro_batch_column_are_refused(copy) -> None:
+    """The shards record each row's micro-batch; offsets re-cut (and re-hashed in the manifest) so that
+    rows move between micro-batches are named when read, not trained on as another plan."""
+    import io
+
+    import numpy as np
+    import xxhash
+
+    path = copy / "micro_batch_offsets.npy"
+    offsets = np.load(path)
+    offsets[1] += 1  # micro-batch 0 takes micro-batch 1's first row
+    buffer = io.BytesIO()
+    np.save(buffer, offsets)
+    path.write_bytes(buffer.getvalue())
+
+    def rehash(manifest: dict) -> None:
+        entry = next(e for e in manifest["files"] if e["path"] == path.name)
+        entry["bytes"], entry["xxh64"] = len(buffer.getvalue()), xxhash.xxh64(buffer.getvalue()).hexdigest()
+
+    edit(copy, rehash)
+    dataset = PreparedDataset(str(copy))
+    with pytest.raises(ManifestError, match=rf"row {offsets[1] - 1} belongs to micro-batch 1 in the shards, but "
+                       rf"{path.name} places it in micro-batch 0"):  # fmt: skip
+        dataset.micro_batch(0)
