@@ -41,6 +41,7 @@ from torch.utils.data import Dataset
 
 from freescale import storage
 from freescale.optional import torchrec_unavailable
+from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer.data import CollateConfig, collate, sequence_arrays
 
@@ -186,6 +187,15 @@ def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int) -> K
 
 
 @dataclass
+class _Failure:
+    """A worker's read that failed on the dataset (``ManifestError``: damaged, replaced under the
+    reader). Sent as a value and raised again by ``Loader`` as the same one-line error: torch would
+    re-raise it with the worker's traceback folded into its message."""
+
+    error: ManifestError
+
+
+@dataclass
 class _Array:
     """A tensor on its way from a worker: as a numpy array, pickled by value through the pipe."""
 
@@ -243,8 +253,12 @@ class StepReads(Dataset):
         self.dataset, self.config, self.collate_cfg = dataset, config, collate_cfg
 
     def __getitem__(self, step: int) -> Samples | KJTBatch | Any:
-        item = self.read(step)
-        return to_wire(item) if self.config.num_workers else item
+        if not self.config.num_workers:
+            return self.read(step)
+        try:
+            return to_wire(self.read(step))
+        except ManifestError as error:  # a damaged or replaced dataset: the caller raises it as itself
+            return _Failure(error)
 
     def read(self, step: int) -> Samples | KJTBatch | Any:
         c = self.config
@@ -380,6 +394,8 @@ class Loader:
 
     def _batches(self, iterator: Iterator[Any]) -> Iterator[Any]:
         for item in iterator:
+            if isinstance(item, _Failure):
+                raise item.error
             yield from_wire(item) if self.config.num_workers else item
 
     def state_dict(self) -> dict[str, Any]:

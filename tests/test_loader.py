@@ -143,7 +143,7 @@ def test_pickled_dataset_is_small_and_opens_its_own_shards(tiny) -> None:
     blob = pickle.dumps(dataset)
     assert len(blob) < 64_000
     copy = pickle.loads(blob)
-    assert not copy._readers and not copy._checked
+    assert not copy._readers and not copy._files.held
     assert [int(s["user_id"]) for s in copy.micro_batch(5)] == [int(s["user_id"]) for s in dataset.micro_batch(5)]
 
 
