@@ -153,12 +153,6 @@ def check_bytes(uri: str, data: bytes, entry: dict[str, Any] | None) -> None:
         raise IntegrityError(f"{uri}: {HASH_ALGO} hash mismatch with the manifest (the file was modified or damaged)")
 
 
-def check_shard_file(local_path: str, label: str, samples: int, entry: dict[str, Any] | None, verify: bool) -> None:
-    """``check_shard`` of the shard file at ``local_path``."""
-    with open(local_path, "rb") as handle:
-        check_shard(handle, label, samples, entry, verify)
-
-
 def check_shard(handle: BinaryIO, label: str, samples: int, entry: dict[str, Any] | None, verify: bool) -> None:
     """A shard on local disk, open as ``handle``: its header (sample count, offsets that end at the
     file's end) always — a cheap read that turns a damaged header into an error naming the shard
