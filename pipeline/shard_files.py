@@ -92,7 +92,8 @@ class ShardFiles:
         return {**self.__dict__, "held": OrderedDict()}
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # at interpreter exit os may be gone: the OS closes them then
+            self.close()
 
     def close(self) -> None:
         for fd in self.held.values():
