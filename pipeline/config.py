@@ -63,6 +63,28 @@ class SampleConfig:
             raise ValueError(f"kcore_max_iterations must be >= 1, got {self.kcore_max_iterations}")
 
 
+DEFAULT_MAX_UIH_LEN = SampleConfig.max_uih_len
+
+
+def sample_config(
+    model: ModelConfig | None, max_uih_len: int | None, window_stride: int | None, **options: int
+) -> SampleConfig:
+    """``SampleConfig`` from the sample options a user gave (``None``: not given) and the model config.
+
+    Samples must fit the model the plan is costed for: without ``--max-uih-len`` they take the model's
+    ``max_uih_len``, and then (without ``--window-stride``) windows every half window, so older history
+    becomes samples too instead of events the model never trains on (``targets.target_coverage``
+    counts them when the options leave some out). Without a model the defaults stay: 21,000 events,
+    one sample per user."""
+    if max_uih_len is None and model is not None:
+        if model.max_uih_len < 2:
+            raise ValueError(f"model.max_uih_len must be >= 2 to build samples from it, got {model.max_uih_len}")
+        stride = max(1, model.max_uih_len // 2) if window_stride is None else window_stride
+        return SampleConfig(max_uih_len=model.max_uih_len, window_stride=stride, **options)
+    length = DEFAULT_MAX_UIH_LEN if max_uih_len is None else max_uih_len
+    return SampleConfig(max_uih_len=length, window_stride=window_stride or 0, **options)
+
+
 @dataclass
 class PrepareConfig:
     """Everything ``freescale prepare`` needs; ``fingerprint_fields`` decide dataset identity."""

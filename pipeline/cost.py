@@ -92,22 +92,34 @@ class CostModel:
 
     @classmethod
     def from_file(cls, path: str) -> CostModel:
-        """Fitted coefficients from a JSON or TOML file with keys a, b, c (optional), units, origin."""
-        raw = storage.read_bytes(path).decode()
+        """Fitted coefficients from a JSON or TOML file with keys a, b, c (optional), units, origin,
+        details, at the top or under ``cost_model``; any other shape is one line naming the field."""
+        from freescale.pipeline.jsonfields import Fields
+
+        where = f"--cost-model {path}"
         try:
+            raw = storage.read_bytes(path).decode()
             data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw)
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
-            raise ValueError(f"--cost-model {path}: cannot parse ({error})") from error
-        data = data.get("cost_model", data)
-        missing = [key for key in ("a", "b") if key not in data]
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{where}: cannot parse ({error}); truncated or edited?") from error
+        root = Fields(where, data)
+        fields = root.child("cost_model") if isinstance(data, dict) and "cost_model" in data else root
+        missing = [key for key in ("a", "b") if key not in fields.data]
         if missing:
-            raise ValueError(f"--cost-model {path}: missing coefficient(s) {missing}")
+            raise ValueError(f"{where}: missing coefficient(s) {missing}")
         known = {"a", "b", "c", "units", "origin", "details"}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(fields.data) - known)
         if unknown:
-            raise ValueError(f"--cost-model {path}: unknown key(s) {unknown}; known: {sorted(known)}")
-        values = {"origin": f"file:{Path(path).name}", "units": "seconds", **data}
-        return cls(**{k: (float(v) if k in "abc" else v) for k, v in values.items()})
+            raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+        values = {name: float(fields.value(name, "number")) for name in ("a", "b")}
+        values["c"] = float(fields.value("c", "number", default=0.0))
+        values["units"] = fields.value("units", "string", default="seconds")
+        values["origin"] = fields.value("origin", "string", default=f"file:{Path(path).name}")
+        values["details"] = fields.value("details", "object", default={})
+        try:
+            return cls(**values)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from error
 
     def cost(self, lengths: np.ndarray) -> np.ndarray:
         lengths = np.asarray(lengths, dtype=np.float64)

@@ -153,32 +153,28 @@ def check_bytes(uri: str, data: bytes, entry: dict[str, Any] | None) -> None:
         raise IntegrityError(f"{uri}: {HASH_ALGO} hash mismatch with the manifest (the file was modified or damaged)")
 
 
-def check_shard_file(local_path: str, label: str, samples: int, entry: dict[str, Any] | None, verify: bool) -> None:
-    """A shard on local disk: its header (sample count, offsets that end at the file's end) always —
-    a cheap read that turns a damaged header into an error naming the shard instead of garbage rows
-    or a decode error — and with ``verify`` its size and hash."""
-    with open(local_path, "rb") as handle:
-        head = handle.read(4 + 4 * (samples + 1))
-        handle.seek(0, 2)
-        size = handle.tell()
-        if entry is not None and size != entry["bytes"]:
-            raise IntegrityError(
-                f"{label}: size {size} != {entry['bytes']} bytes recorded in the manifest (truncated?)"
-            )
-        if len(head) < 4 + 4 * (samples + 1):
-            raise IntegrityError(f"{label}: {size} bytes is too short for the header of {samples} samples (truncated?)")
-        offsets = np.frombuffer(head[4:], "<u4").astype(np.int64)
-        count = int.from_bytes(head[:4], "little")
-        if count != samples or offsets[0] < len(head) or np.any(np.diff(offsets) < 0):
-            raise IntegrityError(f"{label}: damaged shard header (sample count or offsets do not match the index)")
-        if int(offsets[-1]) != size:
-            raise IntegrityError(
-                f"{label}: the header's last offset {int(offsets[-1])} != file size {size} (truncated?)"
-            )
-        if verify and entry is not None:
-            handle.seek(0)
-            if xxh64_stream(handle) != entry[HASH_ALGO]:
-                raise IntegrityError(f"{label}: {HASH_ALGO} hash mismatch with the manifest (the shard is damaged)")
+def check_shard(handle: BinaryIO, label: str, samples: int, entry: dict[str, Any] | None, verify: bool) -> None:
+    """A shard on local disk, open as ``handle``: its header (sample count, offsets that end at the
+    file's end) always — a cheap read that turns a damaged header into an error naming the shard
+    instead of garbage rows or a decode error — and with ``verify`` its size and hash."""
+    handle.seek(0)
+    head = handle.read(4 + 4 * (samples + 1))
+    handle.seek(0, 2)
+    size = handle.tell()
+    if entry is not None and size != entry["bytes"]:
+        raise IntegrityError(f"{label}: size {size} != {entry['bytes']} bytes recorded in the manifest (truncated?)")
+    if len(head) < 4 + 4 * (samples + 1):
+        raise IntegrityError(f"{label}: {size} bytes is too short for the header of {samples} samples (truncated?)")
+    offsets = np.frombuffer(head[4:], "<u4").astype(np.int64)
+    count = int.from_bytes(head[:4], "little")
+    if count != samples or offsets[0] < len(head) or np.any(np.diff(offsets) < 0):
+        raise IntegrityError(f"{label}: damaged shard header (sample count or offsets do not match the index)")
+    if int(offsets[-1]) != size:
+        raise IntegrityError(f"{label}: the header's last offset {int(offsets[-1])} != file size {size} (truncated?)")
+    if verify and entry is not None:
+        handle.seek(0)
+        if xxh64_stream(handle) != entry[HASH_ALGO]:
+            raise IntegrityError(f"{label}: {HASH_ALGO} hash mismatch with the manifest (the shard is damaged)")
 
 
 def verify_all(dataset: str, files: dict[str, dict[str, Any]]) -> int:

@@ -41,6 +41,7 @@ from torch.utils.data import Dataset
 
 from freescale import storage
 from freescale.optional import torchrec_unavailable
+from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer.data import CollateConfig, collate, sequence_arrays
 
@@ -186,6 +187,15 @@ def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int) -> K
 
 
 @dataclass
+class _Failure:
+    """A worker's read that failed on the dataset (``ManifestError``: damaged, replaced under the
+    reader). Sent as a value and raised again by ``Loader`` as the same one-line error: torch would
+    re-raise it with the worker's traceback folded into its message."""
+
+    error: ManifestError
+
+
+@dataclass
 class _Array:
     """A tensor on its way from a worker: as a numpy array, pickled by value through the pipe."""
 
@@ -243,8 +253,12 @@ class StepReads(Dataset):
         self.dataset, self.config, self.collate_cfg = dataset, config, collate_cfg
 
     def __getitem__(self, step: int) -> Samples | KJTBatch | Any:
-        item = self.read(step)
-        return to_wire(item) if self.config.num_workers else item
+        if not self.config.num_workers:
+            return self.read(step)
+        try:
+            return to_wire(self.read(step))
+        except ManifestError as error:  # a damaged or replaced dataset: the caller raises it as itself
+            return _Failure(error)
 
     def read(self, step: int) -> Samples | KJTBatch | Any:
         c = self.config
@@ -264,8 +278,8 @@ class ShardPrefetch:
     (``PreparedDataset.fetch_shard``); an error here is left for that worker's read to raise, with
     its file name."""
 
-    def __init__(self, dataset: PreparedDataset, config: Config, end: int) -> None:
-        self.dataset, self.config, self.end = dataset, config, end
+    def __init__(self, dataset: PreparedDataset, config: Config, start: int, end: int) -> None:
+        self.dataset, self.config, self.start, self.end = dataset, config, start, end
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="freescale-shard-prefetch", daemon=True)
         self.thread.start()
@@ -273,8 +287,8 @@ class ShardPrefetch:
     def order(self) -> Iterator[int]:
         """Shards by first use over at most one epoch of steps (later epochs reread cached shards)."""
         c, seen = self.config, set()
-        horizon = min(self.end, c.start_step + self.dataset.steps_per_epoch(c.world_size))
-        for step in range(c.start_step, horizon):
+        horizon = min(self.end, self.start + self.dataset.steps_per_epoch(c.world_size))
+        for step in range(self.start, horizon):
             if len(seen) == len(self.dataset.shards):
                 return
             for shard in self.dataset.shards_of(self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)):
@@ -329,16 +343,28 @@ def _as_is(item: Any) -> Any:
     return item
 
 
+def _torchdata_next_step(state: dict[str, Any], start_step: int) -> int:
+    """The next step of a state saved before states recorded it (torchdata's own state under
+    ``loader``): the steps it had yielded, counted by one process or by the worker snapshots."""
+    inner = state.get("loader")
+    if isinstance(inner, dict) and isinstance(inner.get("_num_yielded"), int):
+        return start_step + inner["_num_yielded"]
+    snapshot = inner.get("_snapshot") if isinstance(inner, dict) else None
+    if isinstance(snapshot, dict) and isinstance(snapshot.get("_snapshot_step"), int):
+        return start_step + snapshot["_snapshot_step"] + int(inner.get("_steps_since_snapshot", 0))
+    raise ValueError("loader state has no next_step (not a state of this loader's state_dict())")
+
+
 class Loader:
     """Rank ``config.rank``'s micro-batches of steps ``[start_step, end)``, read ahead by worker processes.
 
     ``dataset``: an already opened ``PreparedDataset`` of ``config.path`` (the trainer passes its own);
     else it is opened here. ``state_dict()`` after consuming ``k`` steps, loaded into a fresh loader of
-    the same config, yields exactly the steps an uninterrupted loader would have yielded next."""
+    the same config, yields exactly the steps an uninterrupted loader would have yielded next, whatever
+    its ``num_workers``: a step's batch is a function of the step alone (workers hold no state), so the
+    state is the next step, and resuming rebuilds the step range from it."""
 
     def __init__(self, config: Config, dataset: PreparedDataset | None = None) -> None:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
         self.config = config
         self.dataset = dataset or PreparedDataset(config.path, cache_dir=config.cache_dir, verify=config.verify)
         self.dataset.check_world_size(config.world_size)
@@ -350,20 +376,30 @@ class Loader:
             collate_cfg = config.collate or default_collate(self.dataset)
         if config.output == "kjt":
             register_pipelineable()
-        workers = config.num_workers
+        self._reads = StepReads(self.dataset, config, collate_cfg)
+        self._iterator: Any = None
+        self._prefetch: ShardPrefetch | None = None
+        self._resume(config.start_step)
+
+    def _resume(self, first: int) -> None:
+        """Read steps ``[first, end)`` from the next ``iter()`` on (a fresh torchdata loader)."""
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.close()
+        self._prefetch = None  # the next pass downloads ahead from its own first step
+        self._first, self._consumed = first, 0
+        workers = self.config.num_workers
         with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital in __init__
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
             self._loader = StatefulDataLoader(
-                StepReads(self.dataset, config, collate_cfg),
+                self._reads,
                 batch_size=None,
-                sampler=range(config.start_step, max(config.start_step, self.end)),
+                sampler=range(first, max(first, self.end)),
                 collate_fn=_as_is,
                 num_workers=workers,
-                prefetch_factor=config.prefetch_factor if workers else None,
+                prefetch_factor=self.config.prefetch_factor if workers else None,
                 worker_init_fn=_init_worker if workers else None,
             )
-        self._iterator: Any = None
-        self._prefetch: ShardPrefetch | None = None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -373,29 +409,40 @@ class Loader:
         return max(0, self.end - self.config.start_step)
 
     def __iter__(self) -> Iterator[Any]:
+        self._consumed = 0  # a new pass over [first, end)
         self._iterator = iter(self._loader)  # workers fork first: never while the prefetch thread is in S3 calls
         if storage.is_remote(self.dataset.uri) and self._prefetch is None:
-            self._prefetch = ShardPrefetch(self.dataset, self.config, self.end)
+            self._prefetch = ShardPrefetch(self.dataset, self.config, self._first, self.end)
         return self._batches(self._iterator)
 
     def _batches(self, iterator: Iterator[Any]) -> Iterator[Any]:
         for item in iterator:
+            if isinstance(item, _Failure):
+                raise item.error
+            self._consumed += 1  # handed to the caller: prefetched batches are not counted
             yield from_wire(item) if self.config.num_workers else item
 
     def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: its placement and the next step it would yield (``num_workers`` is
+        recorded for information: a state loads into a loader with any number of workers)."""
         c = self.config
         placement = {"world_size": c.world_size, "rank": c.rank, "seed": c.seed, "start_step": c.start_step}
-        return {**placement, "loader": self._loader.state_dict()}
+        return {**placement, "next_step": self._first + self._consumed, "num_workers": c.num_workers}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` was taken; the placement must match (another world size, rank or
-        seed would read other micro-batches)."""
+        """Continue where ``state`` was taken, with this loader's workers; the placement must match
+        (another world size, rank or seed would read other micro-batches)."""
         c = self.config
         for name in ("world_size", "rank", "seed", "start_step"):
             mine = getattr(c, name)
-            if state[name] != mine:
-                raise ValueError(f"loader state was taken with {name} {state[name]}, this loader has {mine}")
-        self._loader.load_state_dict(state["loader"])
+            if state.get(name) != mine:
+                raise ValueError(f"loader state was taken with {name} {state.get(name)!r}, this loader has {mine}")
+        next_step = state["next_step"] if "next_step" in state else _torchdata_next_step(state, c.start_step)
+        if isinstance(next_step, bool) or not isinstance(next_step, int) or not c.start_step <= next_step <= self.end:
+            raise ValueError(
+                f"loader state's next step {next_step!r} is outside this loader's steps [{c.start_step}, {self.end}]"
+            )
+        self._resume(next_step)
 
     def close(self) -> None:
         """Stop the worker processes of the current pass (they also stop when it is exhausted)."""

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from freescale import __version__, storage
+from freescale.pipeline.jsonfields import Fields
+from freescale.pipeline.manifest_schema import Manifest, ManifestError, parse_manifest
 
 if TYPE_CHECKING:
     from freescale.pipeline.prepare import PrepareJob
@@ -28,19 +30,34 @@ RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in
 RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "engine", "ray_address")  # null in the manifest
 
 
-class ManifestError(ValueError):
-    """A prepared dataset that cannot be read: missing manifest, unknown schema, broken layout."""
+def _decode(uri: str, data: bytes) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``uri``); anything else is one line naming the file."""
+    try:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{uri} is not valid JSON ({error}); truncated or edited?") from error
+    return Fields(uri, manifest, ManifestError).data
 
 
-def read_manifest_if_any(output: str) -> dict[str, Any] | None:
+def read_manifest_if_any(output: str, damaged_ok: bool = False) -> dict[str, Any] | None:
+    """An existing output's manifest as a JSON object (None: there is none). A damaged one is an
+    error naming it, or ``{}`` with ``damaged_ok`` (``prepare --overwrite`` replaces it anyway)."""
     uri = storage.join(output, MANIFEST_NAME)
     if not storage.exists(uri):
         return None
-    return json.loads(storage.read_bytes(uri))
+    try:
+        manifest = _decode(uri, storage.read_bytes(uri))
+        Fields(uri, manifest, ManifestError).value("fingerprint", "string")
+    except ManifestError as error:
+        if damaged_ok:
+            return {}
+        raise ManifestError(f"{error}; pass --overwrite to replace that dataset") from error
+    return manifest
 
 
-def read_manifest(dataset: str) -> dict[str, Any]:
-    """The manifest of a prepared dataset, validated; errors say what is wrong and where."""
+def load_manifest(dataset: str) -> Manifest:
+    """The manifest of a prepared dataset, parsed once (``manifest_schema.Manifest``); errors say what
+    is wrong and where, in one line."""
     uri = storage.join(dataset, MANIFEST_NAME)
     if not storage.exists(dataset):
         raise ManifestError(f"prepared dataset {dataset} does not exist")
@@ -49,17 +66,19 @@ def read_manifest(dataset: str) -> dict[str, Any]:
             f"{uri} is missing: {dataset} is not a finished `freescale prepare` output "
             "(an interrupted job resumes when run again with the same options)"
         )
-    try:
-        manifest = json.loads(storage.read_bytes(uri))
-    except json.JSONDecodeError as error:
-        raise ManifestError(f"{uri} is not valid JSON ({error})") from error
+    manifest = _decode(uri, storage.read_bytes(uri))
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ManifestError(
             f"{uri} has schema_version {version!r}; this FreeScale ({__version__}) reads schema_version "
             f"{SCHEMA_VERSION}: re-run `freescale prepare` with this version"
         )
-    return manifest
+    return parse_manifest(manifest, uri)
+
+
+def read_manifest(dataset: str) -> dict[str, Any]:
+    """The manifest of a prepared dataset as its JSON object, checked by ``load_manifest``."""
+    return load_manifest(dataset).raw
 
 
 def published_files(output: str, extra: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:

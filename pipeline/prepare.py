@@ -66,6 +66,7 @@ from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
 from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
+from freescale.pipeline.targets import target_coverage
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 
@@ -213,6 +214,8 @@ class PrepareJob:
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
         plan_info = self._plan(removed_items)
+        counts = self._user_counts(removed_items)[1]
+        targets = target_coverage(counts, self.config.samples, self.config.model.max_uih_len)
         sample_records = self._build_buckets(removed_items, users_record["features"], plan_info)
         features = users_record["features"]
         vocabularies = merge_partition_ids(str(self.work / "samples"), self._n_partitions, features)
@@ -222,6 +225,7 @@ class PrepareJob:
             table: {"size": vocab.size, "file": vocabulary_file(table, features), "ids": "exact: row r = vocab[r]"}
             for table, vocab in vocabularies.items()
         }
+        manifest["targets"] = targets.to_dict()  # what the model's window never trains on
         # A JSON round trip: the caller gets exactly what a later reader of manifest.json gets.
         manifest = json.loads(json.dumps(manifest, default=str))
         files = {vocabulary_file(table, features): vocab for table, vocab in vocabularies.items()}
@@ -276,7 +280,7 @@ class PrepareJob:
 
     def _check_output(self) -> dict[str, Any] | None:
         """Refuse to clobber a different dataset; report an identical finished one as up to date."""
-        manifest = read_manifest_if_any(self.config.output)
+        manifest = read_manifest_if_any(self.config.output, damaged_ok=self.config.overwrite)
         if manifest is not None and manifest.get("fingerprint") == self.fingerprint and not self.config.overwrite:
             return manifest
         if manifest is not None and not self.config.overwrite:

@@ -19,7 +19,6 @@ already registered by another process, which DataLoader worker processes would b
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import itertools
@@ -40,12 +39,12 @@ from freescale.pipeline.integrity import (
     check_bytes,
     check_index,
     check_listing,
-    check_shard_file,
     files_by_path,
     safe_relative_path,
 )
-from freescale.pipeline.manifest import ManifestError, read_manifest
+from freescale.pipeline.manifest import ManifestError, load_manifest
 from freescale.pipeline.mds_rows import row_decoder
+from freescale.pipeline.shard_files import DatasetIdentity, ShardFiles, read_at
 from freescale.pipeline.streaming_modules import import_streaming_module, streaming_dataset_class
 from freescale.pipeline.vocabulary import Vocabulary
 
@@ -103,14 +102,17 @@ class PreparedDataset:
 
     Opening it checks the dataset against the manifest's ``files`` table (``integrity``): every file
     present with its size, the index and offsets hashed, shard names inside the dataset. A shard's
-    header is checked when it is first read, and with ``verify`` (the default) its hash too."""
+    header is checked when it is first read, and with ``verify`` (the default) its hash too; the file
+    is then held open, and a dataset prepared again under this reader is an error, not another
+    dataset's rows read under this one's plan (``shard_files``)."""
 
     def __init__(self, uri: str, cache_dir: str | None = None, verify: bool = True) -> None:
         self.uri = uri
         self.verify = verify
-        self.manifest = read_manifest(uri)
-        layout = self.manifest["layout"]
-        self.group_size: int = int(layout["group_size"])
+        self._identity = DatasetIdentity.of(uri)  # first: what is read next must belong to it
+        self.info = load_manifest(uri)  # typed: shape and types checked, errors name the field
+        self.manifest = self.info.raw
+        self.group_size: int = self.info.layout.group_size
         self.files = files_by_path(self.manifest, uri)
         if self.files is None:
             warnings.warn(
@@ -124,17 +126,15 @@ class PreparedDataset:
         self.shards = check_index(self._index_bytes, storage.join(uri, INDEX_NAME))
         self._check_shards_listed()
         self._shard_ends = np.cumsum([int(shard["samples"]) for shard in self.shards], dtype=np.int64)
-        offsets_name = safe_relative_path(layout["offsets_file"], f"{uri}: layout.offsets_file")
+        offsets_name = safe_relative_path(self.info.layout.offsets_file, f"{uri}: layout.offsets_file")
         n_rows = int(self._shard_ends[-1]) if len(self.shards) else 0
         self.offsets = load_offsets(self._read_checked(offsets_name), storage.join(uri, offsets_name), n_rows)
         self.n_micro_batches = len(self.offsets) - 1
-        if self.n_micro_batches % self.group_size:
-            raise ManifestError(
-                f"{uri}: {self.n_micro_batches} micro-batches is not a multiple of group_size {self.group_size}"
-            )
+        self.info.check_plan(self.n_micro_batches)
         self.n_step_groups = self.n_micro_batches // self.group_size
+        self._identity.check()  # manifest, index and offsets are of one dataset
         self.cache_dir = cache_dir or (default_cache_dir(uri) if storage.is_remote(uri) else None)
-        self._checked: set[int] = set()
+        self._files = ShardFiles(self._identity, self.shards, self.files, verify, self.cache_dir)
         self._readers: dict[int, Any] = {}
         self._orders: dict[tuple[int, int], np.ndarray] = {}
         self._rows: Any = None
@@ -143,32 +143,34 @@ class PreparedDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for DataLoader worker processes: manifest, index and offsets travel (already
-        checked); shard readers, checked shards and the ``StreamingDataset`` are per process."""
-        return {**self.__dict__, "_checked": set(), "_readers": {}, "_rows": None}
+        checked), and the dataset's identity with them; shard readers, open (checked) shard files and
+        the ``StreamingDataset`` are per process."""
+        return {**self.__dict__, "_readers": {}, "_rows": None}
 
     def _read_checked(self, name: str) -> bytes:
         uri = storage.join(self.uri, name)
         if not storage.exists(uri):
             raise IntegrityError(f"{uri}: missing; re-run `freescale prepare --overwrite`")
         data = storage.read_bytes(uri)
+        self._identity.check()  # read from the dataset this reader opened, not one prepared since
         check_bytes(uri, data, None if self.files is None else self.files.get(name))
         return data
 
     def table_sizes(self) -> dict[str, int]:
         """Rows of each exact id table (``{}`` for a dataset prepared before vocabularies existed)."""
-        return {table: int(entry["size"]) for table, entry in self.manifest.get("tables", {}).items()}
+        return {table: entry.size for table, entry in self.info.tables.items()}
 
     def vocabulary(self, table: str) -> Vocabulary | None:
         """A table's exact vocabulary (``vocab/<table>.npy``, hash-checked), or None for a dataset
         prepared before vocabularies existed."""
-        entry = self.manifest.get("tables", {}).get(table)
+        entry = self.info.tables.get(table)
         if entry is None:
             return None
-        name = safe_relative_path(entry["file"], f"{self.uri}: tables.{table}.file")
+        name = safe_relative_path(entry.file, f"{self.uri}: tables.{table}.file")
         vocab = Vocabulary.from_bytes(table, self._read_checked(name), storage.join(self.uri, name))
-        if vocab.size != int(entry["size"]):
+        if vocab.size != entry.size:
             where = storage.join(self.uri, name)
-            raise ManifestError(f"{where}: {vocab.size} ids != tables.{table}.size {entry['size']} in the manifest")
+            raise ManifestError(f"{where}: {vocab.size} ids != tables.{table}.size {entry.size} in the manifest")
         return vocab
 
     def _check_shards_listed(self) -> None:
@@ -217,51 +219,30 @@ class PreparedDataset:
     def _shard_of(self, row: int) -> int:
         return int(np.searchsorted(self._shard_ends, row, side="right"))
 
-    def _local_root(self) -> str:
-        return self.cache_dir if storage.is_remote(self.uri) else self.uri
-
     def fetch_shard(self, shard_id: int) -> str:
-        """The local path of a shard, downloaded first for ``s3://`` (not yet checked: ``row`` checks).
+        """The local path of a shard, downloaded first for ``s3://`` (``ShardFiles.fetch``; not yet
+        checked: reading checks)."""
+        return self._files.fetch(shard_id)
 
-        One process downloads a shard; others that need it at the same time (ranks, loader workers,
-        the loader's prefetch thread) wait on a lock file beside it instead of fetching it again."""
-        name = self.shards[shard_id]["raw_data"]["basename"]
-        local = os.path.join(self._local_root(), name)
-        if not storage.is_remote(self.uri) or os.path.isfile(local):
-            return local
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        with open(f"{local}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.isfile(local):
-                storage.download(storage.join(self.uri, name), local)
-        return local
-
-    def _check_shard(self, shard_id: int) -> None:
-        """Header (always) and hash (``verify``) of a shard, once per process, before its first row."""
-        if shard_id in self._checked:
-            return
-        shard = self.shards[shard_id]
-        name = shard["raw_data"]["basename"]
-        label = storage.join(self.uri, name)
-        local = self.fetch_shard(shard_id)
-        if storage.is_remote(self.uri):
-            label = f"{label} (cached as {local})"
-        if not os.path.isfile(local):
-            raise IntegrityError(f"{label}: missing; re-run `freescale prepare --overwrite`")
-        entry = None if self.files is None else self.files[name]
-        check_shard_file(local, label, int(shard["samples"]), entry, self.verify)
-        reader = import_streaming_module("streaming.base.format").reader_from_json(self._local_root(), None, shard)
-        reader.validate(allow_unsafe_types=False)
-        self._readers[shard_id] = reader
-        self._checked.add(shard_id)
+    def _shard(self, shard_id: int) -> tuple[int, Any]:
+        """The open descriptor of a shard and its MDS reader (column layout); the first time in this
+        process, the shard is fetched, checked (``ShardFiles``) and its layout validated."""
+        fd, opened = self._files.fd(shard_id)
+        if opened or shard_id not in self._readers:
+            shard = self.shards[shard_id]
+            reader = import_streaming_module("streaming.base.format").reader_from_json(self._files.root, None, shard)
+            reader.validate(allow_unsafe_types=False)
+            self._readers[shard_id] = reader
+        return fd, self._readers[shard_id]
 
     def row(self, index: int) -> dict[str, Any]:
-        """Row ``index`` (plan order), its shard checked first (``_check_shard``); decoding errors name the shard."""
+        """Row ``index`` (plan order), its shard checked first (``_shard``); decoding errors name the shard."""
         shard_id = self._shard_of(index)
-        self._check_shard(shard_id)
-        start = int(self._shard_ends[shard_id - 1]) if shard_id else 0
+        fd, reader = self._shard(shard_id)
+        lo = index - (int(self._shard_ends[shard_id - 1]) if shard_id else 0)
         try:
-            return self._readers[shard_id].get_item(index - start)
+            _, data = self._sample_bytes(fd, lo, lo + 1)
+            return reader.decode_sample(data)
         except Exception as error:  # a decoding error deep in streaming: name the file it came from
             name = self.shards[shard_id]["raw_data"]["basename"]
             raise IntegrityError(f"{storage.join(self.uri, name)}: cannot read row {index} ({error})") from error
@@ -307,18 +288,28 @@ class PreparedDataset:
         return range(self._shard_of(start), self._shard_of(max(start, end - 1)) + 1)
 
     def micro_batch(self, index: int) -> list[dict[str, Any]]:
-        return self.row_range(int(self.offsets[index]), int(self.offsets[index + 1]))
+        """Micro-batch ``index``'s rows; each row's ``micro_batch`` column must say ``index`` (the
+        offsets and the shards agree: both come from one plan)."""
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        samples = self.row_range(start, end)
+        for row, sample in enumerate(samples, start):
+            if "micro_batch" in sample and int(sample["micro_batch"]) != index:
+                raise IntegrityError(
+                    f"{self.uri}: row {row} belongs to micro-batch {int(sample['micro_batch'])} in the shards, "
+                    f"but {self.info.layout.offsets_file} places it in micro-batch {index}; "
+                    "re-run `freescale prepare --overwrite`"
+                )
+        return samples
 
     def row_range(self, start: int, end: int) -> list[dict[str, Any]]:
-        """Rows ``[start, end)`` (plan order): each shard's part with one open and two reads, decoded in
-        one pass (``_shard_rows``). Why not ``row`` per index: streaming's reader opens the shard file for
-        every row (7 system calls), and a micro-batch is read in the loader's worker, which shares
+        """Rows ``[start, end)`` (plan order): each shard's part with two reads of the held file, decoded
+        in one pass (``_shard_rows``). Why not ``row`` per index: streaming's reader opens the shard file
+        for every row (7 system calls), and a micro-batch is read in the loader's worker, which shares
         the rank's core; a micro-batch's rows are contiguous, so its bytes are too."""
         samples: list[dict[str, Any]] = []
         row = start
         while row < end:
             shard_id = self._shard_of(row)
-            self._check_shard(shard_id)
             first = int(self._shard_ends[shard_id - 1]) if shard_id else 0
             stop = min(end, int(self._shard_ends[shard_id]))
             samples.extend(self._shard_rows(shard_id, row - first, stop - first, row))
@@ -328,16 +319,9 @@ class PreparedDataset:
     def _shard_rows(self, shard_id: int, lo: int, hi: int, first_row: int) -> list[dict[str, Any]]:
         """Rows ``[lo, hi)`` of a checked shard (an MDS file: sample count, uint32 offsets, data),
         decoded by ``mds_rows.row_decoder`` where its encodings allow (``prepare``'s always do)."""
-        reader = self._readers[shard_id]
-        path = os.path.join(reader.dirname, reader.split, reader.raw_data.basename)
+        fd, reader = self._shard(shard_id)
         try:
-            with open(path, "rb", 0) as file:
-                file.seek((1 + lo) * 4)
-                bounds = np.frombuffer(file.read((hi - lo + 1) * 4), np.uint32).astype(np.int64)
-                file.seek(int(bounds[0]))
-                data = file.read(int(bounds[-1] - bounds[0]))
-            if len(bounds) != hi - lo + 1 or len(data) != int(bounds[-1] - bounds[0]):
-                raise ValueError("the file is shorter than its offsets say")
+            bounds, data = self._sample_bytes(fd, lo, hi)
             decoder = row_decoder(tuple(reader.column_names), tuple(reader.column_encodings))
             if decoder is not None:
                 return decoder.rows(data, bounds)
@@ -347,6 +331,18 @@ class PreparedDataset:
             name = self.shards[shard_id]["raw_data"]["basename"]
             rows = f"rows {first_row}..{first_row + hi - lo - 1}"
             raise IntegrityError(f"{storage.join(self.uri, name)}: cannot read {rows} ({error})") from error
+
+    @staticmethod
+    def _sample_bytes(fd: int, lo: int, hi: int) -> tuple[np.ndarray, bytes]:
+        """The offsets of samples ``[lo, hi)`` of an MDS shard file (count, uint32 offsets, data) and
+        their bytes: two reads of the held file."""
+        bounds = np.frombuffer(read_at(fd, (hi - lo + 1) * 4, (1 + lo) * 4), np.uint32).astype(np.int64)
+        if len(bounds) != hi - lo + 1:
+            raise ValueError("the file is shorter than its offsets say")
+        data = read_at(fd, int(bounds[-1] - bounds[0]), int(bounds[0]))
+        if len(data) != int(bounds[-1] - bounds[0]):
+            raise ValueError("the file is shorter than its offsets say")
+        return bounds, data
 
     def micro_batch_cost(self, index: int) -> float:
         return float(sum(sample["cost"] for sample in self.micro_batch(index)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -177,18 +178,42 @@ def test_verify_false_is_offered_where_datasets_are_opened() -> None:
         DataConfig(path="x", verify="no")
 
 
-def test_damaged_cached_shard_of_a_remote_dataset_is_named(prepared, s3_bucket, tmp_path) -> None:
+def test_damaged_cached_shard_of_a_remote_dataset_is_fetched_again_once(prepared, s3_bucket, tmp_path, monkeypatch):
+    """Issue 30.5: a damaged cached copy of an ``s3://`` shard failed every rerun the same way. Now it
+    is removed and downloaded once more; a copy damaged in object storage fails after that one retry,
+    naming the cache path."""
+    import boto3
+
+    from freescale import storage
 
     uri, cache = upload_tree(prepared, s3_bucket, "prepared"), tmp_path / "cache"
     expected = read_all(PreparedDataset(uri, cache_dir=str(cache)))
     shard = shards(cache)[-1]
-    data = bytearray(shard.read_bytes())
+    good = shard.read_bytes()
+    data = bytearray(good)
     data[-1] ^= 0x40
     shard.write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match=rf"{shard.name} \(cached as {cache}/.*\): xxh64 hash mismatch"):
+    again = read_all(PreparedDataset(uri, cache_dir=str(cache)))  # the damaged copy is fetched again
+    assert [s["user_id"] for s in again] == [s["user_id"] for s in expected] and shard.read_bytes() == good
+
+    name = str(shard.relative_to(cache))
+    boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"]).put_object(
+        Bucket=s3_bucket, Key=f"prepared/{name}", Body=bytes(data)
+    )  # the object itself damaged (same size, so the listing on open passes)
+    shard.unlink()
+    downloads: list[str] = []
+    real = storage.download
+    monkeypatch.setattr(storage, "download", lambda src, dst: (downloads.append(src), real(src, dst)))
+    with pytest.raises(ManifestError, match=rf"{shard.name} \(cached as {shard}\): xxh64 hash mismatch.*also after "
+                       r"the damaged cached copy was removed and downloaded again") as error:  # fmt: skip
         read_all(PreparedDataset(uri, cache_dir=str(cache)))
+    assert "\n" not in str(error.value) and downloads.count(f"{uri}/{name}") == 2  # one retry, not a loop
+
     stale = json.loads((cache / "index.json").read_text())
     (cache / "index.json").write_text(json.dumps({**stale, "stale": True}))  # an older preparation's index
+    boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"]).put_object(
+        Bucket=s3_bucket, Key=f"prepared/{name}", Body=good
+    )
     again = read_all(PreparedDataset(uri, cache_dir=str(cache)))  # stale index: its shards fetched again
     assert [s["user_id"] for s in again] == [s["user_id"] for s in expected]
 

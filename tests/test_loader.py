@@ -7,6 +7,7 @@ test checks what matters: batches prefetched but not consumed before ``state_dic
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -47,6 +48,37 @@ def test_resume_mid_epoch_with_workers_equals_an_uninterrupted_run(tiny, world_s
         resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
         assert placement(head) + placement(list(resumed)) == full
         assert placement(head + rest) == full
+
+
+def test_a_state_resumes_exactly_with_another_number_of_workers(tiny) -> None:
+    """Issue 30.6: a state taken with one ``num_workers`` loaded into a loader with another was a
+    torchdata traceback. A batch depends on its step alone, so the state (the next step) maps
+    exactly: a run restarted on a machine with fewer cores resumes where it was."""
+    per_epoch = PreparedDataset(tiny).steps_per_epoch(2)
+    config = Config(path=tiny, world_size=2, rank=1, output="samples", epochs=2.0, num_workers=2)
+    full = placement(list(Loader(replace(config, num_workers=0))))
+    for taken, resumed_with in ((2, 0), (2, 1), (0, 2)):
+        loader = Loader(replace(config, num_workers=taken))
+        batches = iter(loader)
+        stop = per_epoch + 1  # into the second epoch
+        head = [next(batches) for _ in range(stop)]
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+        loader.close()
+        resumed = Loader(replace(config, num_workers=resumed_with))
+        resumed.load_state_dict(state)
+        assert placement(head) + placement(list(resumed)) == full, (taken, resumed_with)
+        assert state["next_step"] == stop and state["num_workers"] == taken
+    # a state saved before states recorded the next step (torchdata's own, 2 workers) maps as well
+    loader = Loader(config)
+    batches = iter(loader)
+    head = [next(batches) for _ in range(5)]
+    c = loader.config
+    old = {"world_size": c.world_size, "rank": c.rank, "seed": c.seed, "start_step": c.start_step,
+           "loader": loader._loader.state_dict()}  # fmt: skip
+    loader.close()
+    resumed = Loader(replace(config, num_workers=0))
+    resumed.load_state_dict(old)
+    assert placement(head) + placement(list(resumed)) == full
 
 
 def test_kjt_resume_gives_identical_tensors(tiny) -> None:
@@ -135,6 +167,8 @@ def test_bad_options_and_states_are_named(tiny) -> None:
     state = Loader(Config(path=tiny, world_size=2, rank=0, output="samples", num_workers=0)).state_dict()
     with pytest.raises(ValueError, match="loader state was taken with world_size 2, this loader has 4"):
         Loader(Config(path=tiny, world_size=4, rank=0, output="samples")).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"loader state's next step 9999 is outside this loader's steps \[0, "):
+        Loader(Config(path=tiny, world_size=2, rank=0, output="samples")).load_state_dict({**state, "next_step": 9999})
 
 
 def test_pickled_dataset_is_small_and_opens_its_own_shards(tiny) -> None:
@@ -143,7 +177,7 @@ def test_pickled_dataset_is_small_and_opens_its_own_shards(tiny) -> None:
     blob = pickle.dumps(dataset)
     assert len(blob) < 64_000
     copy = pickle.loads(blob)
-    assert not copy._readers and not copy._checked
+    assert not copy._readers and not copy._files.held
     assert [int(s["user_id"]) for s in copy.micro_batch(5)] == [int(s["user_id"]) for s in dataset.micro_batch(5)]
 
 

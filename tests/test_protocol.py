@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
+from freescale.pipeline.reader import PreparedDataset
 from freescale.pipeline.steps.sequences import _window_bounds
 from freescale.pipeline.vocabulary import Vocabulary
 from freescale.trainer.config import RunConfig
@@ -186,7 +187,12 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
     users = protocol["validation"]["users"]
     assert users == protocol["test"]["users"] > 150  # every evaluable user of the tiny preset
     assert report["training"]["ids"] == "exact" and report["training"]["num_items"] > 0
-    assert report["training"]["events_truncated_by_model_max_uih_len"] > 0
+    # each event cut once, not once per epoch: the run read every micro-batch two epochs or more
+    dataset = PreparedDataset(data)
+    assert report["training"]["steps"] >= 2 * dataset.steps_per_epoch(2)
+    cut = CollateConfig(num_items=10**12, num_actions=10**6, max_len=32, num_negatives=1, inbatch_negatives=0)
+    once = sum(collate(dataset.micro_batch(m), cut, 0, 0).truncated for m in range(dataset.n_micro_batches))
+    assert report["training"]["events_truncated_by_model_max_uih_len"] == once > 0
     assert "model.max_uih_len 32 < prepare --max-uih-len 64" in result.stdout
     assert f"best checkpoint: {protocol['best_checkpoint']}" in result.stdout
     import subprocess

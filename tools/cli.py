@@ -42,8 +42,17 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def _add_sample_options(p: argparse.ArgumentParser) -> None:
     """Sample construction, cost model and resources: shared by ``prepare`` and ``stats`` (same meaning)."""
-    p.add_argument("--max-uih-len", type=int, default=21000, help="keep the most recent N events per sample")
-    p.add_argument("--window-stride", type=int, default=0, help="sliding windows every N events (0: off)")
+    p.add_argument(
+        "--max-uih-len",
+        type=int,
+        help="keep the most recent N events per sample (default: the --model-config's max_uih_len, else 21000)",
+    )
+    p.add_argument(
+        "--window-stride",
+        type=int,
+        help="sliding windows every N events (0: off; default: half the window when the length comes from "
+        "--model-config, else 0)",
+    )
     p.add_argument("--min-len", type=int, default=2, help="drop users with fewer events")
     p.add_argument("--kcore", type=int, default=0, help="k-core filter over users and items (0: off)")
     p.add_argument("--model-config", help="TOML with a [model] table (d_model, num_layers, num_heads, ...)")
@@ -67,14 +76,13 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
 
 def _sample_options(args: argparse.Namespace) -> dict:
     """The config fields ``_add_sample_options`` sets, for ``PrepareConfig`` and ``StatsConfig``."""
-    from freescale.pipeline.config import SampleConfig, parse_size
+    from freescale.pipeline.config import parse_size, sample_config
     from freescale.pipeline.cost import ModelConfig
 
+    model = ModelConfig.from_toml(args.model_config) if args.model_config else None
     return {
-        "samples": SampleConfig(
-            max_uih_len=args.max_uih_len, window_stride=args.window_stride, min_len=args.min_len, kcore=args.kcore
-        ),
-        "model": ModelConfig.from_toml(args.model_config) if args.model_config else ModelConfig(),
+        "samples": sample_config(model, args.max_uih_len, args.window_stride, min_len=args.min_len, kcore=args.kcore),
+        "model": model or ModelConfig(),
         "cost_model_file": args.cost_model,
         "memory_limit": parse_size(args.memory_limit, "--memory-limit"),
         "workers": args.workers,

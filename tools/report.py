@@ -65,9 +65,29 @@ def print_prepare_summary(manifest: dict[str, Any], console: Console | None = No
         f"{balance['imbalance']['mean']:.4f} mean; max/lower_bound {balance['max_over_lower_bound']['max']:.4f}; "
         f"UIH length mean {_fmt(lengths['mean'])}, p99 {_fmt(lengths['p99'])}, max {_fmt(lengths['max'])}"
     )
+    targets = manifest.get("targets")
+    if targets:
+        console.print(target_line(targets))
     tables = manifest.get("tables")
     if tables:
         sizes = ", ".join(f"{name} {entry['size']:,}" for name, entry in sorted(tables.items()))
         console.print(f"exact id tables (rows = distinct ids, vocab/<table>.npy): {sizes}")
     else:
         console.print("no id vocabularies (an older FreeScale prepared it): train with model_extra.ids = 'hashed'")
+
+
+def target_line(targets: dict[str, int]) -> str:
+    """What a model of ``model_max_uih_len`` trains on under the windowing chosen (``pipeline.targets``)."""
+    window = targets["max_uih_len"], targets["window_stride"], targets["model_max_uih_len"]
+    line = (
+        f"training targets (samples of {window[0]:,} events, window stride {window[1]:,}, model.max_uih_len "
+        f"{window[2]:,}, {targets['holdout_events']} events held out per user): {targets['targets']:,} of "
+        f"{targets['events']:,} events; {targets['never_target']:,} never a target"
+    )
+    if targets["never_target"]:
+        stride = max(1, window[2] // 2)
+        line += (
+            f" (older than every sample's model window: prepare with --max-uih-len {window[2]} "
+            f"--window-stride {stride}, or give only --model-config)"
+        )
+    return line

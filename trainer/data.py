@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from freescale.pipeline.reader import PreparedDataset
+from freescale.pipeline.targets import held_out
 from freescale.pipeline.vocabulary import Vocabulary
 from freescale.trainer.jagged import JaggedLayout, build_layout
 
@@ -126,22 +127,6 @@ class Batch:
     def last_input_rows(self) -> torch.Tensor:
         """Row (within the M inputs) of each sample's last input: its query for evaluation."""
         return self.layout.offsets[1:] - 1
-
-
-def held_out(sample: dict[str, Any], holdout_events: int, window_stride: int) -> int:
-    """Trailing events of ``sample`` that are its user's evaluation items (never training targets).
-
-    The user's last ``holdout_events`` events are held out (test = last, validation = the one before)
-    when the user has at least one event before them, as in the common leave-one-out protocol: users
-    too short to evaluate train on everything. Window ``w`` of ``prepare --window-stride s`` ends
-    ``w·s`` events before the last one, so it holds ``holdout_events - w·s`` of them (if positive).
-    The user's event count is ``length + w·s`` unless the window was cut at ``max_uih_len``, and then
-    it exceeds ``holdout_events`` anyway.
-    """
-    length, window = int(sample["length"]), int(sample.get("window", 0))
-    if length + window * window_stride < holdout_events + 1:
-        return 0
-    return max(0, holdout_events - window * window_stride)
 
 
 @dataclass

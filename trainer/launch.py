@@ -51,11 +51,12 @@ def rank_main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"freescale train: error: {error}", file=sys.stderr)
         return 2
+    from freescale.pipeline.manifest import ManifestError
     from freescale.trainer.runner import TrainingError, main
 
     try:
         main(cfg, args.evaluate_checkpoint or None)
-    except TrainingError as error:
+    except (TrainingError, ManifestError) as error:  # ManifestError: the dataset damaged or replaced mid-run
         print(f"freescale train: error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
         return 1
     return 0

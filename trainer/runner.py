@@ -202,7 +202,7 @@ class RunState:
     step_lines: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     nonfinite_skips: int = 0
-    truncated_events: int = 0  # events of this rank's samples beyond model.max_uih_len (not trained on)
+    truncated_events: int = 0  # events beyond model.max_uih_len in the micro-batches this rank read, each once
 
 
 class Trainer:
@@ -288,9 +288,14 @@ class Trainer:
         return end
 
     def _counted(self, batches: Any) -> Any:
-        """The loader's batches, counting the events ``model.max_uih_len`` cuts off (run summary)."""
+        """The loader's batches, counting the events ``model.max_uih_len`` cuts off (run summary): each
+        micro-batch once, so a run of several epochs counts each event once, not once per epoch."""
+        counted = np.zeros(self.dataset.n_micro_batches, bool)
         for batch in batches:
-            self.state.truncated_events += batch.truncated
+            index = self.dataset.micro_batch_index(batch.step, self.rank, self.world_size, self.cfg.data.seed)
+            if not counted[index]:
+                counted[index] = True
+                self.state.truncated_events += batch.truncated
             yield batch
 
     def _announce(self) -> None:

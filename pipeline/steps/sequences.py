@@ -208,15 +208,21 @@ def planned_samples(users: np.ndarray, counts: np.ndarray, cfg: SampleConfig) ->
     """User, window and length of every sample ``build_samples`` will cut, from per-user event counts
     alone (``users`` sorted): the plan is made from these before any sample is built. Same order as
     ``build_samples``' output, (user_id, window), and the same filters and window rules."""
-    weak, short = _dropped_users(counts, cfg)
-    keep = ~(weak | short)
-    users, counts = users[keep], counts[keep]
-    bounds = _window_bounds(np.zeros_like(counts), counts, cfg)  # lengths do not depend on the starts
+    keep, bounds = planned_windows(counts, cfg)
     return {
-        "user_id": users[bounds["run"]],
+        "user_id": users[keep][bounds["run"]],
         "window": bounds["window"].astype(np.int32),
         "length": (bounds["end"] - bounds["begin"]).astype(np.int64),
     }
+
+
+def planned_windows(counts: np.ndarray, cfg: SampleConfig) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Which users ``build_samples`` keeps (a mask over ``counts``) and their windows' bounds counted
+    from each user's first event (``_window_bounds``: ``run`` indexes the kept users)."""
+    weak, short = _dropped_users(counts, cfg)
+    keep = ~(weak | short)
+    kept = counts[keep]
+    return keep, _window_bounds(np.zeros_like(kept), kept, cfg)
 
 
 def _window_bounds(starts: np.ndarray, counts: np.ndarray, cfg: SampleConfig) -> dict[str, np.ndarray]:
