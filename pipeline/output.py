@@ -12,7 +12,8 @@ deleted by accident. So, for a local output:
   the old dataset or the new one, never a mix; a killed job leaves the output as it was and resumes
   into its staging directory;
 - an output that is, or contains, an input (a source file, the source config, the cost model) is
-  refused: ``--overwrite`` would otherwise delete the raw data.
+  refused: ``--overwrite`` would otherwise delete the raw data. Paths are compared by file identity
+  too (``check_no_overlap``), so a bind mount is not a way around it.
 
 An ``s3://`` output has no rename and no ``flock``: parts are written in place and ``manifest.json``
 last (one PUT, so a reader sees it whole or not at all), and the lock is a local ``flock`` in the work
@@ -167,15 +168,32 @@ def private_work_root() -> Path:
 # ----------------------------------------------------------------------------------------- checks
 def check_no_overlap(output: str, paths: list[str], what: str = "the input") -> None:
     """Refuse an output that is or contains one of ``paths`` (inputs, the work directory): replacing
-    the output would delete it."""
+    the output would delete it.
+
+    Paths are compared as strings (symlinks resolved) and, for a local output that exists, by file
+    identity: a bind mount or a second mount of the same export is another path to the same
+    directory, so the output's (st_dev, st_ino) is compared with every existing ancestor of each path."""
     target = _comparable(output)
+    output_id = _identity(target) if not storage.is_remote(output) else None
     for uri in paths:
         inner = _comparable(uri)
-        if inner == target or inner.startswith(target.rstrip("/") + "/"):
+        same = inner == target or inner.startswith(target.rstrip("/") + "/")
+        if not same and output_id is not None and not storage.is_remote(uri):
+            same = any(_identity(str(place)) == output_id for place in (Path(inner), *Path(inner).parents))
+        if same:
             raise PrepareError(
                 f"--output {output} contains {what} {uri}: replacing the output would delete it; "
                 "choose an --output outside it"
             )
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what ``path`` names, or None where it does not exist or cannot be reached."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _comparable(uri: str) -> str:

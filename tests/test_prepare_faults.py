@@ -151,6 +151,50 @@ def test_output_overlapping_the_sources_is_refused(tmp_path, where) -> None:
     assert sorted(p.name for p in src.rglob("*")) == before
 
 
+@contextlib.contextmanager
+def bind_mount(source: Path, target: Path) -> Iterator[Path]:
+    """``target`` as a second path to ``source`` (``mount --bind``); skips where mounting is not allowed."""
+    target.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, check=False)
+    if result.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {result.stderr.decode().strip() or result.returncode}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@pytest.mark.parametrize("alias", ["sources", "output"])
+def test_output_reaching_the_sources_through_a_bind_mount_is_refused(tmp_path, alias) -> None:
+    """A second path to the same directory (a bind mount, a second mount of the same export) is not
+    told apart by path strings: the guard compares the output with every ancestor of every input by
+    (st_dev, st_ino). ``alias``: which side names the files through the mount."""
+    data = tmp_path / "data"
+    generate(preset("tiny", seed=3), str(data / "src"))
+    before = {p.name: p.stat().st_size for p in (data / "src").rglob("*")}
+    with bind_mount(data, tmp_path / "mnt" / "alias") as mounted:
+        inputs, outputs = (mounted, data) if alias == "sources" else (data, mounted)
+        sources = str(inputs / "src" / "sources.toml")
+        for output in (outputs / "src", outputs):  # the sources' folder, or a folder above it
+            code, err = finish(cli_prepare(sources, str(output), "--overwrite"))
+            assert_one_line_error(code, err, "--output", "contains the input")
+        (outputs / "out").mkdir()
+        work = str(inputs / "out" / "work")  # the work directory inside the output, named through the other path
+        code, err = finish(cli_prepare(sources, str(outputs / "out"), "--overwrite", "--work-dir", work))
+        assert_one_line_error(code, err, "--output", "contains the work directory")
+    assert {p.name: p.stat().st_size for p in (data / "src").rglob("*")} == before
+
+
+def test_an_output_beside_the_sources_on_the_same_file_system_is_accepted(tmp_path) -> None:
+    """No mount and no link, so no second path: a sibling of the sources on the same device, whose path
+    starts like theirs, is not mistaken for them (the identity check compares inodes, not devices)."""
+    generate(preset("tiny", seed=3), str(tmp_path / "src"))
+    output = tmp_path / "src-prepared"
+    code, err = finish(cli_prepare(str(tmp_path / "src" / "sources.toml"), str(output), "--overwrite"))
+    assert code == 0, err
+    assert (output / "manifest.json").exists() and (tmp_path / "src" / "sources.toml").exists()
+
+
 # --------------------------------------------------------------------------- two runs, one output
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.time() + timeout
