@@ -8,9 +8,11 @@ deleted by accident. So, for a local output:
   the lock when its process dies (``kill -9`` included), so a lock is never stale;
 - everything is written into a staging directory beside the output (``.<name>.freescale-staging-<fp>``,
   one per dataset fingerprint, on the output's file system) and the finished directory replaces the
-  output in one ``rename`` (``renameat2(RENAME_EXCHANGE)`` when an old output exists). A reader sees
-  the old dataset or the new one, never a mix; a killed job leaves the output as it was and resumes
-  into its staging directory;
+  output in one ``rename`` (``renameat2(RENAME_EXCHANGE)`` from ``.<name>.freescale-swap`` when an
+  old output exists: the old dataset never sits under a staging name). A reader sees the old dataset
+  or the new one, never a mix; a killed job leaves the output as it was and resumes into its staging
+  directory, trusting a part there only when it is what the part's marker recorded
+  (``writer.written_part_problem``);
 - an output that is, or contains, an input (a source file, the source config, the cost model) is
   refused: ``--overwrite`` would otherwise delete the raw data. Paths are compared by file identity
   too (``check_no_overlap``), so a bind mount is not a way around it.
@@ -40,7 +42,10 @@ from freescale import storage
 
 LOCK_SUFFIX = ".freescale-lock"
 STAGING_INFIX = ".freescale-staging-"
-OLD_SUFFIX = ".freescale-old"
+# The swap's far side: the finished dataset moves here from its staging directory and is exchanged
+# with the output from here, so the old dataset lands under this name, which no run resumes from.
+SWAP_SUFFIX = ".freescale-swap"
+OLD_SUFFIX = ".freescale-old"  # where the old output waits for deletion when the kernel cannot exchange
 # Names a FreeScale output holds: an output holding only these (and at least one part) is an
 # unfinished run of ours (a killed job of an older release wrote in place), not somebody's files.
 OWN_NAMES = re.compile(r"part-\d{5}|index\.json|micro_batch_offsets\.npy|quarantine\.jsonl|manifest\.json|vocab")
@@ -134,7 +139,8 @@ def remove_stale_staging(output: str, keep: Path) -> None:
     for entry in path.parent.glob(f".{glob_escape(path.name)}{STAGING_INFIX}*"):
         if entry != keep:
             shutil.rmtree(entry, ignore_errors=True)
-    shutil.rmtree(path.parent / f".{path.name}{OLD_SUFFIX}", ignore_errors=True)
+    for suffix in (SWAP_SUFFIX, OLD_SUFFIX):
+        shutil.rmtree(path.parent / f".{path.name}{suffix}", ignore_errors=True)
 
 
 def glob_escape(name: str) -> str:
@@ -227,21 +233,29 @@ def disk_full_message(error: BaseException, where: str) -> str:
 def publish_local(staging: Path, output: Path) -> None:
     """Make the finished ``staging`` directory the output in one step; the old output is deleted after.
 
-    With an existing output the two directories are exchanged atomically (Linux ``renameat2``);
-    where that is not available the old one is first moved aside (``.<name>.freescale-old``), so a
-    reader can briefly find no dataset, never a mixed one."""
+    With an existing output the finished directory is first renamed to ``.<name>.freescale-swap``
+    and exchanged with the output from there (Linux ``renameat2``), so the old dataset waits for its
+    deletion under that name: never under the job's staging name, where a rerun of the job would
+    take it for its own parts. Where the kernel cannot exchange, the old output is first moved aside
+    (``.<name>.freescale-old``), so a reader can briefly find no dataset, never a mixed one. A kill
+    between the renames leaves the old dataset in place and the new one under the swap name, which
+    the next run deletes (its write markers then find no parts and it starts over)."""
     if output.is_symlink() or (output.exists() and not output.is_dir()):
         raise PrepareError(f"--output {output} exists and is not a directory")
     if not output.exists() or _empty_dir(output):
         os.rename(staging, output)  # replaces an empty directory too
-    elif _exchange(staging, output):
-        shutil.rmtree(staging)  # the old output, now at the staging path
     else:
-        old = output.parent / f".{output.name}{OLD_SUFFIX}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(output, old)
-        os.rename(staging, output)
-        shutil.rmtree(old)
+        swap = output.parent / f".{output.name}{SWAP_SUFFIX}"
+        shutil.rmtree(swap, ignore_errors=True)
+        os.rename(staging, swap)
+        if _exchange(swap, output):
+            shutil.rmtree(swap)  # the old output, now at the swap path
+        else:
+            old = output.parent / f".{output.name}{OLD_SUFFIX}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(output, old)
+            os.rename(swap, output)
+            shutil.rmtree(old)
     _fsync_dir(output.parent)
 
 

@@ -65,7 +65,15 @@ from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
-from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
+from freescale.pipeline.steps.writer import (
+    PART_SIZE,
+    BucketSink,
+    merge_part_indexes,
+    part_done,
+    part_name,
+    write_part,
+    written_part_problem,
+)
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 
@@ -75,7 +83,7 @@ from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 TARGET_ROWS_PER_TASK = 4_000_000
 
 
-WORK_LAYOUT = 8  # bump when spill, bucket, plan or marker formats or the read-task plan change
+WORK_LAYOUT = 9  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 BUCKET_SIZE_RECORD = "bucket_size.json"  # samples per write bucket, fixed when the samples step starts
 
@@ -262,15 +270,21 @@ class PrepareJob:
             tqdm.write(f"prepare [{time.perf_counter() - self._started:6.1f}s] {message}")
 
     def _check_written_parts(self) -> None:
-        """A part marked written must still be in the target (a removed staging directory, an s3://
-        output cleared by ``--overwrite``): its buckets are gone, so the work directory cannot finish
-        the job; start it again rather than publish an index naming missing files."""
+        """A part marked written must be in the target as this job wrote it (``written_part_problem``).
+        The target is not held between runs: a staging directory may have been removed, an s3:// output
+        cleared by ``--overwrite``, and a killed release of ours left another dataset's parts under the
+        staging name. The part's buckets are gone, so the work directory cannot finish the job: start
+        it again (in an emptied staging directory) rather than publish files this job did not write."""
         buckets_dir = str(self.work / "buckets")
+        remote = storage.is_remote(self.target)
         for marker in sorted(Path(buckets_dir).glob("write.part-*.done")):
             part = int(marker.name.split("-")[1].split(".")[0])
-            if not storage.exists(storage.join(self.target, part_name(part), "index.json")):
-                self._log(f"{part_name(part)} is marked written but missing from {self.target}: starting over")
+            problem = written_part_problem(self.target, buckets_dir, part, hash_shards=not remote)
+            if problem is not None:
+                self._log(f"{part_name(part)} is marked written but {problem}: starting over")
                 self._remove_work()
+                if not remote:
+                    shutil.rmtree(self.target, ignore_errors=True)
                 self._make_work_dirs()
                 return
 

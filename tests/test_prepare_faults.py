@@ -302,6 +302,95 @@ def test_overwrite_after_a_kill_while_writing(kill_sources, kill_clean_output, t
     assert output_files(str(out)) == kill_clean_output
 
 
+# --------------------------------------------------------------------------- interrupted publish
+KILLED_PREPARE = str(Path(__file__).resolve().parent / "killed_prepare.py")
+
+
+def killed_prepare(point: str, sig: str, sources: str, out: Path, *options: str) -> tuple[int, str]:
+    """``cli_prepare`` in the harness that sends ``sig`` at ``point`` of publishing (``killed_prepare.py``)."""
+    command = [sys.executable, KILLED_PREPARE, point, sig, "prepare", "--sources", sources, "--output", str(out)]
+    proc = subprocess.Popen(
+        [*command, "--workers", "1", "--quiet", *TINY_OPTIONS, *options],
+        cwd=tempfile.gettempdir(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return finish(proc)
+
+
+def verify(out: Path) -> None:
+    check = subprocess.run([FREESCALE, "inspect", "--verify", str(out)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize(
+    ("point", "sig"),
+    [("after-publish", "KILL"), ("after-publish", "INT"), ("deleting-old", "KILL"), ("deleting-old", "INT")],
+)
+def test_an_interrupted_overwrite_run_again_publishes_the_new_dataset(
+    tiny_sources, clean_output, tmp_path, point, sig
+) -> None:
+    """Killed (or Ctrl-C) right after the new dataset replaced the old one, or while the old one was
+    being deleted: the same command again must publish the new dataset's own shards, whole. The old
+    dataset once waited for deletion under the new job's staging name, and the rerun trusted its
+    write markers and republished the old shards (or what was left of them) under the new manifest."""
+    out = tmp_path / "ds"
+    options = ("--shard-size-limit", "64KB")
+    code, err = finish(cli_prepare(tiny_sources, str(out), *options, "--micro-batch-size", "2"))  # the old dataset
+    assert code == 0, err
+    code, err = killed_prepare(point, sig, tiny_sources, out, *options, "--overwrite")
+    assert code != 0, f"{point} was never reached: {err[-2000:]}"
+    assert json.loads((out / "manifest.json").read_text())["layout"]["micro_batch_size"] == 4  # swapped in
+    assert not list(tmp_path.glob(".ds.freescale-staging-*"))  # the old dataset is not under the staging name
+    code, err = finish(cli_prepare(tiny_sources, str(out), *options, "--overwrite"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+    verify(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+@pytest.mark.parametrize("found", ["another_dataset", "a_shard_missing", "a_shard_changed"])
+def test_a_resumed_job_republishes_only_parts_its_markers_describe(tiny_sources, tmp_path, monkeypatch, found) -> None:
+    """A job stopped just before its swap finds, when run again, other files in its staging directory
+    than it wrote there: another dataset (what an interrupted ``--overwrite`` of an older release left
+    under the staging name), a part with a shard gone (a deletion cut short) or a shard's bytes changed.
+    Every part marked written is checked against its marker (index hash, shard sizes and hashes): the
+    job starts over instead of publishing them under its own manifest."""
+    from freescale.pipeline import output as places
+    from freescale.pipeline.balance import BalanceConfig
+
+    options = {"shard_size_limit": 64 * 1024}
+    reference = prepare(make_config(tiny_sources, str(tmp_path / "reference"), **options))
+    other = BalanceConfig(group_size=4, micro_batch_size=2, seed=1)
+    prepare(make_config(tiny_sources, str(tmp_path / "other"), balance=other, **options))
+
+    def stop(staging: Path, output: Path) -> None:
+        raise KeyboardInterrupt  # killed just before the swap
+
+    monkeypatch.setattr(places, "publish_local", stop)
+    out = tmp_path / "ds"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(make_config(tiny_sources, str(out), **options))
+    monkeypatch.undo()
+    (staging,) = tmp_path.glob(".ds.freescale-staging-*")
+    shards = sorted(staging.glob("part-00000/shard.*.mds"))
+    assert len(shards) >= 2
+    if found == "another_dataset":
+        import shutil
+
+        shutil.rmtree(staging)
+        shutil.copytree(tmp_path / "other", staging)
+    elif found == "a_shard_missing":
+        shards[1].unlink()
+    else:
+        data = bytearray(shards[1].read_bytes())
+        data[-1] ^= 0xFF  # same size, other bytes
+        shards[1].write_bytes(bytes(data))
+    assert prepare(make_config(tiny_sources, str(out), **options)) == reference
+    assert output_files(str(out)) == output_files(str(tmp_path / "reference"))
+
+
 # --------------------------------------------------------------------------- disk full
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
