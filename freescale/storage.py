@@ -105,9 +105,13 @@ def write_bytes(uri: str, data: bytes) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full disk, an interrupt: leave no partial file behind
+        raise
 
 
 def size(uri: str) -> int:

@@ -133,14 +133,61 @@ def staging_path(output: str, fingerprint: str) -> Path:
     return path.parent / f".{path.name}{STAGING_INFIX}{fingerprint[:16]}"
 
 
-def remove_stale_staging(output: str, keep: Path) -> None:
-    """Other datasets' staging directories and a swap's leftovers (the lock is held: nobody uses them)."""
+def remove_stale_staging(output: str, keep: Path | None) -> None:
+    """Staging directories but ``keep`` (other datasets' ones; all of them when the output is up to
+    date) and a swap's leftovers (the output's lock is held: nobody uses them)."""
     path = local_output(output)
     for entry in path.parent.glob(f".{glob_escape(path.name)}{STAGING_INFIX}*"):
         if entry != keep:
             shutil.rmtree(entry, ignore_errors=True)
     for suffix in (SWAP_SUFFIX, OLD_SUFFIX):
         shutil.rmtree(path.parent / f".{path.name}{suffix}", ignore_errors=True)
+
+
+# A job's work directory: ``<fingerprint[:16]>-w<WORK_LAYOUT>`` in the work root, with a lock file beside it
+WORK_NAME = re.compile(r"[0-9a-f]{16}-w\d+")
+OWNER_NAME = "output.txt"  # in a work directory: the output its job writes
+
+
+def record_work_owner(work: Path, output: str) -> None:
+    """Write which output ``work`` belongs to: in a shared ``--work-dir`` that is how a later job on
+    the same output tells its own stale work directories from other outputs' ones."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / OWNER_NAME).write_text(_comparable(output) + "\n")
+
+
+def remove_stale_work(work_root: Path, keep: Path, output: str, own_root: bool) -> list[Path]:
+    """Work directories of ``output``'s earlier jobs (another fingerprint: a source edited, options
+    changed, an older layout) and their lock files, which a killed job leaves. Called with the
+    output's lock held, so no job of this output runs; a work directory whose lock another process
+    holds is kept all the same. ``own_root``: the work root is the output's default one, so every
+    work directory in it is the output's; in a ``--work-dir`` only those recording ``output`` are."""
+    if not work_root.is_dir():
+        return []
+    removed = []
+    for entry in sorted(work_root.iterdir()):
+        if entry == keep or entry.is_symlink() or not entry.is_dir() or not WORK_NAME.fullmatch(entry.name):
+            continue
+        if not own_root and _work_owner(entry) != _comparable(output):
+            continue
+        lock = OutputLock(entry.with_name(entry.name + LOCK_SUFFIX), f"work directory {entry}")
+        try:
+            lock.acquire()
+        except PrepareError:
+            continue
+        try:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        finally:
+            lock.release()  # and its lock file, which a killed job leaves behind
+    return removed
+
+
+def _work_owner(work: Path) -> str | None:
+    try:
+        return (work / OWNER_NAME).read_text().strip()
+    except OSError:
+        return None
 
 
 def glob_escape(name: str) -> str:
@@ -172,6 +219,16 @@ def private_work_root() -> Path:
 
 
 # ----------------------------------------------------------------------------------------- checks
+def check_output_place(output: str) -> None:
+    """Before any work: a local output that exists must be a directory (it is replaced whole by one;
+    a file there was found only when the finished job tried to publish)."""
+    if storage.is_remote(output):
+        return
+    path = local_output(output)
+    if path.exists() and not path.is_dir():
+        raise PrepareError(f"--output {output} exists and is not a directory; remove it or choose another --output")
+
+
 def check_no_overlap(output: str, paths: list[str], what: str = "the input") -> None:
     """Refuse an output that is or contains one of ``paths`` (inputs, the work directory): replacing
     the output would delete it.
@@ -257,6 +314,23 @@ def publish_local(staging: Path, output: Path) -> None:
             os.rename(swap, output)
             shutil.rmtree(old)
     _fsync_dir(output.parent)
+
+
+def remove_unlisted(directory: Path, keep: set[str]) -> list[str]:
+    """Delete every file under ``directory`` whose relative path is not in ``keep`` (and folders left
+    empty): a staging directory is published whole, so whatever a killed or failed run left in it (a
+    temporary file, a part of a larger earlier plan) would otherwise be published too. Returns the
+    relative paths removed."""
+    removed = []
+    for path in sorted(directory.rglob("*"), reverse=True):  # children before their folders
+        name = path.relative_to(directory).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif name not in keep:
+            path.unlink()
+            removed.append(name)
+    return removed
 
 
 def _empty_dir(path: Path) -> bool:

@@ -188,6 +188,7 @@ class PrepareJob:
         places.check_no_overlap(self.config.output, self._inputs())
         work_dir = self.config.work_dir if self.remote_work else str(self.work_root)
         places.check_no_overlap(self.config.output, [work_dir], what="the work directory")
+        places.check_output_place(self.config.output)
         locks = [
             OutputLock(places.lock_path(self.config.output, self.work_root), self.config.output),
             OutputLock(self.work.with_name(self.work.name + places.LOCK_SUFFIX), f"work directory {self.work}"),
@@ -195,10 +196,16 @@ class PrepareJob:
         try:
             for lock in locks:
                 lock.acquire()
+            self._remove_leftovers()
             existing = self._check_output()
+            if not storage.is_remote(self.config.output):  # all of them once the output is up to date
+                places.remove_stale_staging(self.config.output, keep=None if existing else Path(self.target))
             if existing is not None:
                 self._log("output is up to date (same config and sources): nothing to do")
+                self._remove_work()  # a job killed after publishing left it
                 return existing
+            if self.remote_work is None:
+                places.record_work_owner(self.work, self.config.output)
             return self._run()
         except Exception as error:
             if places.disk_full(error):
@@ -236,6 +243,15 @@ class PrepareJob:
         self._publish(manifest, plan_info.offsets, scan_summary, users_record, files)
         self._remove_work()
         return manifest
+
+    def _remove_leftovers(self) -> None:
+        """Work directories of this output's earlier jobs that will never resume (another fingerprint,
+        another layout) and their lock files; a local work root only (an s3:// one is the prefix's)."""
+        if self.remote_work is not None:
+            return
+        own_root = self.config.work_dir is None and not storage.is_remote(self.config.output)
+        for stale in places.remove_stale_work(self.work_root, self.work, self.config.output, own_root):
+            self._log(f"removed the stale work directory {stale}")
 
     def _remove_work(self) -> None:
         if self.remote_work is not None:
@@ -303,11 +319,9 @@ class PrepareJob:
                 f"{self.config.output} is not empty and holds no FreeScale manifest; pass --overwrite "
                 "to replace its contents or choose another --output"
             )
-        if storage.is_remote(self.config.output):
-            if self.config.overwrite and (manifest is not None or self._has_foreign_files()):
-                self._clear_output()  # s3 has no swap: the old dataset goes first, its manifest first of all
-        else:
-            places.remove_stale_staging(self.config.output, keep=Path(self.target))
+        remote = storage.is_remote(self.config.output)
+        if remote and self.config.overwrite and (manifest is not None or self._has_foreign_files()):
+            self._clear_output()  # s3 has no swap: the old dataset goes first, its manifest first of all
         return None
 
     def _has_foreign_files(self) -> bool:
@@ -594,6 +608,9 @@ class PrepareJob:
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
         )
         if not storage.is_remote(self.config.output):  # the finished directory becomes the output at once
+            listed = {entry["path"] for entry in manifest["files"]} | {MANIFEST_NAME}
+            for name in places.remove_unlisted(Path(self.target), listed):
+                self._log(f"removed {name} from {self.target}: not part of the dataset")
             places.publish_local(Path(self.target), places.local_output(self.config.output))
 
 

@@ -391,6 +391,111 @@ def test_a_resumed_job_republishes_only_parts_its_markers_describe(tiny_sources,
     assert output_files(str(out)) == output_files(str(tmp_path / "reference"))
 
 
+# --------------------------------------------------------------------------- leftovers
+def test_a_kill_before_the_manifest_rename_leaves_no_stray_file_in_the_resumed_dataset(
+    tiny_sources, clean_output, tmp_path
+) -> None:
+    """The manifest's temporary file (``manifest.json.tmp-<pid>``) of a job killed just before renaming
+    it stays in the staging directory; the resumed job publishes exactly the files its manifest lists."""
+    out = tmp_path / "ds"
+    code, err = killed_prepare("before-manifest", "KILL", tiny_sources, out, "--shard-size-limit", "64KB")
+    assert code != 0, f"never reached: {err[-2000:]}"
+    assert list(tmp_path.glob(".ds.freescale-staging-*/manifest.json.tmp-*"))
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+    verify(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_a_full_disk_while_publishing_leaves_no_stray_file(tiny_sources, tmp_path, monkeypatch) -> None:
+    """ENOSPC half-way through a publish file's temporary copy: the error names the path, the partial
+    temporary file goes, and the rerun publishes exactly the reference's files."""
+    from freescale import storage
+
+    reference = prepare(make_config(tiny_sources, str(tmp_path / "reference")))
+
+    class FillsUp:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+        def write(self, data: bytes) -> int:
+            self.handle.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.handle.name)
+
+    def full_open(path, mode="r", *args, **kwargs):
+        handle = open(path, mode, *args, **kwargs)  # noqa: SIM115
+        return FillsUp(handle) if ".tmp-" in str(path) and Path(path).name.startswith("manifest.json") else handle
+
+    monkeypatch.setattr(storage, "open", full_open, raising=False)
+    out = tmp_path / "ds"
+    with pytest.raises(PrepareError, match="no space left"):
+        prepare(make_config(tiny_sources, str(out)))
+    monkeypatch.undo()
+    assert not list(tmp_path.rglob("*.tmp-*"))
+    assert prepare(make_config(tiny_sources, str(out))) == reference
+    assert output_files(str(out)) == output_files(str(tmp_path / "reference"))
+
+
+def test_a_rerun_on_an_up_to_date_output_removes_the_killed_jobs_work(tiny_sources, tmp_path) -> None:
+    """Killed right after its dataset was published, before it removed its work directory: the next
+    run finds the output up to date and removes that work directory and its lock file too."""
+    out = tmp_path / "ds"
+    code, err = killed_prepare("after-publish", "KILL", tiny_sources, out)
+    assert code != 0, f"never reached: {err[-2000:]}"
+    assert (out / "manifest.json").exists() and (tmp_path / ".ds.freescale-work").exists()
+    code, err = finish(cli_prepare(tiny_sources, str(out)))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_work_of_an_earlier_fingerprint_is_removed_after_a_source_edit(tmp_path) -> None:
+    """A job killed before its swap, then a source edited: the fingerprint changed, so the new run has
+    its own work directory; the old one (and its lock file, staging directory and output lock) goes."""
+    generate(preset("tiny", seed=3), str(tmp_path / "src"))
+    sources = str(tmp_path / "src" / "sources.toml")
+    out = tmp_path / "out" / "ds"
+    out.parent.mkdir()
+    code, err = killed_prepare("before-manifest", "KILL", sources, out)
+    assert code != 0, f"never reached: {err[-2000:]}"
+    (work,) = (out.parent / ".ds.freescale-work").glob("*-w*[0-9]")
+    edited = next(p for p in (tmp_path / "src").iterdir() if p.suffix != ".toml")
+    os.utime(edited, ns=(edited.stat().st_atime_ns, edited.stat().st_mtime_ns + 10**9))
+    code, err = finish(cli_prepare(sources, str(out)))
+    assert code == 0, err
+    assert not work.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ds"]
+
+
+def test_work_of_another_output_in_a_shared_work_dir_is_kept(tmp_path) -> None:
+    """Only this output's stale work goes: a shared ``--work-dir`` holds other outputs' jobs too."""
+    generate(preset("tiny", seed=3), str(tmp_path / "src"))
+    sources = str(tmp_path / "src" / "sources.toml")
+    shared = tmp_path / "work"
+    code, err = killed_prepare("before-manifest", "KILL", sources, tmp_path / "a", "--work-dir", str(shared))
+    assert code != 0, f"never reached: {err[-2000:]}"
+    kept = sorted(p.name for p in shared.iterdir())
+    code, err = finish(cli_prepare(sources, str(tmp_path / "b"), "--work-dir", str(shared), "--micro-batch-size", "2"))
+    assert code == 0, err
+    assert sorted(p.name for p in shared.iterdir()) == kept  # a's work, waiting for a's rerun
+
+
+def test_an_output_that_is_a_file_is_refused_before_any_work(tiny_sources, tmp_path) -> None:
+    out = tmp_path / "ds"
+    out.write_text("somebody's file")
+    for options in ((), ("--overwrite",)):
+        code, err = finish(cli_prepare(tiny_sources, str(out), *options))
+        assert_one_line_error(code, err, str(out), "not a directory")
+    assert out.read_text() == "somebody's file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no work directory, staging or lock
+
+
 # --------------------------------------------------------------------------- disk full
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
