@@ -221,12 +221,35 @@ def private_work_root() -> Path:
 # ----------------------------------------------------------------------------------------- checks
 def check_output_place(output: str) -> None:
     """Before any work: a local output that exists must be a directory (it is replaced whole by one;
-    a file there was found only when the finished job tried to publish)."""
+    a file there was found only when the finished job tried to publish), and the folder it is in must
+    take new files (the lock, staging and default work directories go there)."""
     if storage.is_remote(output):
         return
     path = local_output(output)
     if path.exists() and not path.is_dir():
         raise PrepareError(f"--output {output} exists and is not a directory; remove it or choose another --output")
+    problem = storage.local_write_problem(str(path.parent))
+    if problem is not None:
+        raise PrepareError(f"--output {output}: {problem} (the lock and the staging directory go beside the output)")
+
+
+def check_replaceable(output: str) -> None:
+    """Before any work, when an existing local output is to be replaced: publishing renames the new
+    dataset into its place and deletes the old one's files, so the output must be writable and must
+    not be a mount point (which no rename can move)."""
+    if storage.is_remote(output):
+        return
+    path = local_output(output)
+    if not path.is_dir():
+        return
+    problem = storage.local_write_problem(str(path))
+    if problem is not None:
+        raise PrepareError(f"--output {output}: {problem}, so the dataset in it cannot be replaced")
+    if _is_mount_point(path):
+        raise PrepareError(
+            f"--output {output} is a mount point: a finished dataset replaces the output by a rename, "
+            "which cannot move a mount point; use a folder inside it"
+        )
 
 
 def check_no_overlap(output: str, paths: list[str], what: str = "the input") -> None:
@@ -263,6 +286,20 @@ def _comparable(uri: str) -> str:
     if storage.is_remote(uri):
         return uri.rstrip("/")
     return str(local_output(uri))
+
+
+def _is_mount_point(path: Path) -> bool:
+    """``os.path.ismount`` misses a bind mount of a folder of the same file system (same device, an
+    inode other than the root's); the kernel's mount table of this process has them all."""
+    if os.path.ismount(path):
+        return True
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    # field 5 is the mount point, with space, tab, newline and backslash escaped as octal
+    points = {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in lines}
+    return str(path) in points
 
 
 def is_unfinished_own_output(names: list[str]) -> bool:

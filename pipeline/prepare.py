@@ -204,6 +204,7 @@ class PrepareJob:
                 self._log("output is up to date (same config and sources): nothing to do")
                 self._remove_work()  # a job killed after publishing left it
                 return existing
+            places.check_replaceable(self.config.output)
             if self.remote_work is None:
                 places.record_work_owner(self.work, self.config.output)
             return self._run()

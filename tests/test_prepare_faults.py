@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mounts import bind_mount
 from prepare_configs import make_config
 
 from freescale.datasets.presets import preset
@@ -149,19 +150,6 @@ def test_output_overlapping_the_sources_is_refused(tmp_path, where) -> None:
     code, err = finish(cli_prepare(str(src / "sources.toml"), str(output), "--overwrite"))
     assert_one_line_error(code, err, "--output", "contains the input")
     assert sorted(p.name for p in src.rglob("*")) == before
-
-
-@contextlib.contextmanager
-def bind_mount(source: Path, target: Path) -> Iterator[Path]:
-    """``target`` as a second path to ``source`` (``mount --bind``); skips where mounting is not allowed."""
-    target.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot bind-mount here: {result.stderr.decode().strip() or result.returncode}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 @pytest.mark.parametrize("alias", ["sources", "output"])
@@ -494,6 +482,31 @@ def test_an_output_that_is_a_file_is_refused_before_any_work(tiny_sources, tmp_p
         assert_one_line_error(code, err, str(out), "not a directory")
     assert out.read_text() == "somebody's file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no work directory, staging or lock
+
+
+# --------------------------------------------------------------------------- read-only places
+def test_a_read_only_output_folder_is_one_line_naming_it(tiny_sources, tmp_path) -> None:
+    """The lock, staging and work directories go beside the output: a read-only folder there is one
+    line naming it, before any work (it was a traceback from the lock file)."""
+    (tmp_path / "rw").mkdir()
+    with bind_mount(tmp_path / "rw", tmp_path / "ro", read_only=True) as folder:
+        code, err = finish(cli_prepare(tiny_sources, str(folder / "ds")))
+        assert_one_line_error(code, err, "--output", str(folder), "Read-only file system")
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_an_output_that_cannot_be_replaced_is_refused_before_any_work(tiny_sources, tmp_path, read_only) -> None:
+    """A dataset on a mount of its own (read-only or not) cannot be swapped out by a rename, nor a
+    read-only one emptied: refused in one line before any work (the whole job used to run first, then
+    end in a traceback). The dataset there still reads as up to date."""
+    code, err = finish(cli_prepare(tiny_sources, str(tmp_path / "rw" / "ds")))
+    assert code == 0, err
+    with bind_mount(tmp_path / "rw" / "ds", tmp_path / "mnt" / "ds", read_only=read_only) as out:
+        code, err = finish(cli_prepare(tiny_sources, str(out), "--micro-batch-size", "2", "--overwrite"))
+        assert_one_line_error(code, err, f"--output {out}", "Read-only file system" if read_only else "mount point")
+        assert sorted(p.name for p in out.parent.iterdir()) == ["ds"]  # no work was done
+        code, err = finish(cli_prepare(tiny_sources, str(out)))
+        assert code == 0, err
 
 
 # --------------------------------------------------------------------------- disk full
