@@ -257,15 +257,23 @@ def check_no_overlap(output: str, paths: list[str], what: str = "the input") -> 
     the output would delete it.
 
     Paths are compared as strings (symlinks resolved) and, for a local output that exists, by file
-    identity: a bind mount or a second mount of the same export is another path to the same
-    directory, so the output's (st_dev, st_ino) is compared with every existing ancestor of each path."""
+    identity: a bind mount (or a second mount the kernel gives the same device number) is another
+    path to the same directory, so the output's (st_dev, st_ino) is compared with every existing
+    ancestor of each path. Sources share folders: each folder is looked at once."""
     target = _comparable(output)
     output_id = _identity(target) if not storage.is_remote(output) else None
+    seen: dict[Path, bool] = {}  # folder -> is the output
+
+    def is_output(place: Path) -> bool:
+        if place not in seen:
+            seen[place] = _identity(str(place)) == output_id
+        return seen[place]
+
     for uri in paths:
         inner = _comparable(uri)
         same = inner == target or inner.startswith(target.rstrip("/") + "/")
         if not same and output_id is not None and not storage.is_remote(uri):
-            same = any(_identity(str(place)) == output_id for place in (Path(inner), *Path(inner).parents))
+            same = any(is_output(place) for place in (Path(inner), *Path(inner).parents))
         if same:
             raise PrepareError(
                 f"--output {output} contains {what} {uri}: replacing the output would delete it; "
