@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import tempfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -105,9 +106,30 @@ def write_bytes(uri: str, data: bytes) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full disk, an interrupt: leave no partial file behind
+        raise
+
+
+def local_write_problem(directory: str) -> str | None:
+    """Why files cannot be created in the local ``directory``, or None. A directory still to be made is
+    judged by its nearest existing ancestor (where it would be created); nothing is left behind. Asked
+    before a job's work, so that a read-only place is one line up front, not a traceback at the end."""
+    path = Path(directory).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=path):  # O_TMPFILE where the file system has it: no name appears
+            pass
+    except OSError as error:
+        return f"cannot write in {path}: {error.strerror or error}"
+    return None
 
 
 def size(uri: str) -> int:

@@ -7,14 +7,12 @@ existing dataset unless asked to.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.cost import ModelConfig
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+from freescale.pipeline.memory import parse_size as parse_size  # re-exported: options are parsed with it
 
 
 def parse_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
@@ -25,17 +23,6 @@ def parse_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
         return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
     except ValueError as error:
         raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from error
-
-
-def parse_size(text: str | int, option: str) -> int:
-    """Parse ``2GB``, ``512MiB``, ``1.5g`` or a byte count; errors name the option."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*?)(?:i?b)?\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _SIZE_UNITS:
-        raise ValueError(f"{option}: cannot parse size {text!r} (examples: 2GB, 512MB, 1073741824)")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 @dataclass

@@ -7,6 +7,7 @@ runtime's object store. The per-item byte figures are measurements (where and ho
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,28 @@ MIN_TASK_BUDGET = 32 * MIB  # below this, per-task budgets stop shrinking (fixed
 MIN_OBJECT_STORE_BYTES = 100 * MIB
 
 
+# A local task process (this one, or a spawned pool worker) before any task data: the interpreter with
+# numpy, polars, pyarrow and the step modules imported. Measured with psutil after the imports (two
+# spawned workers): 106 MB RSS per worker, 107 MB for the driver, ~56 MB of it shared library pages,
+# which a process tree's RSS sum counts once per process, as the limit's users measure it.
+LOCAL_PROCESS_BYTES = 110 * MIB
+LOCAL_TRACKER_BYTES = 12 * MIB  # multiprocessing's resource tracker, started with a spawn pool (12 MB RSS)
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def parse_size(text: str | int, option: str) -> int:
+    """Parse ``2GB``, ``512MiB``, ``1.5g`` or a byte count; errors name the option."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*?)(?:i?b)?\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise ValueError(f"{option}: cannot parse size {text!r} (examples: 2GB, 512MB, 1073741824)")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
 def preload_writer(memory_limit: int) -> bool:
     """Start the writer process with the job when reserving its memory leaves at least half of
     ``memory_limit`` to the workers."""
@@ -44,6 +67,37 @@ def preload_writer(memory_limit: int) -> bool:
 def worker_budget(memory_limit: int, writer_reserved: bool) -> int:
     """What the scan/sample workers may hold together: the limit less the writer's reservation."""
     return memory_limit - (WRITER_PROCESS_BYTES if writer_reserved else 0)
+
+
+@dataclass(frozen=True)
+class LocalSizing:
+    """The local engine's task processes (this one and ``processes - 1`` spawned workers), what their
+    tasks' data may hold together, and, when fewer than ``--workers`` fit, the one line that says so."""
+
+    processes: int
+    task_budget: int
+    note: str | None
+
+
+def local_sizing(memory_limit: int, workers: int, writer_reserved: bool) -> LocalSizing:
+    """As many of ``workers`` task processes as the limit holds beside the writer's reservation, each
+    counted with its interpreter (``LOCAL_PROCESS_BYTES``) and at least ``2 * MIN_TASK_BUDGET`` of
+    task data (partitions are sized to half of a process's share, no smaller than ``MIN_TASK_BUDGET``).
+    One process always fits: ``--memory-limit`` is at least 256 MB, and the writer is reserved only
+    where half the limit stays for the workers."""
+    available = worker_budget(memory_limit, writer_reserved)
+    per_process = LOCAL_PROCESS_BYTES + 2 * MIN_TASK_BUDGET
+    more = max(available - per_process - LOCAL_TRACKER_BYTES, 0) // per_process
+    processes = max(1, min(workers, 1 + int(more)))
+    fixed = processes * LOCAL_PROCESS_BYTES + (LOCAL_TRACKER_BYTES if processes > 1 else 0)
+    note = None
+    if processes < workers:
+        note = (
+            f"local engine: --memory-limit {memory_limit / MIB:,.0f} MB holds {processes} of the {workers} --workers "
+            f"(each process ~{LOCAL_PROCESS_BYTES / MIB:,.0f} MB before its data, plus at least "
+            f"{2 * MIN_TASK_BUDGET / MIB:,.0f} MB for it); running {processes}"
+        )
+    return LocalSizing(processes, max(available - fixed, MIN_TASK_BUDGET), note)
 
 
 def estimate_events(formats: dict[str, str], files: list[dict[str, Any]]) -> int:
@@ -175,11 +229,13 @@ class JobBudget:
 
 
 def job_budget(engine: str, memory_limit: int, workers: int, joined_cluster: bool, writer_reserved: bool) -> JobBudget:
-    """The local engine: the limit less its writer process's reservation, one writer. A Ray runtime
+    """The local engine: ``local_sizing``'s task budget (the limit less the writer process's reservation
+    and its task processes' interpreters) for the processes that fit, one writer. A Ray runtime
     started for the job: ``ray_sizing``'s task budget, shared by its CPUs, which all write at once.
     A joined Ray cluster: its processes are its own, so the limit bounds the job's data only."""
     if engine != "ray":
-        return JobBudget(worker_budget(memory_limit, writer_reserved), workers, local_writer_budget(memory_limit))
+        sizing = local_sizing(memory_limit, workers, writer_reserved)
+        return JobBudget(sizing.task_budget, sizing.processes, local_writer_budget(memory_limit))
     if joined_cluster:
         return JobBudget(memory_limit, workers, memory_limit // (2 * workers))
     sizing = ray_sizing(memory_limit, workers)

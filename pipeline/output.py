@@ -8,11 +8,14 @@ deleted by accident. So, for a local output:
   the lock when its process dies (``kill -9`` included), so a lock is never stale;
 - everything is written into a staging directory beside the output (``.<name>.freescale-staging-<fp>``,
   one per dataset fingerprint, on the output's file system) and the finished directory replaces the
-  output in one ``rename`` (``renameat2(RENAME_EXCHANGE)`` when an old output exists). A reader sees
-  the old dataset or the new one, never a mix; a killed job leaves the output as it was and resumes
-  into its staging directory;
+  output in one ``rename`` (``renameat2(RENAME_EXCHANGE)`` from ``.<name>.freescale-swap`` when an
+  old output exists: the old dataset never sits under a staging name). A reader sees the old dataset
+  or the new one, never a mix; a killed job leaves the output as it was and resumes into its staging
+  directory, trusting a part there only when it is what the part's marker recorded
+  (``writer.written_part_problem``);
 - an output that is, or contains, an input (a source file, the source config, the cost model) is
-  refused: ``--overwrite`` would otherwise delete the raw data.
+  refused: ``--overwrite`` would otherwise delete the raw data. Paths are compared by file identity
+  too (``check_no_overlap``), so a bind mount is not a way around it.
 
 An ``s3://`` output has no rename and no ``flock``: parts are written in place and ``manifest.json``
 last (one PUT, so a reader sees it whole or not at all), and the lock is a local ``flock`` in the work
@@ -39,7 +42,10 @@ from freescale import storage
 
 LOCK_SUFFIX = ".freescale-lock"
 STAGING_INFIX = ".freescale-staging-"
-OLD_SUFFIX = ".freescale-old"
+# The swap's far side: the finished dataset moves here from its staging directory and is exchanged
+# with the output from here, so the old dataset lands under this name, which no run resumes from.
+SWAP_SUFFIX = ".freescale-swap"
+OLD_SUFFIX = ".freescale-old"  # where the old output waits for deletion when the kernel cannot exchange
 # Names a FreeScale output holds: an output holding only these (and at least one part) is an
 # unfinished run of ours (a killed job of an older release wrote in place), not somebody's files.
 OWN_NAMES = re.compile(r"part-\d{5}|index\.json|micro_batch_offsets\.npy|quarantine\.jsonl|manifest\.json|vocab")
@@ -127,13 +133,61 @@ def staging_path(output: str, fingerprint: str) -> Path:
     return path.parent / f".{path.name}{STAGING_INFIX}{fingerprint[:16]}"
 
 
-def remove_stale_staging(output: str, keep: Path) -> None:
-    """Other datasets' staging directories and a swap's leftovers (the lock is held: nobody uses them)."""
+def remove_stale_staging(output: str, keep: Path | None) -> None:
+    """Staging directories but ``keep`` (other datasets' ones; all of them when the output is up to
+    date) and a swap's leftovers (the output's lock is held: nobody uses them)."""
     path = local_output(output)
     for entry in path.parent.glob(f".{glob_escape(path.name)}{STAGING_INFIX}*"):
         if entry != keep:
             shutil.rmtree(entry, ignore_errors=True)
-    shutil.rmtree(path.parent / f".{path.name}{OLD_SUFFIX}", ignore_errors=True)
+    for suffix in (SWAP_SUFFIX, OLD_SUFFIX):
+        shutil.rmtree(path.parent / f".{path.name}{suffix}", ignore_errors=True)
+
+
+# A job's work directory: ``<fingerprint[:16]>-w<WORK_LAYOUT>`` in the work root, with a lock file beside it
+WORK_NAME = re.compile(r"[0-9a-f]{16}-w\d+")
+OWNER_NAME = "output.txt"  # in a work directory: the output its job writes
+
+
+def record_work_owner(work: Path, output: str) -> None:
+    """Write which output ``work`` belongs to: in a shared ``--work-dir`` that is how a later job on
+    the same output tells its own stale work directories from other outputs' ones."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / OWNER_NAME).write_text(_comparable(output) + "\n")
+
+
+def remove_stale_work(work_root: Path, keep: Path, output: str, own_root: bool) -> list[Path]:
+    """Work directories of ``output``'s earlier jobs (another fingerprint: a source edited, options
+    changed, an older layout) and their lock files, which a killed job leaves. Called with the
+    output's lock held, so no job of this output runs; a work directory whose lock another process
+    holds is kept all the same. ``own_root``: the work root is the output's default one, so every
+    work directory in it is the output's; in a ``--work-dir`` only those recording ``output`` are."""
+    if not work_root.is_dir():
+        return []
+    removed = []
+    for entry in sorted(work_root.iterdir()):
+        if entry == keep or entry.is_symlink() or not entry.is_dir() or not WORK_NAME.fullmatch(entry.name):
+            continue
+        if not own_root and _work_owner(entry) != _comparable(output):
+            continue
+        lock = OutputLock(entry.with_name(entry.name + LOCK_SUFFIX), f"work directory {entry}")
+        try:
+            lock.acquire()
+        except PrepareError:
+            continue
+        try:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        finally:
+            lock.release()  # and its lock file, which a killed job leaves behind
+    return removed
+
+
+def _work_owner(work: Path) -> str | None:
+    try:
+        return (work / OWNER_NAME).read_text().strip()
+    except OSError:
+        return None
 
 
 def glob_escape(name: str) -> str:
@@ -165,23 +219,95 @@ def private_work_root() -> Path:
 
 
 # ----------------------------------------------------------------------------------------- checks
+def check_output_place(output: str) -> None:
+    """Before any work: a local output that exists must be a directory (it is replaced whole by one;
+    a file there was found only when the finished job tried to publish), and the folder it is in must
+    take new files (the lock, staging and default work directories go there)."""
+    if storage.is_remote(output):
+        return
+    path = local_output(output)
+    if path.exists() and not path.is_dir():
+        raise PrepareError(f"--output {output} exists and is not a directory; remove it or choose another --output")
+    problem = storage.local_write_problem(str(path.parent))
+    if problem is not None:
+        raise PrepareError(f"--output {output}: {problem} (the lock and the staging directory go beside the output)")
+
+
+def check_replaceable(output: str) -> None:
+    """Before any work, when an existing local output is to be replaced: publishing renames the new
+    dataset into its place and deletes the old one's files, so the output must be writable and must
+    not be a mount point (which no rename can move)."""
+    if storage.is_remote(output):
+        return
+    path = local_output(output)
+    if not path.is_dir():
+        return
+    problem = storage.local_write_problem(str(path))
+    if problem is not None:
+        raise PrepareError(f"--output {output}: {problem}, so the dataset in it cannot be replaced")
+    if _is_mount_point(path):
+        raise PrepareError(
+            f"--output {output} is a mount point: a finished dataset replaces the output by a rename, "
+            "which cannot move a mount point; use a folder inside it"
+        )
+
+
 def check_no_overlap(output: str, paths: list[str], what: str = "the input") -> None:
     """Refuse an output that is or contains one of ``paths`` (inputs, the work directory): replacing
-    the output would delete it."""
+    the output would delete it.
+
+    Paths are compared as strings (symlinks resolved) and, for a local output that exists, by file
+    identity: a bind mount (or a second mount the kernel gives the same device number) is another
+    path to the same directory, so the output's (st_dev, st_ino) is compared with every existing
+    ancestor of each path. Sources share folders: each folder is looked at once."""
     target = _comparable(output)
+    output_id = _identity(target) if not storage.is_remote(output) else None
+    seen: dict[Path, bool] = {}  # folder -> is the output
+
+    def is_output(place: Path) -> bool:
+        if place not in seen:
+            seen[place] = _identity(str(place)) == output_id
+        return seen[place]
+
     for uri in paths:
         inner = _comparable(uri)
-        if inner == target or inner.startswith(target.rstrip("/") + "/"):
+        same = inner == target or inner.startswith(target.rstrip("/") + "/")
+        if not same and output_id is not None and not storage.is_remote(uri):
+            same = any(is_output(place) for place in (Path(inner), *Path(inner).parents))
+        if same:
             raise PrepareError(
                 f"--output {output} contains {what} {uri}: replacing the output would delete it; "
                 "choose an --output outside it"
             )
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what ``path`` names, or None where it does not exist or cannot be reached."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 def _comparable(uri: str) -> str:
     if storage.is_remote(uri):
         return uri.rstrip("/")
     return str(local_output(uri))
+
+
+def _is_mount_point(path: Path) -> bool:
+    """``os.path.ismount`` misses a bind mount of a folder of the same file system (same device, an
+    inode other than the root's); the kernel's mount table of this process has them all."""
+    if os.path.ismount(path):
+        return True
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    # field 5 is the mount point, with space, tab, newline and backslash escaped as octal
+    points = {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in lines}
+    return str(path) in points
 
 
 def is_unfinished_own_output(names: list[str]) -> bool:
@@ -209,22 +335,47 @@ def disk_full_message(error: BaseException, where: str) -> str:
 def publish_local(staging: Path, output: Path) -> None:
     """Make the finished ``staging`` directory the output in one step; the old output is deleted after.
 
-    With an existing output the two directories are exchanged atomically (Linux ``renameat2``);
-    where that is not available the old one is first moved aside (``.<name>.freescale-old``), so a
-    reader can briefly find no dataset, never a mixed one."""
+    With an existing output the finished directory is first renamed to ``.<name>.freescale-swap``
+    and exchanged with the output from there (Linux ``renameat2``), so the old dataset waits for its
+    deletion under that name: never under the job's staging name, where a rerun of the job would
+    take it for its own parts. Where the kernel cannot exchange, the old output is first moved aside
+    (``.<name>.freescale-old``), so a reader can briefly find no dataset, never a mixed one. A kill
+    between the renames leaves the old dataset in place and the new one under the swap name, which
+    the next run deletes (its write markers then find no parts and it starts over)."""
     if output.is_symlink() or (output.exists() and not output.is_dir()):
         raise PrepareError(f"--output {output} exists and is not a directory")
     if not output.exists() or _empty_dir(output):
         os.rename(staging, output)  # replaces an empty directory too
-    elif _exchange(staging, output):
-        shutil.rmtree(staging)  # the old output, now at the staging path
     else:
-        old = output.parent / f".{output.name}{OLD_SUFFIX}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(output, old)
-        os.rename(staging, output)
-        shutil.rmtree(old)
+        swap = output.parent / f".{output.name}{SWAP_SUFFIX}"
+        shutil.rmtree(swap, ignore_errors=True)
+        os.rename(staging, swap)
+        if _exchange(swap, output):
+            shutil.rmtree(swap)  # the old output, now at the swap path
+        else:
+            old = output.parent / f".{output.name}{OLD_SUFFIX}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(output, old)
+            os.rename(swap, output)
+            shutil.rmtree(old)
     _fsync_dir(output.parent)
+
+
+def remove_unlisted(directory: Path, keep: set[str]) -> list[str]:
+    """Delete every file under ``directory`` whose relative path is not in ``keep`` (and folders left
+    empty): a staging directory is published whole, so whatever a killed or failed run left in it (a
+    temporary file, a part of a larger earlier plan) would otherwise be published too. Returns the
+    relative paths removed."""
+    removed = []
+    for path in sorted(directory.rglob("*"), reverse=True):  # children before their folders
+        name = path.relative_to(directory).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif name not in keep:
+            path.unlink()
+            removed.append(name)
+    return removed
 
 
 def _empty_dir(path: Path) -> bool:

@@ -65,7 +65,15 @@ from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
-from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, part_name, write_part
+from freescale.pipeline.steps.writer import (
+    PART_SIZE,
+    BucketSink,
+    merge_part_indexes,
+    part_done,
+    part_name,
+    write_part,
+    written_part_problem,
+)
 from freescale.pipeline.targets import target_coverage
 from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
@@ -76,7 +84,7 @@ from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 TARGET_ROWS_PER_TASK = 4_000_000
 
 
-WORK_LAYOUT = 8  # bump when spill, bucket, plan or marker formats or the read-task plan change
+WORK_LAYOUT = 9  # bump when spill, bucket, plan or marker formats or the read-task plan change
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
 BUCKET_SIZE_RECORD = "bucket_size.json"  # samples per write bucket, fixed when the samples step starts
 
@@ -181,6 +189,7 @@ class PrepareJob:
         places.check_no_overlap(self.config.output, self._inputs())
         work_dir = self.config.work_dir if self.remote_work else str(self.work_root)
         places.check_no_overlap(self.config.output, [work_dir], what="the work directory")
+        places.check_output_place(self.config.output)
         locks = [
             OutputLock(places.lock_path(self.config.output, self.work_root), self.config.output),
             OutputLock(self.work.with_name(self.work.name + places.LOCK_SUFFIX), f"work directory {self.work}"),
@@ -188,10 +197,17 @@ class PrepareJob:
         try:
             for lock in locks:
                 lock.acquire()
+            self._remove_leftovers()
             existing = self._check_output()
+            if not storage.is_remote(self.config.output):  # all of them once the output is up to date
+                places.remove_stale_staging(self.config.output, keep=None if existing else Path(self.target))
             if existing is not None:
                 self._log("output is up to date (same config and sources): nothing to do")
+                self._remove_work()  # a job killed after publishing left it
                 return existing
+            places.check_replaceable(self.config.output)
+            if self.remote_work is None:
+                places.record_work_owner(self.work, self.config.output)
             return self._run()
         except Exception as error:
             if places.disk_full(error):
@@ -233,6 +249,15 @@ class PrepareJob:
         self._remove_work()
         return manifest
 
+    def _remove_leftovers(self) -> None:
+        """Work directories of this output's earlier jobs that will never resume (another fingerprint,
+        another layout) and their lock files; a local work root only (an s3:// one is the prefix's)."""
+        if self.remote_work is not None:
+            return
+        own_root = self.config.work_dir is None and not storage.is_remote(self.config.output)
+        for stale in places.remove_stale_work(self.work_root, self.work, self.config.output, own_root):
+            self._log(f"removed the stale work directory {stale}")
+
     def _remove_work(self) -> None:
         if self.remote_work is not None:
             self.remote_work.remove()
@@ -266,15 +291,21 @@ class PrepareJob:
             tqdm.write(f"prepare [{time.perf_counter() - self._started:6.1f}s] {message}")
 
     def _check_written_parts(self) -> None:
-        """A part marked written must still be in the target (a removed staging directory, an s3://
-        output cleared by ``--overwrite``): its buckets are gone, so the work directory cannot finish
-        the job; start it again rather than publish an index naming missing files."""
+        """A part marked written must be in the target as this job wrote it (``written_part_problem``).
+        The target is not held between runs: a staging directory may have been removed, an s3:// output
+        cleared by ``--overwrite``, and a killed release of ours left another dataset's parts under the
+        staging name. The part's buckets are gone, so the work directory cannot finish the job: start
+        it again (in an emptied staging directory) rather than publish files this job did not write."""
         buckets_dir = str(self.work / "buckets")
+        remote = storage.is_remote(self.target)
         for marker in sorted(Path(buckets_dir).glob("write.part-*.done")):
             part = int(marker.name.split("-")[1].split(".")[0])
-            if not storage.exists(storage.join(self.target, part_name(part), "index.json")):
-                self._log(f"{part_name(part)} is marked written but missing from {self.target}: starting over")
+            problem = written_part_problem(self.target, buckets_dir, part, hash_shards=not remote)
+            if problem is not None:
+                self._log(f"{part_name(part)} is marked written but {problem}: starting over")
                 self._remove_work()
+                if not remote:
+                    shutil.rmtree(self.target, ignore_errors=True)
                 self._make_work_dirs()
                 return
 
@@ -293,11 +324,9 @@ class PrepareJob:
                 f"{self.config.output} is not empty and holds no FreeScale manifest; pass --overwrite "
                 "to replace its contents or choose another --output"
             )
-        if storage.is_remote(self.config.output):
-            if self.config.overwrite and (manifest is not None or self._has_foreign_files()):
-                self._clear_output()  # s3 has no swap: the old dataset goes first, its manifest first of all
-        else:
-            places.remove_stale_staging(self.config.output, keep=Path(self.target))
+        remote = storage.is_remote(self.config.output)
+        if remote and self.config.overwrite and (manifest is not None or self._has_foreign_files()):
+            self._clear_output()  # s3 has no swap: the old dataset goes first, its manifest first of all
         return None
 
     def _has_foreign_files(self) -> bool:
@@ -584,6 +613,9 @@ class PrepareJob:
             (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
         )
         if not storage.is_remote(self.config.output):  # the finished directory becomes the output at once
+            listed = {entry["path"] for entry in manifest["files"]} | {MANIFEST_NAME}
+            for name in places.remove_unlisted(Path(self.target), listed):
+                self._log(f"removed {name} from {self.target}: not part of the dataset")
             places.publish_local(Path(self.target), places.local_output(self.config.output))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mounts import bind_mount
 from prepare_configs import make_config
 
 from freescale.datasets.presets import preset
@@ -151,6 +152,37 @@ def test_output_overlapping_the_sources_is_refused(tmp_path, where) -> None:
     assert sorted(p.name for p in src.rglob("*")) == before
 
 
+@pytest.mark.parametrize("alias", ["sources", "output"])
+def test_output_reaching_the_sources_through_a_bind_mount_is_refused(tmp_path, alias) -> None:
+    """A second path to the same directory (a bind mount, a second mount of the same export) is not
+    told apart by path strings: the guard compares the output with every ancestor of every input by
+    (st_dev, st_ino). ``alias``: which side names the files through the mount."""
+    data = tmp_path / "data"
+    generate(preset("tiny", seed=3), str(data / "src"))
+    before = {p.name: p.stat().st_size for p in (data / "src").rglob("*")}
+    with bind_mount(data, tmp_path / "mnt" / "alias") as mounted:
+        inputs, outputs = (mounted, data) if alias == "sources" else (data, mounted)
+        sources = str(inputs / "src" / "sources.toml")
+        for output in (outputs / "src", outputs):  # the sources' folder, or a folder above it
+            code, err = finish(cli_prepare(sources, str(output), "--overwrite"))
+            assert_one_line_error(code, err, "--output", "contains the input")
+        (outputs / "out").mkdir()
+        work = str(inputs / "out" / "work")  # the work directory inside the output, named through the other path
+        code, err = finish(cli_prepare(sources, str(outputs / "out"), "--overwrite", "--work-dir", work))
+        assert_one_line_error(code, err, "--output", "contains the work directory")
+    assert {p.name: p.stat().st_size for p in (data / "src").rglob("*")} == before
+
+
+def test_an_output_beside_the_sources_on_the_same_file_system_is_accepted(tmp_path) -> None:
+    """No mount and no link, so no second path: a sibling of the sources on the same device, whose path
+    starts like theirs, is not mistaken for them (the identity check compares inodes, not devices)."""
+    generate(preset("tiny", seed=3), str(tmp_path / "src"))
+    output = tmp_path / "src-prepared"
+    code, err = finish(cli_prepare(str(tmp_path / "src" / "sources.toml"), str(output), "--overwrite"))
+    assert code == 0, err
+    assert (output / "manifest.json").exists() and (tmp_path / "src" / "sources.toml").exists()
+
+
 # --------------------------------------------------------------------------- two runs, one output
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.time() + timeout
@@ -256,6 +288,225 @@ def test_overwrite_after_a_kill_while_writing(kill_sources, kill_clean_output, t
     code, err = finish(cli_prepare(kill_sources, str(out), "--shard-size-limit", "64KB", "--overwrite"))
     assert code == 0, err
     assert output_files(str(out)) == kill_clean_output
+
+
+# --------------------------------------------------------------------------- interrupted publish
+KILLED_PREPARE = str(Path(__file__).resolve().parent / "killed_prepare.py")
+
+
+def killed_prepare(point: str, sig: str, sources: str, out: Path, *options: str) -> tuple[int, str]:
+    """``cli_prepare`` in the harness that sends ``sig`` at ``point`` of publishing (``killed_prepare.py``)."""
+    command = [sys.executable, KILLED_PREPARE, point, sig, "prepare", "--sources", sources, "--output", str(out)]
+    proc = subprocess.Popen(
+        [*command, "--workers", "1", "--quiet", *TINY_OPTIONS, *options],
+        cwd=tempfile.gettempdir(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return finish(proc)
+
+
+def verify(out: Path) -> None:
+    check = subprocess.run([FREESCALE, "inspect", "--verify", str(out)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize(
+    ("point", "sig"),
+    [("after-publish", "KILL"), ("after-publish", "INT"), ("deleting-old", "KILL"), ("deleting-old", "INT")],
+)
+def test_an_interrupted_overwrite_run_again_publishes_the_new_dataset(
+    tiny_sources, clean_output, tmp_path, point, sig
+) -> None:
+    """Killed (or Ctrl-C) right after the new dataset replaced the old one, or while the old one was
+    being deleted: the same command again must publish the new dataset's own shards, whole. The old
+    dataset once waited for deletion under the new job's staging name, and the rerun trusted its
+    write markers and republished the old shards (or what was left of them) under the new manifest."""
+    out = tmp_path / "ds"
+    options = ("--shard-size-limit", "64KB")
+    code, err = finish(cli_prepare(tiny_sources, str(out), *options, "--micro-batch-size", "2"))  # the old dataset
+    assert code == 0, err
+    code, err = killed_prepare(point, sig, tiny_sources, out, *options, "--overwrite")
+    assert code != 0, f"{point} was never reached: {err[-2000:]}"
+    assert json.loads((out / "manifest.json").read_text())["layout"]["micro_batch_size"] == 4  # swapped in
+    assert not list(tmp_path.glob(".ds.freescale-staging-*"))  # the old dataset is not under the staging name
+    code, err = finish(cli_prepare(tiny_sources, str(out), *options, "--overwrite"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+    verify(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+@pytest.mark.parametrize("found", ["another_dataset", "a_shard_missing", "a_shard_changed"])
+def test_a_resumed_job_republishes_only_parts_its_markers_describe(tiny_sources, tmp_path, monkeypatch, found) -> None:
+    """A job stopped just before its swap finds, when run again, other files in its staging directory
+    than it wrote there: another dataset (what an interrupted ``--overwrite`` of an older release left
+    under the staging name), a part with a shard gone (a deletion cut short) or a shard's bytes changed.
+    Every part marked written is checked against its marker (index hash, shard sizes and hashes): the
+    job starts over instead of publishing them under its own manifest."""
+    from freescale.pipeline import output as places
+    from freescale.pipeline.balance import BalanceConfig
+
+    options = {"shard_size_limit": 64 * 1024}
+    reference = prepare(make_config(tiny_sources, str(tmp_path / "reference"), **options))
+    other = BalanceConfig(group_size=4, micro_batch_size=2, seed=1)
+    prepare(make_config(tiny_sources, str(tmp_path / "other"), balance=other, **options))
+
+    def stop(staging: Path, output: Path) -> None:
+        raise KeyboardInterrupt  # killed just before the swap
+
+    monkeypatch.setattr(places, "publish_local", stop)
+    out = tmp_path / "ds"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(make_config(tiny_sources, str(out), **options))
+    monkeypatch.undo()
+    (staging,) = tmp_path.glob(".ds.freescale-staging-*")
+    shards = sorted(staging.glob("part-00000/shard.*.mds"))
+    assert len(shards) >= 2
+    if found == "another_dataset":
+        import shutil
+
+        shutil.rmtree(staging)
+        shutil.copytree(tmp_path / "other", staging)
+    elif found == "a_shard_missing":
+        shards[1].unlink()
+    else:
+        data = bytearray(shards[1].read_bytes())
+        data[-1] ^= 0xFF  # same size, other bytes
+        shards[1].write_bytes(bytes(data))
+    assert prepare(make_config(tiny_sources, str(out), **options)) == reference
+    assert output_files(str(out)) == output_files(str(tmp_path / "reference"))
+
+
+# --------------------------------------------------------------------------- leftovers
+def test_a_kill_before_the_manifest_rename_leaves_no_stray_file_in_the_resumed_dataset(
+    tiny_sources, clean_output, tmp_path
+) -> None:
+    """The manifest's temporary file (``manifest.json.tmp-<pid>``) of a job killed just before renaming
+    it stays in the staging directory; the resumed job publishes exactly the files its manifest lists."""
+    out = tmp_path / "ds"
+    code, err = killed_prepare("before-manifest", "KILL", tiny_sources, out, "--shard-size-limit", "64KB")
+    assert code != 0, f"never reached: {err[-2000:]}"
+    assert list(tmp_path.glob(".ds.freescale-staging-*/manifest.json.tmp-*"))
+    code, err = finish(cli_prepare(tiny_sources, str(out), "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    assert output_files(str(out)) == clean_output
+    verify(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_a_full_disk_while_publishing_leaves_no_stray_file(tiny_sources, tmp_path, monkeypatch) -> None:
+    """ENOSPC half-way through a publish file's temporary copy: the error names the path, the partial
+    temporary file goes, and the rerun publishes exactly the reference's files."""
+    from freescale import storage
+
+    reference = prepare(make_config(tiny_sources, str(tmp_path / "reference")))
+
+    class FillsUp:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+        def write(self, data: bytes) -> int:
+            self.handle.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.handle.name)
+
+    def full_open(path, mode="r", *args, **kwargs):
+        handle = open(path, mode, *args, **kwargs)  # noqa: SIM115
+        return FillsUp(handle) if ".tmp-" in str(path) and Path(path).name.startswith("manifest.json") else handle
+
+    monkeypatch.setattr(storage, "open", full_open, raising=False)
+    out = tmp_path / "ds"
+    with pytest.raises(PrepareError, match="no space left"):
+        prepare(make_config(tiny_sources, str(out)))
+    monkeypatch.undo()
+    assert not list(tmp_path.rglob("*.tmp-*"))
+    assert prepare(make_config(tiny_sources, str(out))) == reference
+    assert output_files(str(out)) == output_files(str(tmp_path / "reference"))
+
+
+def test_a_rerun_on_an_up_to_date_output_removes_the_killed_jobs_work(tiny_sources, tmp_path) -> None:
+    """Killed right after its dataset was published, before it removed its work directory: the next
+    run finds the output up to date and removes that work directory and its lock file too."""
+    out = tmp_path / "ds"
+    code, err = killed_prepare("after-publish", "KILL", tiny_sources, out)
+    assert code != 0, f"never reached: {err[-2000:]}"
+    assert (out / "manifest.json").exists() and (tmp_path / ".ds.freescale-work").exists()
+    code, err = finish(cli_prepare(tiny_sources, str(out)))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_work_of_an_earlier_fingerprint_is_removed_after_a_source_edit(tmp_path) -> None:
+    """A job killed before its swap, then a source edited: the fingerprint changed, so the new run has
+    its own work directory; the old one (and its lock file, staging directory and output lock) goes."""
+    generate(preset("tiny", seed=3), str(tmp_path / "src"))
+    sources = str(tmp_path / "src" / "sources.toml")
+    out = tmp_path / "out" / "ds"
+    out.parent.mkdir()
+    code, err = killed_prepare("before-manifest", "KILL", sources, out)
+    assert code != 0, f"never reached: {err[-2000:]}"
+    (work,) = (out.parent / ".ds.freescale-work").glob("*-w*[0-9]")
+    edited = next(p for p in (tmp_path / "src").iterdir() if p.suffix != ".toml")
+    os.utime(edited, ns=(edited.stat().st_atime_ns, edited.stat().st_mtime_ns + 10**9))
+    code, err = finish(cli_prepare(sources, str(out)))
+    assert code == 0, err
+    assert not work.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ds"]
+
+
+def test_work_of_another_output_in_a_shared_work_dir_is_kept(tmp_path) -> None:
+    """Only this output's stale work goes: a shared ``--work-dir`` holds other outputs' jobs too."""
+    generate(preset("tiny", seed=3), str(tmp_path / "src"))
+    sources = str(tmp_path / "src" / "sources.toml")
+    shared = tmp_path / "work"
+    code, err = killed_prepare("before-manifest", "KILL", sources, tmp_path / "a", "--work-dir", str(shared))
+    assert code != 0, f"never reached: {err[-2000:]}"
+    kept = sorted(p.name for p in shared.iterdir())
+    code, err = finish(cli_prepare(sources, str(tmp_path / "b"), "--work-dir", str(shared), "--micro-batch-size", "2"))
+    assert code == 0, err
+    assert sorted(p.name for p in shared.iterdir()) == kept  # a's work, waiting for a's rerun
+
+
+def test_an_output_that_is_a_file_is_refused_before_any_work(tiny_sources, tmp_path) -> None:
+    out = tmp_path / "ds"
+    out.write_text("somebody's file")
+    for options in ((), ("--overwrite",)):
+        code, err = finish(cli_prepare(tiny_sources, str(out), *options))
+        assert_one_line_error(code, err, str(out), "not a directory")
+    assert out.read_text() == "somebody's file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no work directory, staging or lock
+
+
+# --------------------------------------------------------------------------- read-only places
+def test_a_read_only_output_folder_is_one_line_naming_it(tiny_sources, tmp_path) -> None:
+    """The lock, staging and work directories go beside the output: a read-only folder there is one
+    line naming it, before any work (it was a traceback from the lock file)."""
+    (tmp_path / "rw").mkdir()
+    with bind_mount(tmp_path / "rw", tmp_path / "ro", read_only=True) as folder:
+        code, err = finish(cli_prepare(tiny_sources, str(folder / "ds")))
+        assert_one_line_error(code, err, "--output", str(folder), "Read-only file system")
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_an_output_that_cannot_be_replaced_is_refused_before_any_work(tiny_sources, tmp_path, read_only) -> None:
+    """A dataset on a mount of its own (read-only or not) cannot be swapped out by a rename, nor a
+    read-only one emptied: refused in one line before any work (the whole job used to run first, then
+    end in a traceback). The dataset there still reads as up to date."""
+    code, err = finish(cli_prepare(tiny_sources, str(tmp_path / "rw" / "ds")))
+    assert code == 0, err
+    with bind_mount(tmp_path / "rw" / "ds", tmp_path / "mnt" / "ds", read_only=read_only) as out:
+        code, err = finish(cli_prepare(tiny_sources, str(out), "--micro-batch-size", "2", "--overwrite"))
+        assert_one_line_error(code, err, f"--output {out}", "Read-only file system" if read_only else "mount point")
+        assert sorted(p.name for p in out.parent.iterdir()) == ["ds"]  # no work was done
+        code, err = finish(cli_prepare(tiny_sources, str(out)))
+        assert code == 0, err
 
 
 # --------------------------------------------------------------------------- disk full

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mounts import bind_mount
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -517,6 +518,17 @@ def test_errors_are_one_clear_line(tiny, prepared, tmp_path, capsys) -> None:
     (tmp_path / "file").write_text("x")
     assert cli_main(["stats", tiny, "--out", str(tmp_path / "file"), "--workers", "1", "--quiet"]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_a_read_only_out_folder_is_one_line_naming_it(tiny, tmp_path, capsys) -> None:
+    """Checked before the sources are read (it was a traceback once the report was computed)."""
+    (tmp_path / "rw").mkdir()
+    with bind_mount(tmp_path / "rw", tmp_path / "ro", read_only=True) as folder:
+        for out in (folder, folder / "stats"):  # the folder itself, or one to create in it
+            assert cli_main(["stats", tiny, "--out", str(out), "--workers", "1", "--quiet"]) == 2
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+            assert f"--out {out}" in err and "Read-only file system" in err, err
 
 
 def test_straggler_table_names_world_sizes_the_data_cannot_fill_instead_of_rows_of_na():

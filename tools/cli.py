@@ -424,13 +424,19 @@ def prepare_config_from_args(args: argparse.Namespace):
     )
 
 
-def _early_pool(args: argparse.Namespace) -> Any:
+def _early_pool(args: argparse.Namespace, writer: bool) -> Any:
     """Workers started before this process imports the pipeline, so both imports run at once; this
-    process runs tasks too (one worker fewer), with the workers' settings. None: one process, or Ray."""
+    process runs tasks too (one worker fewer), with the workers' settings. As many as the job's
+    executor will use: ``--workers`` within ``--memory-limit`` (``memory.local_sizing``; ``writer``:
+    the job reserves the writer process's memory). None: one process, or Ray."""
     from freescale.pipeline.executors.processes import PREPARE_WORKER_MODULES, configure_task_process, start_pool
+    from freescale.pipeline.memory import local_sizing, parse_size, preload_writer  # no polars/pyarrow import
 
-    local = args.engine == "local"
-    pool = start_pool(args.workers - 1, PREPARE_WORKER_MODULES) if args.workers > 1 and local else None
+    pool = None
+    if args.engine == "local" and args.workers > 1:
+        limit = parse_size(args.memory_limit, "--memory-limit")
+        processes = local_sizing(limit, args.workers, writer and preload_writer(limit)).processes
+        pool = start_pool(processes - 1, PREPARE_WORKER_MODULES) if processes > 1 else None
     configure_task_process()
     return pool
 
@@ -438,7 +444,7 @@ def _early_pool(args: argparse.Namespace) -> Any:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from freescale.pipeline.executors.processes import imports_without_gc
 
-    pool = _early_pool(args)
+    pool = _early_pool(args, writer=True)
     try:
         with imports_without_gc():
             from freescale.pipeline.prepare import prepare
@@ -518,7 +524,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from freescale.pipeline.executors.processes import imports_without_gc
 
-    pool = _early_pool(args)  # the scan's workers, as prepare's (a prepared dataset hands them back unused)
+    # the scan's workers, as prepare's (a prepared dataset hands them back unused)
+    pool = _early_pool(args, writer=False)
     try:
         with imports_without_gc():
             from freescale.pipeline.config import parse_int_list as ints

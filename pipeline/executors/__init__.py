@@ -4,8 +4,9 @@ A step is a module-level function whose calls are independent (each reads and wr
 in the work directory and writes a completion marker last); the job lists the calls that have no
 marker yet and hands them to an executor. Two engines implement ``Executor``:
 
-- ``local`` (default): this process plus ``workers - 1`` spawned processes (``processes.run_calls``);
-  shards are written one part at a time by a writer process started with the job (``WriterProcess``).
+- ``local`` (default): this process plus ``workers - 1`` spawned processes (``processes.run_calls``),
+  fewer where ``--memory-limit`` cannot hold them (``memory.local_sizing``); shards are written one
+  part at a time by a writer process started with the job (``WriterProcess``).
 - ``ray``: Ray tasks on a cluster (``--ray-address``) or on a Ray runtime started for the job. Ray
   retries a task whose worker died, and a step's calls are idempotent, so a retried call rewrites the
   same bytes. Parts are written by parallel tasks, one shard writer each, then the part indexes are
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from freescale.pipeline.executors.processes import PREPARE_WORKER_MODULES, release_freed_memory, run_calls, start_pool
 from freescale.pipeline.executors.writer_process import WriterProcess
+from freescale.pipeline.memory import local_sizing
 
 ENGINES = ("local", "ray")
 Call = tuple[Callable[..., Any], tuple]
@@ -74,16 +76,25 @@ class Progress:
 
 
 class LocalExecutor:
-    """This host's process pool: ``workers - 1`` spawned processes and this one (``run_calls``)."""
+    """This host's process pool: ``processes - 1`` spawned processes and this one (``run_calls``), as
+    many of ``workers`` as ``memory_limit`` holds (``memory.local_sizing``: every process counts)."""
 
     name = "local"
 
     def __init__(
-        self, workers: int, progress: Progress, pool: ProcessPoolExecutor | None = None, writer: bool = False
+        self,
+        workers: int,
+        progress: Progress,
+        pool: ProcessPoolExecutor | None = None,
+        writer: bool = False,
+        memory_limit: int = 2 * 2**30,
     ) -> None:
-        """``pool``: workers started earlier (``processes.start_pool``); ``writer``: start the writer
-        process now (its start overlaps the scan)."""
-        self.slots = workers - 1
+        """``pool``: workers started earlier (``processes.start_pool``, as many as ``local_sizing``
+        gives); ``writer``: start the writer process now (its start overlaps the scan)."""
+        sizing = local_sizing(memory_limit, workers, writer)
+        if sizing.note:
+            progress.warn(sizing.note)
+        self.slots = sizing.processes - 1
         self.progress = progress
         self._pool = pool
         self._writer = WriterProcess() if writer else None
@@ -144,7 +155,7 @@ def make_executor(
     """The executor ``--engine`` names; ``pool``/``writer`` are the local engine's, ``ray_address``
     and ``memory_limit`` (which bounds a started Ray runtime's object store) the Ray engine's."""
     if engine == "local":
-        return LocalExecutor(workers, progress, pool, writer)
+        return LocalExecutor(workers, progress, pool, writer, memory_limit)
     if engine == "ray":
         from freescale.pipeline.executors.ray_tasks import RayExecutor
 

@@ -460,6 +460,10 @@ def run_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) -> d
 
         if fs.get_file_info(path).type == pafs.FileType.File:
             raise StatsError(f"--out {config.output} is a file; give a directory")
+    if config.output is not None and not storage.is_remote(config.output):
+        problem = storage.local_write_problem(config.output)  # before the work, not when writing its results
+        if problem is not None:
+            raise StatsError(f"--out {config.output}: {problem}")
     started = time.perf_counter()
     report = _compute(config, pool, plots_to=config.output if config.plots else None)
     if config.output is None:

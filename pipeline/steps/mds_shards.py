@@ -94,6 +94,7 @@ class ShardWriter:
         self.config = shard_config(columns, self.hashes, size_limit)
         self.config_data = json.dumps(self.config, sort_keys=True).encode("utf-8")
         self.shards: list[dict[str, Any]] = []
+        self.index_data: bytes | None = None  # the index.json written by ``finish``
         self._samples: list[bytes | memoryview] = []
         self._fixed = 4 + 4 + len(self.config_data)  # count, last offset, config
         self._size = self._fixed
@@ -118,7 +119,8 @@ class ShardWriter:
         if self._samples:
             self._flush()
         index = json.dumps({"version": FORMAT_VERSION, "shards": self.shards}, sort_keys=True)
-        storage.write_bytes(storage.join(self.out, INDEX_NAME), index.encode("utf-8"))
+        self.index_data = index.encode("utf-8")
+        storage.write_bytes(storage.join(self.out, INDEX_NAME), self.index_data)
 
     def __enter__(self) -> ShardWriter:
         return self

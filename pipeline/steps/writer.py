@@ -20,15 +20,27 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
+import xxhash
 
 from freescale import storage
-from freescale.pipeline.integrity import HASH_ALGO
+from freescale.pipeline.integrity import HASH_ALGO, check_index, file_hash
+from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.steps.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.steps.mds_shards import ShardWriter
 
 storage_join = storage.join
-__all__ = ["LIST_COLUMNS", "SCALAR_COLUMNS", "BucketSink", "mds_columns", "part_writer", "write_part"]
+__all__ = [
+    "LIST_COLUMNS",
+    "SCALAR_COLUMNS",
+    "BucketSink",
+    "WrittenPart",
+    "mds_columns",
+    "part_writer",
+    "write_part",
+    "written_part_problem",
+]
 
 
 def bucket_files(buckets_dir: str, bucket: int) -> list[Path]:
@@ -123,9 +135,10 @@ def write_part(
 ) -> int:
     """Write plan positions [part·PART_SIZE, (part+1)·PART_SIZE) as MDS shards under ``part-NNNNN/``.
 
-    The marker ``write.part-NNNNN.done`` lets a resumed job skip finished parts; an unfinished
-    part's directory is emptied by ``ShardWriter`` when it is written again. Parts are independent:
-    the Ray engine writes them in parallel tasks.
+    The marker ``write.part-NNNNN.done`` (``WrittenPart``) lets a resumed job skip finished parts
+    once it has checked them (``written_part_problem``); an unfinished part's directory is emptied by
+    ``ShardWriter`` when it is written again. Parts are independent: the Ray engine writes them in
+    parallel tasks.
     """
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
     if part_done(buckets_dir, part):  # a retried task (Ray) whose first run got past the marker
@@ -134,7 +147,7 @@ def write_part(
     with part_writer(with_user_features, storage_join(output, part_name(part)), shard_size_limit) as writer:
         for bucket in range(start // bucket_size, (end - 1) // bucket_size + 1):
             written += writer.write_encoded(iter_bucket_samples(buckets_dir, bucket, start, end))
-    Path(buckets_dir, f"write.{part_name(part)}.done").touch()
+    WrittenPart(xxhash.xxh64(writer.index_data).hexdigest()).save(marker_path(buckets_dir, part))
     # buckets that lie wholly in this part: parts may be written at once (Ray), so a bucket shared
     # with a neighbouring part stays until the work directory is removed
     for bucket in range(-(-start // bucket_size), end // bucket_size):
@@ -143,8 +156,67 @@ def write_part(
     return written
 
 
+def marker_path(buckets_dir: str, part: int) -> Path:
+    return Path(buckets_dir, f"write.{part_name(part)}.done")
+
+
 def part_done(buckets_dir: str, part: int) -> bool:
-    return Path(buckets_dir, f"write.{part_name(part)}.done").exists()
+    return marker_path(buckets_dir, part).exists()
+
+
+@dataclass(frozen=True)
+class WrittenPart:
+    """What a part's marker records: the xxh64 of the ``index.json`` its writer wrote, which holds
+    every shard's size and hash. A resumed job finds the part's files in a directory it does not
+    hold between runs (a staging directory, an ``s3://`` prefix), so a marker's presence alone does
+    not say those files are the ones this job wrote."""
+
+    index_xxh64: str
+
+    def save(self, path: Path) -> None:
+        """Written whole or not at all: a temporary file renamed into place."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"index_xxh64": self.index_xxh64}))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> WrittenPart | None:
+        """The marker's record, or None when it is missing or is not one (a marker of an older layout)."""
+        try:
+            return cls(str(json.loads(path.read_text())["index_xxh64"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def written_part_problem(output: str, buckets_dir: str, part: int, hash_shards: bool) -> str | None:
+    """None when the part under ``output`` is the one its marker describes; else what differs, in a few
+    words. The part's ``index.json`` must hash to the marker's record, and every shard it lists must
+    exist with its recorded size and (``hash_shards``: read back, for a local output) its xxh64."""
+    marker = WrittenPart.load(marker_path(buckets_dir, part))
+    if marker is None:
+        return "its marker records no index hash"
+    where = storage_join(output, part_name(part))
+    try:
+        data = storage.read_bytes(storage_join(where, "index.json"))
+    except (FileNotFoundError, OSError):
+        return f"{where}/index.json is missing"
+    if xxhash.xxh64(data).hexdigest() != marker.index_xxh64:
+        return f"{where}/index.json is not the index this job wrote"
+    try:
+        shards = check_index(data, f"{where}/index.json")
+    except ManifestError as error:
+        return str(error)
+    fs, root = storage.filesystem(where)
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    sizes = {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
+    for shard in shards:
+        raw = shard["raw_data"]
+        name = raw["basename"]
+        if sizes.get(name) != raw["bytes"]:
+            return f"{where}/{name} is missing or not {raw['bytes']} bytes"
+        if hash_shards and file_hash(storage_join(where, name)) != raw.get("hashes", {}).get(HASH_ALGO):
+            return f"{where}/{name} does not have the {HASH_ALGO} hash this job wrote"
+    return None
 
 
 def merge_part_indexes(output: str, n_parts: int) -> bytes:
