@@ -1,0 +1,169 @@
+"""``measure.Points``: a CPU benchmark's points run one at a time, a failed one once more, and the JSON
+rewritten after each, so one failed run no longer throws away the points already measured.
+
+The benchmark-level tests run a benchmark's own point functions with the expensive part (the
+training runs, the planner) replaced or failing on purpose, and read the JSON the benchmark wrote.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    """Import a benchmark script as its own directory would (``from measure import ...``)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+    def load(name: str) -> ModuleType:
+        return importlib.import_module(name)
+
+    return load
+
+
+# ------------------------------------------------------------------------------------------ Points
+
+
+def test_a_point_that_fails_once_is_retried_and_the_failure_recorded(bench, tmp_path: Path) -> None:
+    measure = bench("measure")
+    out = tmp_path / "r.json"
+    done: list[int] = []
+    seen_on_disk: list[list[int]] = []
+    tries = {"b": 0}
+
+    def point(value: int) -> int:
+        seen_on_disk.append(json.loads(out.read_text())["values"] if out.exists() else [])
+        if value == 2:
+            tries["b"] += 1
+            if tries["b"] == 1:
+                raise RuntimeError("rank 1 aborted\nmore lines")
+        return value
+
+    points = measure.Points("bench_x", out, lambda: {"values": list(done)})
+    for label, value in (("a", 1), ("b", 2), ("c", 3)):
+        assert points.run(label, point, value, keep=done.append) == value
+    final = points.save(final=True)
+    assert seen_on_disk == [[], [1], [1], [1, 2]]  # each point saw the previous ones on disk
+    assert json.loads(out.read_text()) == final
+    assert final["values"] == [1, 2, 3] and final["complete"] is True and points.exit_code() == 0
+    assert final["points_done"] == ["a", "b", "c"] and final["points_failed"] == []
+    assert final["points_retried"] == ["b"]
+    (failure,) = final["failures"]
+    assert failure["point"] == "b" and failure["attempt"] == 1 and failure["then"] == "retried"
+    assert failure["error"].startswith("RuntimeError") and "rank 1 aborted" in failure["error"]
+
+
+def test_a_point_that_fails_twice_is_given_up_and_the_others_still_run(bench, tmp_path: Path) -> None:
+    measure = bench("measure")
+    out = tmp_path / "r.json"
+    done: list[str] = []
+
+    def point(label: str) -> str:
+        if label == "b":
+            raise ValueError(f"{label} broke")
+        return label
+
+    points = measure.Points("bench_x", out, lambda: {"values": list(done), "nested": {"target_met": True}})
+    for label in ("a", "b", "c"):
+        points.run(label, point, label, keep=done.append)
+    after_failure = json.loads(out.read_text())
+    assert after_failure["values"] == ["a", "c"] and after_failure["complete"] is False
+    final = points.save(final=True)
+    assert final["complete"] is False and points.exit_code() == 1
+    assert final["points_failed"] == ["b"] and final["points_done"] == ["a", "c"]
+    assert [(f["attempt"], f["then"]) for f in final["failures"]] == [(1, "retried"), (2, "gave up")]
+
+
+def test_an_interrupt_is_not_retried(bench, tmp_path: Path) -> None:
+    points = bench("measure").Points("bench_x", tmp_path / "r.json", dict)
+    calls = []
+
+    def point() -> None:
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        points.run("a", point)
+    assert calls == [1]
+
+
+def test_a_report_that_cannot_be_built_from_partial_points_still_saves_the_status(bench, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    points = bench("measure").Points("bench_x", out, lambda: {"ratio": 1 / 0})
+    points.run("a", lambda: 1)
+    saved = json.loads(out.read_text())
+    assert saved["points_done"] == ["a"] and "ZeroDivisionError" in saved["report_error"]
+
+
+def test_a_failed_measured_command_is_a_failed_point_not_the_end(bench) -> None:
+    """``run_measured`` once raised SystemExit, which no point retry catches."""
+    measure = bench("measure")
+    with pytest.raises(measure.CommandFailed, match="false failed"):
+        measure.run_measured(["false"], "false")
+
+
+# ------------------------------------------------------------------------------------------ bench_pec
+
+
+def fake_report(label: str, steps: int) -> dict[str, Any]:
+    """A ``bubbles.json`` as ``bench_pec.run_point`` reads it (figures made up)."""
+    comm = {"none": 10.0, "pec": 0.5, "torchrec": 12.0}[label]
+    line = {"embedding_comm_ms": comm, "embedding_comm_ol_ms": comm / 2, "embedding_comm_nol_ms": comm / 2,
+            "embedding_comm_pct": 10.0, "batch_overlap_rate": {"item": 0.05}}  # fmt: skip
+    summary = {"step_ms": 100.0, "samples_per_s": 50.0, "exposed_comm_pct": 10.0, "straggler_pct": 2.0,
+               "embedding_comm": {"embedding_comm_ms": comm}}  # fmt: skip
+    steps_lines = [{**line, "step": step, "loss": 1.0 / (step + 1)} for step in range(steps)]
+    return {"pipeline": label, "summary": summary, "steps": steps_lines}
+
+
+@pytest.mark.parametrize("torchrec_failures", [1, 2])
+def test_bench_pec_keeps_finished_points_when_a_run_fails(
+    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torchrec_failures: int
+) -> None:
+    """The reported case: the TorchRec run of a later point fails (a rank aborted at exit). Once: the
+    point is run again and the JSON records the retry. Twice: the point is recorded as failed, the
+    sweep goes on, the earlier point stays in the JSON and the target is not met."""
+    bench_pec = bench("bench_pec")
+    out = tmp_path / "pec.json"
+    on_disk: list[int] = []
+    failures = {"left": torchrec_failures}
+
+    def train(config: str, engine: str, run_out: Path, cwd: Path) -> dict[str, Any]:
+        label = run_out.name.rsplit("-", 1)[1]  # zipf<z>-rows<n>-<label>
+        if "-rows500-" in run_out.name:  # the quick sweep's second point
+            on_disk.append(len(json.loads(out.read_text())["points"]))
+            if label == "torchrec" and failures["left"]:
+                failures["left"] -= 1
+                raise RuntimeError("torchrec run failed:\nterminate called without an active exception")
+        return {**fake_report(label, 8), "wall_s": 1.0}
+
+    monkeypatch.setattr(bench_pec, "prepare_point", lambda s, zipf, work: str(work / f"prepared-zipf{zipf}"))
+    monkeypatch.setattr(bench_pec, "train", train)
+    monkeypatch.setattr(bench_pec, "plot", lambda points, path: None)
+    monkeypatch.setattr(sys, "argv", ["bench_pec.py", "--quick", "--out", str(out), "--work", str(tmp_path / "w")])
+    code = bench_pec.main()
+    report = json.loads(out.read_text())
+    assert on_disk and set(on_disk) == {1}  # the first point was on disk while the second ran
+    labels = ["zipf 0.5, table rows 200000", "zipf 1.1, table rows 500"]
+    assert report["failures"][0]["point"] == labels[1] and "terminate called" in report["failures"][0]["error"]
+    if torchrec_failures == 1:
+        assert code == 0 and report["complete"] is True
+        assert [p["table_rows"] for p in report["points"]] == [200_000, 500]
+        assert report["points_retried"] == [labels[1]] and report["points_failed"] == []
+        assert [f["then"] for f in report["failures"]] == ["retried"]
+        assert report["verdict"]["target_met"] is True
+    else:
+        assert code == 1 and report["complete"] is False
+        assert [p["table_rows"] for p in report["points"]] == [200_000]
+        assert report["points_failed"] == [labels[1]] and report["points_done"] == [labels[0]]
+        assert [f["then"] for f in report["failures"]] == ["retried", "gave up"]
+        assert report["verdict"]["target_met"] is False and report["verdict"]["points_failed"] == 1
