@@ -167,3 +167,79 @@ def test_bench_pec_keeps_finished_points_when_a_run_fails(
         assert report["points_failed"] == [labels[1]] and report["points_done"] == [labels[0]]
         assert [f["then"] for f in report["failures"]] == ["retried", "gave up"]
         assert report["verdict"]["target_met"] is False and report["verdict"]["points_failed"] == 1
+
+
+# ------------------------------------------------------------------------------------------ bench_balance
+
+
+def test_bench_balance_retries_a_failed_point_with_the_real_planner(bench, tmp_path: Path, monkeypatch) -> None:
+    """The real points (``--small``: G = 4 and 16, both modes, the lognormal shape), the planner of
+    one point failing on its first try."""
+    bench_balance = bench("bench_balance")
+    out = tmp_path / "balance.json"
+    real, calls = bench_balance.bench_one, []
+
+    def bench_one(costs, s, g, mode):
+        calls.append((g, mode))
+        if (g, mode) == (16, "free_count") and calls.count((g, mode)) == 1:
+            assert len(json.loads(out.read_text())["results"]) == 3  # the earlier points are on disk
+            raise MemoryError("planner ran out of memory")
+        return real(costs, s, g, mode)
+
+    monkeypatch.setattr(bench_balance, "bench_one", bench_one)
+    monkeypatch.setattr(bench_balance, "plot", lambda rows, path: None)
+    assert bench_balance.main(["--small", "--shapes", "lognormal", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(r["group_size"], r["mode"]) for r in report["results"]] == [
+        (4, "equal_count"), (16, "equal_count"), (4, "free_count"), (16, "free_count"),
+    ]  # fmt: skip
+    assert report["complete"] is True and report["points_retried"] == ["lognormal G=16 free_count"]
+    assert report["failures"][0]["error"].startswith("MemoryError") and report["failures"][0]["then"] == "retried"
+
+
+# ------------------------------------------------------------------------------------------ bench_bubbles
+
+
+def test_bench_bubbles_pools_the_repeats_that_ran_and_records_the_one_that_did_not(
+    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two interleaved repeats; TorchRec's planned run fails both tries in repeat 1: its row pools
+    repeat 0 alone, the failure is in the JSON, the exit status says so."""
+    bench_bubbles = bench("bench_bubbles")
+    out = tmp_path / "bubbles.json"
+    tries: dict[tuple[str, str, int], int] = {}
+
+    def one_run(s, work, data, engine, variant, repeat, steps, engine_extra=None, label=None):
+        key = (engine, variant, repeat)
+        tries[key] = tries.get(key, 0) + 1
+        if key == ("torchrec", "planned", 1):
+            raise RuntimeError("torchrec run failed:\nterminate called without an active exception")
+        straggler = {"random": 20.0, "planned": 2.0, "identical": 1.0}[variant]
+        per_step = {"straggler_pct": [straggler], "exposed_comm_pct": [1.0], "samples_per_s": [10.0],
+                    "imbalance": [0.0]}  # fmt: skip
+        return {"run": f"{engine}/{variant}", "engine": engine, "data": variant, "pipeline": engine, "wall_s": 1.0,
+                "steps": 10, "step_ms": 100.0, "samples_per_s": 10.0, "compute_pct": 80.0, "data_pct": 1.0,
+                "straggler_pct": straggler, "exposed_comm_pct": 1.0, "bubble_pct": straggler + 1.0,
+                "untimed_pct": 0.0, "median_step_straggler_pct": straggler, "per_step": per_step,
+                "stage_ms": {"forward": 10.0}, "predicted_straggler_pct_w2": 0.0, "timeline": "/tmp/x.png"}  # fmt: skip
+
+    class Dataset:  # the reader, never read: full_group_steps is replaced
+        def __init__(self, path: str) -> None:
+            pass
+
+    import freescale.pipeline.reader
+
+    data = {"datasets": {k: {"path": k, "predicted_straggler_pct_w2": 0.0} for k in ("random", "planned")}}
+    monkeypatch.setattr(bench_bubbles, "make_data", lambda s, work: data)
+    monkeypatch.setattr(bench_bubbles, "full_group_steps", lambda dataset, group_size: 8)
+    monkeypatch.setattr(freescale.pipeline.reader, "PreparedDataset", Dataset)
+    monkeypatch.setattr(bench_bubbles, "one_run", one_run)
+    monkeypatch.setattr(bench_bubbles, "plot", lambda report, path: None)
+    code = bench_bubbles.main(["--repeats", "2", "--out", str(out), "--work", str(tmp_path / "w")])
+    report = json.loads(out.read_text())
+    assert code == 1 and report["complete"] is False
+    assert tries[("torchrec", "planned", 1)] == 2 and report["points_failed"] == ["torchrec/planned repeat 1"]
+    by = {r["run"]: r for r in report["runs"]}
+    assert by["torchrec/planned"]["repeats"] == 1 and by["freescale/planned"]["repeats"] == 2
+    assert all("timeline" not in r for r in report["runs"])
+    assert report["comparisons"]["targets"]["straggler_reduction"]["target_met"] is True
