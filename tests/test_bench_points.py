@@ -243,3 +243,35 @@ def test_bench_bubbles_pools_the_repeats_that_ran_and_records_the_one_that_did_n
     assert by["torchrec/planned"]["repeats"] == 1 and by["freescale/planned"]["repeats"] == 2
     assert all("timeline" not in r for r in report["runs"])
     assert report["comparisons"]["targets"]["straggler_reduction"]["target_met"] is True
+
+
+# ------------------------------------------------------------------------------------------ sim_hosts
+
+
+def test_bench_simulate_hosts_caps_are_points_of_the_same_record(
+    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_simulate's 2-host part: each cap (probes, none and pec runs) is a point of bench_simulate's
+    ``Points``: a cap failing once is measured again, one failing twice is left out and recorded."""
+    import contextlib
+
+    import freescale.tools.hosts
+
+    sim_hosts, measure = bench("sim_hosts"), bench("measure")
+    tries: dict[float | None, int] = {}
+
+    def measure_cap(hosts, s, data, cap, work, payload, spec):
+        tries[cap] = tries.get(cap, 0) + 1
+        if cap == 200.0 or (cap is None and tries[cap] == 1):
+            raise RuntimeError(f"pec run over the {cap} link failed")
+        return {"cap_mbit": cap, "link": {}, "runs": {}}
+
+    monkeypatch.setattr(freescale.tools.hosts, "two_hosts", lambda: contextlib.nullcontext([]))
+    monkeypatch.setattr(sim_hosts, "contention_spec", lambda *args: {})
+    monkeypatch.setattr(sim_hosts, "measure_cap", measure_cap)
+    points = measure.Points("bench_simulate", tmp_path / "sim.json", dict)
+    rows = sim_hosts.measure(None, "data", [None, 200.0, 50.0], tmp_path, {}, 0.1, points)
+    assert [r["cap_mbit"] for r in rows] == [None, 50.0] and tries == {None: 2, 200.0: 2, 50.0: 1}
+    saved = json.loads((tmp_path / "sim.json").read_text())
+    assert saved["points_retried"] == ["hosts link 200mbit", "hosts link uncapped"]
+    assert saved["points_failed"] == ["hosts link 200mbit"]
