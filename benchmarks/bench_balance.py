@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from measure import write_result
+from measure import Points
 
 from freescale.pipeline.balance import BalanceConfig, plan_step_groups
 from freescale.pipeline.balance.report import straggler_floor_pct
@@ -286,9 +286,9 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path | None]:
     return s, out
 
 
-def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def judge(rows: list[dict[str, Any]], failed: int = 0) -> dict[str, Any]:
     """One ``target_met`` per (shape, mode, G ∈ 8, 64, 256) at k = 32, plus the paper's random ≥ 50%
-    on the equal-count lognormal rows; ``pass`` = every feasible target met."""
+    on the equal-count lognormal rows; ``pass`` = every feasible target met and no point ``failed``."""
     judged = [r for r in rows if r["group_size"] in TARGET_GROUP_SIZES and r["micro_batch_size"] == 32]
     items = []
     for r in judged:
@@ -313,8 +313,24 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "items": items,
         "met": sum(t["target_met"] for t in items),
         "infeasible": [f"{t['shape']}/{t['mode']}/G={t['group_size']}" for t in items if not t["feasible"]],
-        "pass": bool(feasible) and all(t["target_met"] for t in feasible),
+        "points_failed": failed,
+        "pass": bool(feasible) and not failed and all(t["target_met"] for t in feasible),
     }
+
+
+def balance_point(costs: np.ndarray, s: Settings, g: int, mode: str, shape: str) -> dict[str, Any]:
+    """One row of the table: ``bench_one`` on a shape's costs, printed as it finishes."""
+    row = bench_one(costs, s, g, mode)
+    row.update(shape=shape, micro_batch_size=s.micro_batch_size)
+    st = row["strategies"]
+    pct = {k: v["straggler_pct"] for k, v in st.items()}
+    print(
+        f"{shape} G={g:>4} {mode}: random {pct['random']:.2f}%  within_step {pct['within_step']:.2f}%  "
+        f"plan {pct['planned']:.4f}% (floor {row['straggler_pct_floor']:.2f}%, "
+        f"{st['planned']['n_step_groups']} groups, planner {st['planned']['runtime_s']:.2f} s)",
+        flush=True,
+    )
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +339,26 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_balance: {e}", file=sys.stderr)
         return 2
-    rows, cost_info = [], {}
+    rows: list[dict[str, Any]] = []
+    cost_info: dict[str, Any] = {}
+
+    def report() -> dict[str, Any]:
+        return {
+            "benchmark": "bench_balance",
+            "environment": {
+                "python": platform.python_version(),
+                "numpy": np.__version__,
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+            },
+            "settings": asdict(s),
+            "cost_model": cost_info,
+            "design_reference_pct": DESIGN_REFERENCE,
+            "results": rows,
+            "targets": judge(rows, len(recorder.failed)),
+        }
+
+    recorder = Points("bench_balance", out, report)
     for shape in s.shapes:
         costs, cost_info[shape] = make_costs(s, shape)
         info = cost_info[shape]
@@ -331,45 +366,20 @@ def main(argv: list[str] | None = None) -> int:
               f"b={info['b']:.4g}), lengths {info['lengths']}")  # fmt: skip
         for mode in s.modes:
             for g in s.group_sizes:
-                row = bench_one(costs, s, g, mode)
-                row.update(shape=shape, micro_batch_size=s.micro_batch_size)
-                st = row["strategies"]
-                pct = {k: v["straggler_pct"] for k, v in st.items()}
-                print(
-                    f"{shape} G={g:>4} {mode}: random {pct['random']:.2f}%  within_step {pct['within_step']:.2f}%  "
-                    f"plan {pct['planned']:.4f}% (floor {row['straggler_pct_floor']:.2f}%, "
-                    f"{st['planned']['n_step_groups']} groups, planner {st['planned']['runtime_s']:.2f} s)",
-                    flush=True,
-                )
-                rows.append(row)
+                recorder.run(f"{shape} G={g} {mode}", balance_point, costs, s, g, mode, shape, keep=rows.append)
     print_table(rows)
-    targets = judge(rows)
+    targets = recorder.save(final=True)["targets"]
     verdict = "pass" if targets["pass"] else "FAIL"
     if not targets["evaluated"]:
         verdict = "not evaluated (needs G in 8, 64, 256 and k = 32)"
     print(f"targets (plan <= {TARGET_PLAN_PCT}% per shape/mode/G, random >= {TARGET_RANDOM_PCT}% on "
           f"equal-count lognormal): {targets['met']}/{len(targets['items'])} met; "
           f"infeasible (floor > 1%): {targets['infeasible'] or 'none'}; feasible ones: {verdict}")  # fmt: skip
-    report = {
-        "benchmark": "bench_balance",
-        "environment": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-        },
-        "settings": asdict(s),
-        "cost_model": cost_info,
-        "design_reference_pct": DESIGN_REFERENCE,
-        "results": rows,
-        "targets": targets,
-    }
     if out is not None:
-        write_result(out, report)
         png = out.with_suffix(".png")
         plot(rows, png)
         print(f"wrote {out} and {png}")
-    return 0 if targets["pass"] or not targets["evaluated"] else 1
+    return 0 if (targets["pass"] or not targets["evaluated"]) and not recorder.failed else 1
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from measure import FREESCALE, write_result
+from measure import FREESCALE, Points
 
 from freescale.trainer.config import write_run_toml
 
@@ -308,25 +308,38 @@ def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_all(s: Settings, work: Path, runs: tuple[tuple[str, str], ...], repeats: int) -> dict[str, Any]:
+def run_all(
+    s: Settings, work: Path, runs: tuple[tuple[str, str], ...], repeats: int, out: Path | None
+) -> dict[str, Any]:
+    """Every (engine, variant) run ``repeats`` times, interleaved, each one a ``Points`` point (the
+    JSON at ``out`` rewritten after each); returns the final report."""
     data = make_data(s, work)
     from freescale.pipeline.reader import PreparedDataset
 
     epoch = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
     steps = s.steps or epoch
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {run: [] for run in runs}
+
+    def report() -> dict[str, Any]:
+        pooled = [pool(rows[run]) for run in runs if rows[run]]  # a run whose every repeat failed is left out
+        for row in pooled:
+            row.pop("timeline", None)  # a temp file
+        result = {"settings": asdict(s), "steps_per_run": steps, "epoch_steps": epoch, "repeats": repeats, **data,
+                  "runs": pooled}  # fmt: skip
+        result["comparisons"] = comparisons(result)
+        result["machine"] = machine()
+        return result
+
+    recorder = Points("bench_bubbles", out, report)
     for repeat in range(repeats):  # interleaved: load drift on a shared host hits every variant alike
         for engine, variant in runs:
-            rows[(engine, variant)].append(one_run(s, work, data, engine, variant, repeat, steps))
-    results = [pool(rows[run]) for run in runs]
-    return {
-        "settings": asdict(s),
-        "steps_per_run": steps,
-        "epoch_steps": epoch,
-        "repeats": repeats,
-        **data,
-        "runs": results,
-    }
+            recorder.run(f"{engine}/{variant} repeat {repeat}", one_run, s, work, data, engine, variant, repeat,
+                         steps, keep=rows[(engine, variant)].append)  # fmt: skip
+    return recorder.save(final=True)
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
 def comparisons(report: dict[str, Any]) -> dict[str, Any]:
@@ -440,18 +453,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def publish(report: dict[str, Any], out: Path | None, table: Any, plot: Any) -> None:
-    """Print ``table(report)``; with ``out``, write the JSON (run timelines left out: they name temp
-    files) and ``plot`` it beside as PNG. Shared with bench_online."""
-    report["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+def publish(report: dict[str, Any], out: Path | None, table: Any, plot: Any) -> int:
+    """Print ``table(report)``; with ``out`` (the JSON is already there: ``Points``), ``plot`` it
+    beside as PNG. Returns the exit status: 1 when some point failed for good. Shared with bench_online."""
     print(table(report))
-    if out is None:
-        return
-    for r in report["runs"]:
-        r.pop("timeline", None)
-    write_result(out, report)
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    if out is not None:
+        plot(report, out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 1 if report["points_failed"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,11 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_bubbles-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        report = run_all(s, work, runs, 1 if args.quick else args.repeats)
-        report["comparisons"] = comparisons(report)
         out = Path(args.out) if args.out else (None if args.quick else RESULTS)
-        publish(report, out, table, plot)
-    return 0
+        report = run_all(s, work, runs, 1 if args.quick else args.repeats, out)
+        return publish(report, out, table, plot)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_pec import ENGINES, Settings, machine, prepare_point, steady_figures, steady_state, write_config
-from measure import FREESCALE, write_result
+from measure import FREESCALE, Points
 
 from freescale.tools.hosts import HostsUnavailableError, cap_bandwidth, train_on_hosts, two_hosts
 
@@ -95,33 +95,48 @@ def one_run(hosts: list, s: Settings, data: str, rows: int, label: str, engine: 
     }
 
 
-def run_caps(s: Settings, caps: list[float | None], work: Path) -> list[dict[str, Any]]:
+def cap_point(hosts: list, s: Settings, data: str, rows: int, cap: float | None, work: Path) -> dict[str, Any]:
+    """One link cap: the link capped, then none, PEC and TorchRec trained over it."""
+    cap_bandwidth(hosts, cap)
+    runs = {label: one_run(hosts, s, data, rows, label, engine, overlap, cap, work)
+            for label, engine, overlap in ENGINES}  # fmt: skip
+    none, pec = runs["none"]["embedding_comm_ms"], runs["pec"]["embedding_comm_ms"]
+    hideable = min(none, runs["none"]["compute_ms"])
+    return {
+        "hideable_ms": hideable,
+        "hidden_share": (none - pec) / hideable if hideable > 0 else None,
+        "cap_mbit": cap,
+        "runs": runs,
+        "batch_overlap_rate": runs["pec"].get("batch_overlap_rate", {}).get("item"),
+        "pec_over_none": pec / none if none > 0 else None,
+        "pec_cut_pct": 100.0 * (1 - pec / none) if none > 0 else None,
+        "losses_identical_pec_none": runs["pec"]["losses"] == runs["none"]["losses"],
+    }
+
+
+def run_caps(s: Settings, caps: list[float | None], work: Path, out: Path | None) -> dict[str, Any]:
+    """Every cap a ``Points`` point (the JSON at ``out`` rewritten after each); returns the final report."""
     zipf, rows = s.points[0]
     data = prepare_point(s, zipf, work)
-    settings_rows = []
+    measured: list[dict[str, Any]] = []
+
+    def report() -> dict[str, Any]:
+        written = [{**r, "runs": {k: {f: v for f, v in run.items() if f != "losses"} for k, run in r["runs"].items()}}
+                   for r in measured]  # fmt: skip
+        return {"settings": asdict(s), "caps_mbit": caps, "rows": written,
+                "verdict": verdict(measured, len(recorder.failed)), "machine": machine()}  # fmt: skip
+
+    recorder = Points("bench_network", out, report)
     with two_hosts() as hosts:
         for i, cap in enumerate(caps):
-            cap_bandwidth(hosts, cap)
             name = "uncapped" if cap is None else f"{cap:g} Mbit/s"
             print(f"[{i + 1}/{len(caps)}] link {name}", flush=True)
-            runs = {label: one_run(hosts, s, data, rows, label, engine, overlap, cap, work)
-                    for label, engine, overlap in ENGINES}  # fmt: skip
-            none, pec = runs["none"]["embedding_comm_ms"], runs["pec"]["embedding_comm_ms"]
-            hideable = min(none, runs["none"]["compute_ms"])
-            settings_rows.append({
-                "hideable_ms": hideable,
-                "hidden_share": (none - pec) / hideable if hideable > 0 else None,
-                "cap_mbit": cap,
-                "runs": runs,
-                "batch_overlap_rate": runs["pec"].get("batch_overlap_rate", {}).get("item"),
-                "pec_over_none": pec / none if none > 0 else None,
-                "pec_cut_pct": 100.0 * (1 - pec / none) if none > 0 else None,
-                "losses_identical_pec_none": runs["pec"]["losses"] == runs["none"]["losses"],
-            })  # fmt: skip
-    return settings_rows
+            recorder.run(f"link {name}", cap_point, hosts, s, data, rows, cap, work, keep=measured.append)
+    return recorder.save(final=True)
 
 
-def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def verdict(rows: list[dict[str, Any]], failed: int = 0) -> dict[str, Any]:
+    """The target at every cap measured; a ``failed`` cap leaves it not met."""
     ok = [r["hidden_share"] is not None and r["hidden_share"] >= TARGET_HIDDEN_SHARE for r in rows]
     same = all(r["losses_identical_pec_none"] for r in rows)
     return {
@@ -130,7 +145,8 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "hidden_share_by_cap": {str(r["cap_mbit"]): r["hidden_share"] for r in rows},
         "pec_over_none_by_cap": {str(r["cap_mbit"]): r["pec_over_none"] for r in rows},
         "losses_identical_everywhere": same,
-        "target_met": all(ok) and same,
+        "caps_failed": failed,
+        "target_met": bool(rows) and all(ok) and same and not failed,
     }
 
 
@@ -200,23 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     s = network_settings(args.quick)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_network-"))
     work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     try:
-        rows = run_caps(s, caps, work)
+        result = run_caps(s, caps, work, out)
     except HostsUnavailableError as error:
         print(f"bench_network: {error}", file=sys.stderr)
         return 2
-    print(table(rows))
-    result = {"settings": asdict(s), "caps_mbit": caps, "rows": rows, "verdict": verdict(rows), "machine": machine()}
+    print(table(result["rows"]))
     print(json.dumps(result["verdict"], indent=1))
-    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if out is not None:
-        for r in rows:
-            for run in r["runs"].values():
-                run.pop("losses", None)
-        write_result(out, result)
-        plot(rows, out.with_suffix(".png"))
+        plot(result["rows"], out.with_suffix(".png"))
         print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 0
+    return 1 if result["points_failed"] else 0
 
 
 if __name__ == "__main__":

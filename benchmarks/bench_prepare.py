@@ -49,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import FREESCALE, ensure_preset, run_measured, write_result
+from measure import FREESCALE, Points, ensure_preset, run_measured
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the attached arm's cluster: the Ray tests' helper
@@ -209,7 +209,7 @@ def vs_local(ratio: float, side: dict) -> str:
 
 
 def ray_result(result: dict, runs: list[dict], events: int) -> None:
-    """Both Ray arms against the local engine: a side-by-side table, ratios, per-role RSS, tasks' throughput."""
+    """Both Ray arms against the local engine: medians, ratios, per-role RSS, tasks' throughput."""
     local = arm(runs, "prepare", events)
     cold, attached = ray_arm(runs, "ray", local, events), ray_arm(runs, "ray_attached", local, events)
     result["local_engine"], result["ray"], result["ray_attached"] = local, cold, attached
@@ -222,6 +222,11 @@ def ray_result(result: dict, runs: list[dict], events: int) -> None:
     targets["ray_throughput_ratio_ge_0.7"] = attached["throughput_ratio_vs_local"] >= 0.7
     targets["ray_cold_start_throughput_ratio_ge_0.7"] = cold["throughput_ratio_vs_local"] >= 0.7
     targets["ray_peak_rss_under_limit"] = cold["peak_rss_bytes"] < limit
+
+
+def print_ray(result: dict) -> None:
+    """The side-by-side table of the local engine and both Ray arms (``ray_result``'s figures)."""
+    local, cold, attached = result["local_engine"], result["ray"], result["ray_attached"]
     sides = (local, cold, attached)
     print_row("engine on this host", ["local", "ray, own runtime", "ray, attached"])
     print_row("wall time (s)", [f"{s['wall_s']:.1f}" + vs_local(s["wall_s"] / local["wall_s"], s) for s in sides])
@@ -243,43 +248,19 @@ def ray_result(result: dict, runs: list[dict], events: int) -> None:
         print(f"  same manifest as local apart from the engine field: {side['manifest_identical_but_engine']}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="large")
-    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "freescale-bench-data"))
-    parser.add_argument("--memory-limit", default="2GB")
-    parser.add_argument(
-        "--repeat", type=int, default=3, help="interleaved runs of each (default 3); medians are compared"
-    )
-    parser.add_argument("--out", default=str(RESULTS / "bench_prepare.json"))
-    parser.add_argument("--no-ray", dest="ray", action="store_false", help="skip the --engine ray arms")
-    args = parser.parse_args()
-    if args.repeat < 1:
-        raise SystemExit("--repeat must be >= 1")
+def one_round(sources: Path, work: Path, memory_limit: str, ray: bool) -> dict:
+    """One interleaved round: the baseline, prepare, and (with ``ray``) both Ray arms."""
+    base = run_baseline(sources, work)
+    ours = run_prepare(sources, work, memory_limit)
+    cold = run_prepare(sources, work, memory_limit, "ray") if ray else None
+    attached = run_attached(sources, work, memory_limit) if ray else None
+    return {"baseline": base, "prepare": ours, "ray": cold, "ray_attached": attached}
 
-    data = ensure_preset(args.preset, args.data_dir)
-    sources = data / "sources.toml"
-    work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
-    runs = []
-    try:
-        for i in range(args.repeat):  # interleaved, so a slow spell of the machine hits every side
-            base = run_baseline(sources, work)
-            ours = run_prepare(sources, work, args.memory_limit)
-            ray = run_prepare(sources, work, args.memory_limit, "ray") if args.ray else None
-            attached = run_attached(sources, work, args.memory_limit) if args.ray else None
-            runs.append({"baseline": base, "prepare": ours, "ray": ray, "ray_attached": attached})
-            ratio = base["wall_s"] / ours["wall_s"]
-            print(
-                f"run {i + 1}/{args.repeat}: baseline {base['wall_s']:.1f} s, prepare {ours['wall_s']:.1f} s "
-                f"(ratio {ratio:.2f}), prepare peak RSS {ours['peak_rss_bytes'] / 2**20:,.0f} MB"
-                + (f"; ray {ray['wall_s']:.1f} s, attached {attached['wall_s']:.1f} s" if ray and attached else "")
-            )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
-    from freescale.pipeline.config import parse_size
-
-    limit = parse_size(args.memory_limit, "--memory-limit")
+def summarize(args: argparse.Namespace, runs: list[dict], limit: int) -> dict:
+    """The report of the rounds run so far (medians, peaks, ratios, targets); no round: targets not met."""
+    if not runs:
+        return {"preset": args.preset, "repeat": args.repeat, "rounds": 0, "target_met": False}
     manifest = runs[-1]["prepare"]["manifest"]
     events = manifest["rows"]["events_read"]
     base_wall = statistics.median(run["baseline"]["wall_s"] for run in runs)
@@ -292,6 +273,7 @@ def main() -> None:
         "environment": {"cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0]},
         "events": events,
         "repeat": args.repeat,
+        "rounds": len(runs),
         "baseline": {
             "wall_s": base_wall,
             "events_per_s": events_baseline / base_wall,
@@ -317,22 +299,70 @@ def main() -> None:
         "throughput_ratio_ge_0.5": ratio >= 0.5,
         "peak_rss_under_limit": ours_rss < limit,
     }
-    print(f"\nmedian of {args.repeat} interleaved runs; peak RSS is the largest of any run")
+    if args.ray:
+        ray_result(result, runs, events)
+    result["target_met"] = result["targets"]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="large")
+    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "freescale-bench-data"))
+    parser.add_argument("--memory-limit", default="2GB")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="interleaved runs of each (default 3); medians are compared"
+    )
+    parser.add_argument("--out", default=str(RESULTS / "bench_prepare.json"))
+    parser.add_argument("--no-ray", dest="ray", action="store_false", help="skip the --engine ray arms")
+    args = parser.parse_args()
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
+    from freescale.pipeline.config import parse_size
+
+    limit = parse_size(args.memory_limit, "--memory-limit")
+    data = ensure_preset(args.preset, args.data_dir)
+    sources = data / "sources.toml"
+    work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
+    runs: list[dict] = []
+    recorder = Points("bench_prepare", Path(args.out), lambda: summarize(args, runs, limit))
+    try:
+        for i in range(args.repeat):  # interleaved, so a slow spell of the machine hits every side
+            one = recorder.run(
+                f"round {i + 1}", one_round, sources, work, args.memory_limit, args.ray, keep=runs.append
+            )
+            if one is None:
+                continue
+            base, ours, ray, attached = one["baseline"], one["prepare"], one["ray"], one["ray_attached"]
+            print(
+                f"run {i + 1}/{args.repeat}: baseline {base['wall_s']:.1f} s, prepare {ours['wall_s']:.1f} s "
+                f"(ratio {base['wall_s'] / ours['wall_s']:.2f}), prepare peak RSS "
+                f"{ours['peak_rss_bytes'] / 2**20:,.0f} MB"
+                + (f"; ray {ray['wall_s']:.1f} s, attached {attached['wall_s']:.1f} s" if ray and attached else "")
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = recorder.save(final=True)
+    print(f"wrote {args.out}")
+    if not runs:
+        print("every round failed: see failures in the JSON")
+        return 1
+    base_wall, ours_wall = result["baseline"]["wall_s"], result["prepare"]["wall_s"]
+    base_rss, ours_rss = result["baseline"]["peak_rss_bytes"], result["prepare"]["peak_rss_bytes"]
+    print(f"\nmedian of {len(runs)} interleaved runs; peak RSS is the largest of any run")
     print(f"{'':24}{'baseline (polars)':>20}{'freescale prepare':>20}{'ratio':>10}")
     print(f"{'wall time (s)':24}{base_wall:>20.1f}{ours_wall:>20.1f}{ours_wall / base_wall:>10.2f}")
     print(
         f"{'events/s':24}{result['baseline']['events_per_s']:>20,.0f}{result['prepare']['events_per_s']:>20,.0f}"
-        f"{ratio:>10.2f}"
+        f"{result['throughput_ratio']:>10.2f}"
     )
     rss_ratio = ours_rss / max(base_rss, 1)
     print(f"{'peak RSS (MB)':24}{base_rss / 2**20:>20,.0f}{ours_rss / 2**20:>20,.0f}{rss_ratio:>10.2f}")
     if args.ray:
-        ray_result(result, runs, events)
-    result["target_met"] = result["targets"]
+        print_ray(result)
     print(f"memory limit {limit / 2**20:,.0f} MB; targets: {result['targets']}")
-    write_result(Path(args.out), result)
-    print(f"wrote {args.out}")
+    return recorder.exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from measure import FREESCALE, write_result
+from measure import FREESCALE, Points
 
 from freescale.trainer.config import write_run_toml
 
@@ -206,6 +206,16 @@ def print_table(rows: list[dict[str, Any]], k: int, popular: dict[str, dict[str,
         print(f"{row['model']:32} {' '.join(cells)} {epochs} {wall} {params} {ratio}")
 
 
+def quality_point(
+    s: Settings, data: str, work: Path, architecture: str, loss: str, steps_per_epoch: int
+) -> dict[str, Any]:
+    """One variant trained on 2 ranks: its table row."""
+    name = f"{architecture}-{loss}"
+    config = write_config(work / f"{name}.toml", s, data, work / name, architecture, loss, steps_per_epoch)
+    result = train(config, work, steps_per_epoch)
+    return {"model": f"{architecture} {loss} (2 ranks)", "dense_params": dense_params(s, architecture), **result}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -223,46 +233,49 @@ def main(argv: list[str] | None = None) -> int:
         s = replace(s, epochs=args.epochs)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     variants = [v.split(":") for v in args.variants.split(",")]
+    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     with tempfile.TemporaryDirectory(prefix="bench_quality-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         data = make_data(s, work)
         from freescale.pipeline.reader import PreparedDataset
-
-        steps_per_epoch = PreparedDataset(data).steps_per_epoch(2)
-        rows: list[dict[str, Any]] = []
-        for architecture, loss in variants:
-            name = f"{architecture}-{loss}"
-            config = write_config(work / f"{name}.toml", s, data, work / name, architecture, loss, steps_per_epoch)
-            result = train(config, work, steps_per_epoch)
-            model = f"{architecture} {loss} (2 ranks)"
-            rows.append({"model": model, "dense_params": dense_params(s, architecture), **result})
         from freescale.trainer.evaluate import most_popular
 
+        steps_per_epoch = PreparedDataset(data).steps_per_epoch(2)
         popular = most_popular(PreparedDataset(data), s.k)
-        rows.append({"model": "most popular", **popular})
         items = PreparedDataset(data).table_sizes()["item"]
         chance = {"protocol": "full", f"hr@{s.k}": s.k / items, f"ndcg@{s.k}": None}
-        rows.append({"model": "random", "validation": chance, "test": chance})
-    print_table(rows, s.k, popular)
-    goals = targets(rows, s.k, sorted({loss for _, loss in variants}))
-    for name, goal in goals.items():
+        trained: list[dict[str, Any]] = []
+
+        def report() -> dict[str, Any]:
+            rows = [*trained, {"model": "most popular", **popular}, {"model": "random", "validation": chance,
+                                                                       "test": chance}]  # fmt: skip
+            goals = targets(rows, s.k, sorted({loss for _, loss in variants}))
+            return {
+                "settings": asdict(s),
+                "steps_per_epoch": steps_per_epoch,
+                "rows": rows,
+                "targets": goals,
+                # a variant that failed has no targets: the run as a whole does not meet them
+                "target_met": all(goal["target_met"] for goal in goals.values()) and not recorder.failed,
+                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                "note": "leave-one-out: validation = second-to-last, test = last (best-validation model); full "
+                "ranking over the exact item vocabulary; planted sessions (datasets/sessions.py)",
+            }
+
+        recorder = Points("bench_quality", out, report)
+        for architecture, loss in variants:
+            recorder.run(f"{architecture} {loss}", quality_point, s, data, work, architecture, loss, steps_per_epoch,
+                         keep=trained.append)  # fmt: skip
+        result = recorder.save(final=True)
+    print_table(result["rows"], s.k, popular)
+    for name, goal in result["targets"].items():
         print(f"{'met    ' if goal['target_met'] else 'NOT MET'} {name}")
-    report = {
-        "settings": asdict(s),
-        "steps_per_epoch": steps_per_epoch,
-        "rows": rows,
-        "targets": goals,
-        "target_met": all(goal["target_met"] for goal in goals.values()),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "note": "leave-one-out: validation = second-to-last, test = last (best-validation model); full ranking "
-        "over the exact item vocabulary; planted sessions (datasets/sessions.py)",
-    }
-    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    for label in recorder.failed:
+        print(f"FAILED  {label} (see failures in the JSON)")
     if out is not None:
-        write_result(out, report)
         print(f"wrote {out}")
-    return 0
+    return recorder.exit_code()
 
 
 if __name__ == "__main__":

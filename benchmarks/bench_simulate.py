@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
 from bench_pec import steady_figures
-from measure import write_result
+from measure import Points
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_simulate.json"
 TARGET_PP = 3.0
@@ -140,6 +140,8 @@ def insitu_network(
     y = np.array([per[name] for name in a2a])
     (beta, alpha), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
     if beta <= 0:  # the bytes do not show through the latency: keep the idle-process bandwidth
+        if "all_to_all_fit" not in gloo:
+            raise RuntimeError("the in-training fit needs the idle gloo bandwidth, whose measurement failed")
         beta = 1e-9 / gloo["all_to_all_fit"]["bandwidth_gbytes_s"]
         alpha = float(np.mean(y - beta * x))
     # the all-reduce: gloo's ring between idle processes for the bytes, the rest of what the
@@ -350,7 +352,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def validate_hosts(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def validate_hosts(args: argparse.Namespace, work: Path, points: Points) -> dict[str, Any]:
     """The 2-host capped-link part (``sim_hosts.py``); skipped, with the reason, where hosts cannot be built."""
     from bench_network import network_settings, parse_caps
     from sim_hosts import validate
@@ -366,7 +368,39 @@ def validate_hosts(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print("== 2 emulated hosts over a capped link: calibrate, probe, measure, predict")
     caps = parse_caps(args.hosts_caps)
     s = network_settings(args.quick)
-    return validate(s, work / "hosts", caps if not args.quick else caps[:2])
+    return validate(s, work / "hosts", caps if not args.quick else caps[:2], points)
+
+
+def measured_run(s: Settings, work: Path, data: dict[str, Any], name: str, repeat: int, steps: int) -> dict[str, Any]:
+    """One measured 2-rank run (``variant/overlap``) with its steady-state figures (no drain step)."""
+    variant, overlap = name.split("/")
+    sub = work / overlap
+    sub.mkdir(exist_ok=True)
+    row = one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps)
+    report = json.loads(Path(row["report"]).read_text())
+    return row | steady_figures(report, SKIP_STEPS)
+
+
+def validation(s: Settings, work: Path, data: dict[str, Any], runs: dict[str, list[dict[str, Any]]],
+               gloo: dict[str, Any], facts: dict[str, Any], params: int, steps: int) -> dict[str, Any]:  # fmt: skip
+    """Calibrate on the noise-floor runs, predict every measured run; a run whose every repeat failed
+    has no row, and without a noise-floor run there is nothing to calibrate on."""
+    measured = {name: pool(rows) for name, rows in runs.items() if rows}
+    floor = measured.pop("identical/none", None)
+    if floor is None:
+        return {"validation": [], "validation_skipped": "every noise-floor run failed: nothing to calibrate on"}
+    planned = data["datasets"]["planned"]["path"]
+    calib = calibration(data["cost_path"], planned, floor, steps)
+    payload = payload_bytes(facts, s.d_model, s.num_negatives, params)
+    floors = [Path(row["report"]) for row in runs["identical/none"]]
+    net = insitu_network(floors, payload, gloo)
+    rows = []
+    for name, m in measured.items():
+        variant, overlap = name.split("/")
+        arm = "random" if variant == "random" else "plan"
+        source = own_source(data["datasets"][variant]["path"], steps)
+        rows.append(compare(name, m, predict(s, data["cost_path"], calib, net, facts, params, source, arm, overlap)))
+    return {"validation": rows, "calib": calib, "net": net}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,13 +417,29 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
     repeats = 1 if args.quick else max(1, args.repeats)
+    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ("identical/none", *VALIDATED)}
+    gloo: dict[str, Any] = {}
+    final: dict[str, Any] = {}
+
+    def report() -> dict[str, Any]:  # the final report once there is one; before, what has been measured
+        return final or {
+            "settings": asdict(s),
+            "repeats": repeats,
+            "measured_by_repeat": by_repeat(runs),
+            "calibration": {"gloo_idle": gloo},
+            "target_met": False,
+            "machine": machine(),
+        }
+
+    recorder = Points("bench_simulate", out, report)
     with tempfile.TemporaryDirectory(prefix="bench_simulate-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         print("== calibrate: data, cost model, gloo collectives")
         data = make_data(s, work)
         data["cost_path"] = str(work / "cost.json")
-        gloo = measure_gloo()
+        recorder.run("gloo collectives", measure_gloo, keep=gloo.update)
         from freescale.pipeline.reader import PreparedDataset
 
         steps = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
@@ -399,35 +449,17 @@ def main(argv: list[str] | None = None) -> int:
         facts = data_facts(data["datasets"]["planned"]["path"], s.group_size, steps)
         params = dense_params(s.model_table(), s.items)
         print(f"== measure: noise floor and random/planned x none/pec, {repeats} interleaved repeat(s)")
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ("identical/none", *VALIDATED)}
         for repeat in range(repeats):  # interleaved: load drift on a shared host hits every run alike
             for name in runs:
-                variant, overlap = name.split("/")
-                sub = work / overlap
-                sub.mkdir(exist_ok=True)
-                row = one_run(replace(s, overlap=overlap), sub, data, "freescale", variant, repeat, steps)
-                report = json.loads(Path(row["report"]).read_text())
-                runs[name].append(row | steady_figures(report, SKIP_STEPS))  # no drain step: the steady state
-        measured = {name: pool(rows) for name, rows in runs.items()}
-        floor = measured.pop("identical/none")
-        planned = data["datasets"]["planned"]["path"]
-        calib = calibration(data["cost_path"], planned, floor, steps)
-        payload = payload_bytes(facts, s.d_model, s.num_negatives, params)
-        floors = [work / "none" / "runs" / f"freescale-identical-{r}" / "bubbles.json" for r in range(repeats)]
-        net = insitu_network(floors, payload, gloo)
+                recorder.run(f"{name} repeat {repeat}", measured_run, s, work, data, name, repeat, steps,
+                             keep=runs[name].append)  # fmt: skip
         print("== predict")
-        rows = []
-        for name, m in measured.items():
-            variant, overlap = name.split("/")
-            arm = "random" if variant == "random" else "plan"
-            source = own_source(data["datasets"][variant]["path"], steps)
-            rows.append(
-                compare(name, m, predict(s, data["cost_path"], calib, net, facts, params, source, arm, overlap))
-            )
-        worst = worst_error(rows)
-        hosts = validate_hosts(args, work)
-        hosts_worst = worst_error(hosts["validation"]) if "validation" in hosts else None
-        hosts_plain = worst_error(hosts["validation_without_contention"]) if "validation" in hosts else None
+        checked = validation(s, work, data, runs, gloo, facts, params, steps)
+        rows = checked["validation"]
+        worst = worst_error(rows) if rows else None
+        hosts = validate_hosts(args, work, recorder)
+        hosts_worst = worst_error(hosts["validation"]) if hosts.get("validation") else None
+        hosts_plain = worst_error(hosts["validation_without_contention"]) if hosts.get("validation") else None
         print("== project: the paper's setting on h100_nvlink_ib400")
         projection = project(args.projection_overlap_rate)
         at256 = {
@@ -436,25 +468,25 @@ def main(argv: list[str] | None = None) -> int:
             for r in projection["rows"]
             if r["world_size"] == 256
         }
-        report = {
+        # every run validated: a run whose every repeat failed has no row, so the target is not met
+        validated_all = len(rows) == len(VALIDATED)
+        final.update({
             "settings": asdict(s),
             "steps_per_run": steps,
             "repeats": repeats,
-            "measured_by_repeat": {
-                name: {k: [r[k] for r in rows] for k in ("straggler_pct", "exposed_comm_pct", "step_ms")}
-                for name, rows in runs.items()
-            },
+            "measured_by_repeat": by_repeat(runs),
             "calibration": {
                 "gloo_idle": gloo,
-                "network_in_training": net,
+                "network_in_training": checked.get("net"),
                 "data": facts,
                 "dense_params": params,
-                **calib,
+                **checked.get("calib", {}),
             },
             "validation": rows,
+            **({"validation_skipped": checked["validation_skipped"]} if "validation_skipped" in checked else {}),
             "worst_error_pp": worst,
             "target": f"every predicted straggler_pct and exposed_comm_pct within {TARGET_PP:g} pp of measured",
-            "target_met": worst <= TARGET_PP,
+            "target_met": validated_all and worst is not None and worst <= TARGET_PP,
             "hosts": hosts,
             "hosts_worst_error_pp": hosts_worst,
             "hosts_worst_error_pp_without_contention": hosts_plain,
@@ -468,27 +500,36 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": projection["rows"],
             },
             "runtime_s": round(time.perf_counter() - started, 1),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        }
+            "machine": machine(),
+        })  # fmt: skip
+        recorder.save(final=True)
     print_rows(rows)
-    print(f"worst error {worst:.2f} pp; target (<= {TARGET_PP:g} pp) met: {report['target_met']}")
+    shown = "-" if worst is None else f"{worst:.2f}"
+    print(f"worst error {shown} pp; target (<= {TARGET_PP:g} pp) met: {final['target_met']}")
     if hosts_worst is not None:
         print_rows(hosts["validation"])
-        print(f"2 hosts: worst error {hosts_worst:.2f} pp; target met: {report['hosts_target_met']}")
+        print(f"2 hosts: worst error {hosts_worst:.2f} pp; target met: {final['hosts_target_met']}")
         print_rows(hosts["validation_without_contention"])
         print(f"2 hosts without the contention probe's slowdown: worst error {hosts_plain:.2f} pp")
     print("projection at 256 ranks:")
     for name, v in at256.items():
         print(f"  {name:18} straggler {v['straggler_pct']:6.2f}%  exposed comm {v['exposed_comm_pct']:6.2f}%  "
               f"bubble {v['bubble_pct']:6.2f}%  {v['samples_per_s']:12.0f} samples/s")  # fmt: skip
-    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if out is not None:
-        write_result(out, report)
         from freescale.trainer.sim_report import write_plot
 
         write_plot(projection, out.with_suffix(".png"))  # the projection: bubbles against W per arm
         print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 0
+    return recorder.exit_code()
+
+
+def by_repeat(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
+    return {name: {k: [r[k] for r in rows] for k in ("straggler_pct", "exposed_comm_pct", "step_ms")}
+            for name, rows in runs.items()}  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
 if __name__ == "__main__":

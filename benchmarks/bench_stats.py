@@ -36,11 +36,12 @@ import tempfile
 from pathlib import Path
 
 import psutil
-from measure import FREESCALE, ensure_preset, run_measured, write_result
+from measure import FREESCALE, Points, ensure_preset, run_measured
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 TARGET_RATIO = 2.0
+ARMS = ("baseline", "cold", "warm", "sampled", "prepare")
 
 BASELINE = r"""
 import sys, polars as pl
@@ -71,60 +72,33 @@ def _median(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="large")
-    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "freescale-bench-data"))
-    parser.add_argument("--memory-limit", default="2GB")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=str(RESULTS / "bench_stats.json"))
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
-    args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+def one_round(work: Path, commands: dict[str, list[str]]) -> dict:
+    """One interleaved round: polars, stats cold, stats warm, ``--sample-fraction 0.1``, prepare (each
+    from empty output and work directories but warm's, which resumes cold's); the cold run's
+    ``stats.json`` comes with it, its event count checked against the baseline's."""
+    for folder in ("stats", "work", "work-sampled", "ds"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    runs = {"baseline": run_measured(commands["baseline"], "baseline")}
+    runs["cold"] = run_measured(commands["stats"], "stats cold")
+    runs["warm"] = run_measured(commands["stats"], "stats warm")
+    report = json.loads((work / "stats" / "stats.json").read_text())
+    runs["sampled"] = run_measured(commands["sampled"], "stats sampled")
+    runs["prepare"] = run_measured(commands["prepare"], "prepare")
+    events = int(runs["baseline"]["stdout"].strip().splitlines()[-1].split()[1])
+    if events != report["rows"]["events_read"]:
+        raise RuntimeError(f"baseline counted {events} events, stats read {report['rows']['events_read']}")
+    return {"runs": runs, "report": report}
 
-    freescale = FREESCALE
-    data = ensure_preset(args.preset, args.data_dir)
-    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
-    work = Path(tempfile.mkdtemp(prefix="bench-stats-"))
-    stats_cmd = [
-        *freescale,
-        "stats",
-        str(data / "sources.toml"),
-        "--out",
-        str(work / "stats"),
-        "--work-dir",
-        str(work / "work"),
-        "--memory-limit",
-        args.memory_limit,
-        "--workers",
-        str(args.workers),
-        "--quiet",
-    ]
-    sampled_cmd = [*stats_cmd, "--sample-fraction", "0.1", "--no-plots"]
-    sampled_cmd[sampled_cmd.index(str(work / "work"))] = str(work / "work-sampled")
-    prepare_cmd = [*freescale, "prepare", "--sources", str(data / "sources.toml"), "--output", str(work / "ds")]
-    prepare_cmd += ["--memory-limit", args.memory_limit, "--workers", str(args.workers), "--quiet"]
-    baseline_cmd = [sys.executable, "-c", BASELINE, str(data / "sources.toml")]
-    runs: dict[str, list[dict]] = {name: [] for name in ("baseline", "cold", "warm", "sampled", "prepare")}
-    try:
-        for repeat in range(args.repeats):  # interleaved: a slow spell of the host hits every arm alike
-            for folder in ("stats", "work", "work-sampled", "ds"):
-                shutil.rmtree(work / folder, ignore_errors=True)
-            print(f"repeat {repeat + 1}/{args.repeats}: polars, stats cold, warm, --sample-fraction 0.1, prepare")
-            runs["baseline"].append(run_measured(baseline_cmd, "baseline"))
-            runs["cold"].append(run_measured(stats_cmd, "stats cold"))
-            runs["warm"].append(run_measured(stats_cmd, "stats warm"))
-            report = json.loads((work / "stats" / "stats.json").read_text())
-            runs["sampled"].append(run_measured(sampled_cmd, "stats sampled"))
-            runs["prepare"].append(run_measured(prepare_cmd, "prepare"))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    base, cold, warm, sampled, prepared = (_median(runs[name]) for name in runs)
+
+def summarize(args: argparse.Namespace, rounds: list[dict], load_before: float) -> dict:
+    """The report of the rounds run so far: per arm the run with the median wall time; no round:
+    targets not met."""
+    if not rounds:
+        return {"benchmark": "bench_stats", "preset": args.preset, "rounds": 0, "target_met": False}
+    runs = {name: [r["runs"][name] for r in rounds] for name in ARMS}
+    report = rounds[-1]["report"]
+    base, cold, warm, sampled, prepared = (_median(runs[name]) for name in ARMS)
     users, events, mean, p99, longest = base["stdout"].strip().splitlines()[-1].split()
-
-    if int(events) != report["rows"]["events_read"]:
-        raise SystemExit(f"baseline counted {events} events, stats read {report['rows']['events_read']}")
     at = report["straggler"]["by_world_size"]
     result = {
         "benchmark": "bench_stats",
@@ -139,6 +113,7 @@ def main() -> None:
         },
         "events": report["rows"]["events_read"],
         "repeats": args.repeats,
+        "rounds": len(rounds),
         "wall_s_each": {name: [round(r["wall_s"], 3) for r in each] for name, each in runs.items()},
         "baseline": {
             "wall_s": base["wall_s"],
@@ -177,6 +152,63 @@ def main() -> None:
         f"sample_fraction_0.1_wall_le_{TARGET_RATIO:g}x_baseline": sampled["wall_s"] / base["wall_s"] <= TARGET_RATIO,
     }
     result["target_met"] = result["targets"]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="large")
+    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "freescale-bench-data"))
+    parser.add_argument("--memory-limit", default="2GB")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=str(RESULTS / "bench_stats.json"))
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+
+    freescale = FREESCALE
+    data = ensure_preset(args.preset, args.data_dir)
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    work = Path(tempfile.mkdtemp(prefix="bench-stats-"))
+    stats_cmd = [
+        *freescale,
+        "stats",
+        str(data / "sources.toml"),
+        "--out",
+        str(work / "stats"),
+        "--work-dir",
+        str(work / "work"),
+        "--memory-limit",
+        args.memory_limit,
+        "--workers",
+        str(args.workers),
+        "--quiet",
+    ]
+    sampled_cmd = [*stats_cmd, "--sample-fraction", "0.1", "--no-plots"]
+    sampled_cmd[sampled_cmd.index(str(work / "work"))] = str(work / "work-sampled")
+    prepare_cmd = [*freescale, "prepare", "--sources", str(data / "sources.toml"), "--output", str(work / "ds")]
+    prepare_cmd += ["--memory-limit", args.memory_limit, "--workers", str(args.workers), "--quiet"]
+    baseline_cmd = [sys.executable, "-c", BASELINE, str(data / "sources.toml")]
+    commands = {"baseline": baseline_cmd, "stats": stats_cmd, "sampled": sampled_cmd, "prepare": prepare_cmd}
+    rounds: list[dict] = []
+    recorder = Points("bench_stats", Path(args.out), lambda: summarize(args, rounds, load_before))
+    try:
+        for repeat in range(args.repeats):  # interleaved: a slow spell of the host hits every arm alike
+            print(f"repeat {repeat + 1}/{args.repeats}: polars, stats cold, warm, --sample-fraction 0.1, prepare")
+            recorder.run(f"repeat {repeat + 1}", one_round, work, commands, keep=rounds.append)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = recorder.save(final=True)
+    print(f"wrote {args.out}")
+    if not rounds:
+        print("every repeat failed: see failures in the JSON")
+        return 1
+    report = rounds[-1]["report"]
+    base = {**result["baseline"]}
+    cold, warm = result["stats_cold"], result["stats_warm"]
+    sampled, prepared = result["stats_sample_fraction_0.1"], result["prepare"]
+    ratio_cold, ratio_warm = result["wall_ratio_cold"], result["wall_ratio_warm"]
     mb = 2**20
     print(f"\n{'':20}{'baseline (polars)':>19}{'stats cold':>13}{'ratio':>8}{'stats warm':>13}{'ratio':>8}")
     print(
@@ -188,9 +220,9 @@ def main() -> None:
         f"{cold['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}{warm['peak_rss_bytes'] / mb:>13,.0f}"
         f"{warm['peak_rss_bytes'] / max(base['peak_rss_bytes'], 1):>8.2f}"
     )
-    print(f"{'users / samples':20}{int(users):>19,}{report['lengths']['merged']['count']:>13,}")
+    print(f"{'users / samples':20}{base['users']:>19,}{report['lengths']['merged']['count']:>13,}")
     print(
-        f"{'mean / p99 length':20}{float(mean):>12.1f} / {float(p99):>4,.0f}"
+        f"{'mean / p99 length':20}{base['mean_length']:>12.1f} / {base['p99_length']:>4,.0f}"
         f"{report['lengths']['merged']['mean']:>8.1f} / {report['lengths']['merged']['p99']:,.0f}"
     )
     print(f"scan ≈ {result['scan_s_estimate']:.1f} s of the cold run (cold - warm)")
@@ -201,9 +233,8 @@ def main() -> None:
         f"{sampled['wall_s']:>13.1f}{sampled['wall_s'] / base['wall_s']:>8.2f}"
     )
     print(f"targets: {result['targets']}")
-    write_result(Path(args.out), result)
-    print(f"wrote {args.out}")
+    return recorder.exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

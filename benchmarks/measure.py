@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: run a command and measure it as a user would see it; the
+"""Shared helpers of the benchmark scripts: run a command and measure it as a user would see it; run a
+benchmark's points with one retry each and its JSON rewritten after every point (``Points``); the
 card's dense matmul ceiling (``matmul_tflops``) for GPU benchmarks to print beside their own TFLOP/s."""
 
 from __future__ import annotations
@@ -10,13 +11,21 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psutil
 import torch
 
 FREESCALE = [str(Path(sys.executable).parent / "freescale")]
+T = TypeVar("T")
+
+
+class CommandFailed(RuntimeError):
+    """A measured command exited with a non-zero status (``run_measured``): a failed point, not the
+    end of the benchmark (``Points`` retries it)."""
 
 
 def process_role(process: psutil.Process, root: int) -> str:
@@ -53,7 +62,10 @@ def run_measured(cmd: list[str], label: str, env: dict[str, str] | None = None, 
 
     def sample() -> None:
         nonlocal peak
-        roots = [psutil.Process(pid) for pid in (proc.pid, *also)]
+        try:
+            roots = [psutil.Process(pid) for pid in (proc.pid, *also)]
+        except psutil.Error:  # the command already ended
+            return
         while not stop.is_set():
             try:
                 procs = [process for root in roots for process in (root, *root.children(recursive=True))]
@@ -74,7 +86,7 @@ def run_measured(cmd: list[str], label: str, env: dict[str, str] | None = None, 
     thread.join()
     wall = time.perf_counter() - start
     if proc.returncode:
-        raise SystemExit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
+        raise CommandFailed(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
     roles: dict[str, dict[str, int]] = {}
     for role, value in per_process.values():
         entry = roles.setdefault(role, {"processes": 0, "max_peak_rss_bytes": 0})
@@ -87,6 +99,100 @@ def write_result(path: Path, result: dict) -> None:
     """Write a benchmark's JSON result (parents created), as every script in benchmarks/ does."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+class Points:
+    """Runs a CPU benchmark's points one at a time: each point that raises is run once more, every
+    failed try is recorded, and the JSON is rewritten after every point and every failure.
+
+    Why: one failed training run (a rank that aborted at exit) once ended ``bench_pec`` and threw away
+    its four finished points, 8 minutes of measurements. A point is whatever the benchmark compares
+    side by side (e.g. one data point's none/pec/TorchRec runs), so a retry re-runs all of it and the
+    arms stay measured together.
+
+    ``report()`` builds the benchmark's JSON from what it has measured so far (it must cope with
+    missing points: a target whose points are missing is not met). The written JSON carries, next to
+    it, ``complete`` (the benchmark reached its end and no point failed for good), ``points_done``,
+    ``points_failed`` (failed every try), ``points_retried`` and ``failures`` (one entry per failed
+    try: point, attempt, seconds, error, then ``retried`` or ``gave up``). ``out = None`` (a
+    ``--quick`` run without ``--out``) writes nothing but still retries and records.
+    """
+
+    RETRIES = 1  # a failed point runs once more
+
+    def __init__(self, name: str, out: Path | None, report: Callable[[], dict[str, Any]]) -> None:
+        self.name, self.out, self._report = name, out, report
+        self.done: list[str] = []
+        self.failed: list[str] = []
+        self.failures: list[dict[str, Any]] = []
+
+    def run(
+        self, label: str, point: Callable[..., T], *args: Any, keep: Callable[[T], object] | None = None
+    ) -> T | None:
+        """``point(*args)``, tried up to ``1 + RETRIES`` times; its value, or None when every try failed.
+        ``keep(value)`` stores a value where ``report()`` finds it, before the JSON is written. Only
+        ``Exception``s count as failures: an interrupt (Ctrl-C) ends the benchmark, its JSON as last saved."""
+        for attempt in range(1, self.RETRIES + 2):
+            start = time.perf_counter()
+            try:
+                value = point(*args)
+            except Exception as error:
+                last = attempt > self.RETRIES
+                self.failures.append({
+                    "point": label, "attempt": attempt, "seconds": round(time.perf_counter() - start, 1),
+                    "error": describe(error), "then": "gave up" if last else "retried",
+                })  # fmt: skip
+                first = (str(error).strip().splitlines() or [""])[0][:200]
+                then = "giving up on this point" if last else "running it once more"
+                print(f"{self.name}: {label}: try {attempt} failed ({type(error).__name__}: {first}); {then}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                if last:
+                    self.failed.append(label)
+                self.save()
+                continue
+            if keep is not None:
+                keep(value)
+            self.done.append(label)
+            self.save()
+            return value
+        return None
+
+    def status(self, final: bool = False) -> dict[str, Any]:
+        """The recorder's fields of the JSON (``final``: the benchmark has run every point)."""
+        return {
+            "complete": final and not self.failed,
+            "points_done": list(self.done),
+            "points_failed": list(self.failed),
+            "points_retried": sorted({f["point"] for f in self.failures if f["then"] == "retried"}),
+            "failures": list(self.failures),
+        }
+
+    def save(self, final: bool = False) -> dict[str, Any]:
+        """Build the report, add ``status``, write it (with ``out``) and return it. A report that
+        cannot be built from partial results is recorded as ``report_error``, never raised: the
+        points already measured must reach the file."""
+        try:
+            report = dict(self._report())
+        except Exception as error:
+            if final:
+                raise
+            report = {"benchmark": self.name, "report_error": describe(error)}
+        report.update(self.status(final))
+        if self.out is not None:
+            write_result(self.out, report)
+        return report
+
+    def exit_code(self) -> int:
+        """1 when some point failed for good, else 0."""
+        return 1 if self.failed else 0
+
+
+def describe(error: BaseException, limit: int = 6000) -> str:
+    """An error for the JSON: type, message and the innermost frame, at most ``limit`` characters."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = f"{type(error).__name__}{where}: {error}"
+    return text if len(text) <= limit else text[: limit // 3] + "\n[...]\n" + text[-2 * limit // 3 :]
 
 
 def ensure_preset(preset: str, data_dir: str) -> Path:

@@ -321,31 +321,42 @@ def fit_cost_model(s: Any, work: Path) -> str:
 
 # ------------------------------------------------------------------------------------------ measure
 def measure(s: Any, data: str, caps: list[float | None], work: Path, payload: dict[str, float],
-            overlap_rate: float) -> list[dict[str, Any]]:  # fmt: skip
-    """Per cap: the link and contention probes, then ``none`` and ``pec`` trained on the two hosts."""
-    from bench_network import one_run
+            overlap_rate: float, points: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """Per cap: the link and contention probes, then ``none`` and ``pec`` trained on the two hosts;
+    each cap one of ``points``' points (``measure.Points``: retried once, recorded), a failed cap left out."""
+    from freescale.tools.hosts import two_hosts
 
-    from freescale.tools.hosts import cap_bandwidth, two_hosts
-
-    rows = []
-    table_rows = s.points[0][1]
+    rows: list[dict[str, Any]] = []
     spec = contention_spec(s, data, payload, overlap_rate)
     with two_hosts() as hosts:
         for i, cap in enumerate(caps):
-            cap_bandwidth(hosts, cap)
             tag = "uncapped" if cap is None else f"{cap:g}mbit"
             print(f"[hosts {i + 1}/{len(caps)}] link {tag}: probe, none, pec", flush=True)
-            link = probe_link(hosts, work, tag, int(payload["gradient_comm.dense"]), probe_sizes(payload))
-            contention = probe_contention(hosts, work, tag, spec)
-            link |= {k: contention.pop(k) for k in ("overlap_slowdown_s_per_mbyte", "overlap_slowdown_spread")}
-            link["contention"] = contention
-            runs = {o: one_run(hosts, s, data, table_rows, o, "freescale", o, cap, work) for o in ("none", "pec")}
-            rows.append({"cap_mbit": cap, "link": link, "runs": runs})
+            points.run(f"hosts link {tag}", measure_cap, hosts, s, data, cap, work, payload, spec, keep=rows.append)
     return rows
 
 
-def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
-    """The whole 2-host part: data, calibration, measurement, prediction; rows with errors in pp."""
+def measure_cap(hosts: list, s: Any, data: str, cap: float | None, work: Path, payload: dict[str, float],
+                spec: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """One cap: the link capped, probed (link, contention), then ``none`` and ``pec`` trained over it."""
+    from bench_network import one_run
+
+    from freescale.tools.hosts import cap_bandwidth
+
+    cap_bandwidth(hosts, cap)
+    tag = "uncapped" if cap is None else f"{cap:g}mbit"
+    link = probe_link(hosts, work, tag, int(payload["gradient_comm.dense"]), probe_sizes(payload))
+    contention = probe_contention(hosts, work, tag, spec)
+    link |= {k: contention.pop(k) for k in ("overlap_slowdown_s_per_mbyte", "overlap_slowdown_spread")}
+    link["contention"] = contention
+    runs = {o: one_run(hosts, s, data, s.points[0][1], o, "freescale", o, cap, work) for o in ("none", "pec")}
+    return {"cap_mbit": cap, "link": link, "runs": runs}
+
+
+def validate(s: Any, work: Path, caps: list[float | None], points: Any) -> dict[str, Any]:
+    """The whole 2-host part: data, calibration, measurement (``points``: bench_simulate's
+    ``measure.Points``), prediction; rows with errors in pp. Without the uncapped run (it failed) there
+    is nothing to calibrate on: no rows, and the reason."""
     from bench_pec import model_table, prepare_point
     from bench_simulate import (
         calibration,
@@ -366,8 +377,10 @@ def validate(s: Any, work: Path, caps: list[float | None]) -> dict[str, Any]:
     if None not in caps:
         caps = [None, *caps]  # the uncapped none run calibrates compute
     payload = payload_bytes(facts, s.d_model, s.num_negatives, params)
-    measured = measure(s, data, caps, work, payload, facts["batch_overlap_rate"])
-    uncapped = next(r for r in measured if r["cap_mbit"] is None)
+    measured = measure(s, data, caps, work, payload, facts["batch_overlap_rate"], points)
+    uncapped = next((r for r in measured if r["cap_mbit"] is None), None)
+    if uncapped is None:
+        return {"skipped": "the uncapped calibration run failed (see failures)", "links": {}}
     calib = calibration(cost_path, data, uncapped["runs"]["none"], s.steps, ranks=(0, 1), skip=s.skip_steps)
     bubbles = work / "runs" / "none-uncapped" / "bubbles.json"
     insitu = insitu_network([bubbles], payload, {"all_to_all_fit": uncapped["link"]}, s.skip_steps)

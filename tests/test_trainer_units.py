@@ -484,7 +484,8 @@ def test_torchrec_engine_close_waits_for_the_read_ahead_exchanges(monkeypatch: p
     detached = []
     engine = SimpleNamespace(_in_flight=in_flight, _original_a2a=original, _batches=iter([]),
                              pipeline=SimpleNamespace(detach=lambda: detached.append(True)))  # fmt: skip
-    torchrec_engine.TorchRecEngine.close(engine)
+    engine.finish_training = lambda: torchrec_engine.TorchRecEngine.finish_training(engine)
+    torchrec_engine.TorchRecEngine.close(engine)  # close finishes training first (the engine protocol)
     assert all(work.done for work in launched) and in_flight == []
     assert detached == [True] and engine.pipeline is None and engine._batches is None
     assert dist.all_to_all_single is fake_all_to_all

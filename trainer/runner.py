@@ -598,9 +598,12 @@ def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, An
         dist.init_process_group(backend, timeout=timeout, **process_group_options(backend, device))
     pids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(pids, (socket.gethostname(), os.getpid()))
+    trainer: Trainer | None = None
+    finished = False
     try:
         trainer = Trainer(cfg, dist.get_rank(), dist.get_world_size(), device)
-        return trainer.evaluate_checkpoint(evaluate_checkpoint) if evaluate_checkpoint else trainer.run()
+        result = trainer.evaluate_checkpoint(evaluate_checkpoint) if evaluate_checkpoint else trainer.run()
+        finished = True
     except (RuntimeError, dist.DistError) as error:
         if isinstance(error, TrainingError):
             raise
@@ -612,7 +615,30 @@ def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, An
             f"{cfg.engine.collective_timeout_s:g} s ({str(error).splitlines()[0][:200]})"
         ) from error
     finally:
-        dist.destroy_process_group()
+        if finished:
+            trainer = None  # the engine and everything it holds become garbage: see release_process_groups
+            release_process_groups()
+        else:  # a failed rank ends at once: its error line must reach the log before the launcher's SIGTERM
+            dist.destroy_process_group()
+    return result
+
+
+def release_process_groups() -> None:
+    """Destroy every process group now, with nothing else still holding one, so that the groups'
+    threads are joined while the interpreter is whole.
+
+    Why: TorchRec's sharded modules (sharding env, KJT all-to-alls, device mesh) hold the default
+    group in reference cycles. ``destroy_process_group`` alone only unregistered it: its gloo worker
+    and transport threads, connections and the works holding tensors lived on until the interpreter's
+    finalization destroyed them, in an unspecified order with the interpreter half torn down, and a
+    TorchRec rank aborted there after its run had finished ("terminate called without an active
+    exception", about 1 bench_pec run in 12). With the cycles collected first, the last reference
+    goes with the registry's and the group is destroyed inside ``destroy_process_group``
+    (``tests/test_rank_exit.py`` checks that no gloo thread reaches interpreter exit).
+    """
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()  # anything that held a group only through the registry's cycles
 
 
 def process_state(pid: int) -> str:

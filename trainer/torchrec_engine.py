@@ -395,7 +395,9 @@ class TorchRecEngine:
         return _table_shards(self.dmp)["item"]
 
     def close(self) -> None:
-        """Nothing left to release after ``finish_training`` (TorchRec owns its process groups)."""
+        """Nothing left to release after ``finish_training``. The sharded modules keep the default
+        process group in reference cycles: ``runner.release_process_groups`` collects them before it
+        destroys the groups, so no gloo thread is left to interpreter exit."""
         self.finish_training()
 
     def finish_training(self) -> None:
