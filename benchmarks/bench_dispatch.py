@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from measure import Watchdog, write_result
+from measure import Watchdog, device_environment, write_result
 
 from freescale.kernels import DispatchConfig, JaggedRows, combine_jagged, dispatch_jagged
 from freescale.kernels.triton_support import interpreter_enabled
@@ -274,20 +273,7 @@ def check_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def environment(s: Settings) -> dict[str, Any]:
-    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": s.device}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    env["triton_interpret"] = interpreter_enabled()
-    if s.device == "cuda":
-        env["device_name"] = torch.cuda.get_device_name()
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device_name"] = platform.processor() or platform.machine()
-    return env
+    return device_environment(s.device)
 
 
 def parse(argv: list[str] | None) -> tuple[Settings, Path | None]:

@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -350,18 +349,9 @@ def check_targets(rows: list[dict], matmul: float | None, s: Settings) -> dict:
 
 
 def environment(s: Settings) -> dict:
-    env: dict = {"torch": torch.__version__, "python": platform.python_version(), "device": s.device,
-                 "triton_interpret": os.environ.get("TRITON_INTERPRET", "")}  # fmt: skip
-    try:
-        import triton
+    from measure import device_environment
 
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if s.device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env |= {"gpu": props.name, "sms": props.multi_processor_count, "cuda": torch.version.cuda}
-    return env
+    return device_environment(s.device)
 
 
 def print_table(rows: list[dict], matmul: float | None) -> None:

@@ -277,3 +277,22 @@ class Watchdog:
     def __exit__(self, *exc: object) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+def device_environment(device: str) -> dict[str, Any]:
+    """What a GPU benchmark's JSON records of where it ran: versions, the device's name (the CPU's on
+    ``cpu``), SMs, and whether Triton ran as its CPU interpreter."""
+    import platform
+
+    from freescale.kernels.triton_support import HAS_TRITON, interpreter_enabled, triton
+
+    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": device,
+                           "cuda": torch.version.cuda, "triton": triton.__version__ if HAS_TRITON else None,
+                           "triton_interpret": interpreter_enabled()}  # fmt: skip
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env |= {"device_name": props.name, "gpu": props.name, "sms": props.multi_processor_count}
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
+    return env
+
