@@ -1,5 +1,6 @@
 """Training that fails loudly: pessimistic evaluation of ties and NaN, non-finite steps, launcher
-validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks.
+validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks, signals to
+the launcher.
 
 One-process pieces run on a single-rank gloo group in this process; multi-rank cases start
 ``freescale train`` with 2 gloo ranks on the ``tiny`` preset (``train_cli``).
@@ -251,6 +252,11 @@ def test_ranks_end_with_the_launcher(tiny_dataset, tmp_path, sig: int) -> None:
             time.sleep(0.1)
         survivors = [pid for pid in everyone if alive(pid)]
         assert survivors == [], f"still running {signal.Signals(sig).name} + 10 s after the launcher: {survivors}"
+        if sig == signal.SIGTERM:  # handled: one line, the status of a process the signal ended
+            err = launcher.stderr.read()
+            assert launcher.returncode == 128 + signal.SIGTERM, (launcher.returncode, err[-3000:])
+            stopped = "freescale train: stopped by SIGTERM; every rank of the job was ended"
+            assert err.strip().splitlines() == [stopped], err
     finally:
         for pid in everyone:
             if alive(pid):
