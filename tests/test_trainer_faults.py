@@ -1,6 +1,6 @@
 """Training that fails loudly: pessimistic evaluation of ties and NaN, non-finite steps, launcher
 validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks, signals to
-the launcher.
+the launcher, a rendezvous port another program holds.
 
 One-process pieces run on a single-rank gloo group in this process; multi-rank cases start
 ``freescale train`` with 2 gloo ranks on the ``tiny`` preset (``train_cli``).
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -285,6 +286,38 @@ def test_launcher_refuses_what_ranks_would_trip_over(tiny_dataset, tmp_path, cap
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
         assert time.monotonic() - started < 5  # refused before any rank started
+
+
+def listening_socket() -> socket.socket:
+    """Another program's port: bound on every address and listening, never answering."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 0))
+    sock.listen(8)
+    return sock
+
+
+@pytest.mark.parametrize(
+    ("node_rank", "message"),
+    [(0, "is already in use on this machine, where node 0 hosts the rendezvous"), (1, "is not node 0's rendezvous")],
+)
+def test_a_rendezvous_port_held_by_another_program_fails_in_seconds(tiny_dataset, tmp_path, node_rank, message) -> None:
+    """torchrun's node 0 gave a 45-line EADDRINUSE traceback after ~30 s, and node 1 waited silently in
+    the store's handshake with that program until the job's timeout."""
+    from train_cli import FREESCALE, run_toml
+
+    config = run_toml(tmp_path / "run.toml", tiny_dataset, tmp_path / "out")
+    with listening_socket() as taken:
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        started = time.monotonic()
+        command = ["train", "--config", config, "--nproc", "1", "--nnodes", "2", "--node-rank", str(node_rank)]
+        result = subprocess.run(
+            [FREESCALE, *command, "--rdzv-endpoint", endpoint], cwd=tmp_path, capture_output=True, text=True, timeout=90
+        )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert f"--rdzv-endpoint {endpoint}: " in lines[0] and message in lines[0], lines
+    assert time.monotonic() - started < 30
 
 
 def fake_checkpoint(root: Path, step: int) -> Path:

@@ -7,8 +7,9 @@ would shadow Hugging Face's package) and ``OMP_NUM_THREADS`` = ``engine.threads`
 
 Several machines: run the same command on each with ``--nnodes N --node-rank R --rdzv-endpoint
 HOST:PORT`` (``Nodes``): torchrun's c10d rendezvous, hosted by node 0's agent (``is_host``), so the
-endpoint must be an address of node 0 that every node reaches. Ranks are numbered by the rendezvous;
-which machine holds rank 0 does not change the training (data and table shards follow the rank).
+endpoint must be an address of node 0 that every node reaches (``rendezvous.py`` checks it first).
+Ranks are numbered by the rendezvous; which machine holds rank 0 does not change the training (data
+and table shards follow the rank).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from freescale.endpoints import host_port
 from freescale.trainer.config import RunConfig
 from freescale.trainer.lifetime import die_with_parent, run_group
+from freescale.trainer.rendezvous import check_endpoint
 
 
 def rank_parser() -> argparse.ArgumentParser:
@@ -196,5 +198,7 @@ def launch(
         if cfg.engine.name != "freescale":
             raise ValueError("freescale evaluate loads FreeScale engine checkpoints: leave engine.name = 'freescale'")
         resolve_resume(cfg.checkpoint.dir, evaluate_checkpoint)  # a finished checkpoint this user trusts
+    if nodes.nnodes > 1:
+        check_endpoint(nodes.rdzv_endpoint, hosting=nodes.node_rank == 0)
     env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
     return run_group(torchrun_command(config, nproc, overrides, nodes, evaluate_checkpoint), env)
