@@ -1,6 +1,6 @@
 """Training that fails loudly: pessimistic evaluation of ties and NaN, non-finite steps, launcher
-validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks, signals to
-the launcher, a rendezvous port another program holds.
+validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks, a second run
+into locked folders, signals to the launcher, a rendezvous port another program holds.
 
 One-process pieces run on a single-rank gloo group in this process; multi-rank cases start
 ``freescale train`` with 2 gloo ranks on the ``tiny`` preset (``train_cli``).
@@ -286,6 +286,44 @@ def test_launcher_refuses_what_ranks_would_trip_over(tiny_dataset, tmp_path, cap
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
         assert time.monotonic() - started < 5  # refused before any rank started
+
+
+@pytest.mark.slow
+def test_a_second_run_into_the_folders_of_a_running_one_is_refused(tiny_dataset, tmp_path) -> None:
+    """Two real `freescale train` processes: while the first trains, a second one into its
+    logging.out_dir, or into its checkpoint.dir, stops at once with one line naming the folder and
+    the holder; the first run is not disturbed."""
+    from train_cli import FREESCALE, run_toml
+
+    ckpt = tmp_path / "ckpt"
+    (tmp_path / "first").mkdir()
+    launcher, config = start_long_run(tiny_dataset, tmp_path / "first", checkpoint={"dir": str(ckpt)})
+    first_out = tmp_path / "first" / "out"
+    job = job_processes(config)
+    try:
+        cases = [
+            (run_toml(tmp_path / "same_out.toml", tiny_dataset, first_out), f"logging.out_dir {first_out}"),
+            (
+                run_toml(tmp_path / "same_ckpt.toml", tiny_dataset, tmp_path / "other", checkpoint={"dir": str(ckpt)}),
+                f"checkpoint.dir {ckpt}",
+            ),
+        ]
+        for second, folder in cases:
+            started = time.monotonic()
+            result = subprocess.run(
+                [FREESCALE, "train", "--config", second, "--nproc", "2"],
+                cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 2 and len(lines) == 1, result.stdout[-2000:] + result.stderr[-3000:]
+            assert f"{folder} is being used by another run (pid {launcher.pid} on" in lines[0], lines
+            assert time.monotonic() - started < 30
+        assert launcher.poll() is None and all(alive(pid) for pid in job["rank"])  # the first one trains on
+    finally:
+        for pid in [launcher.pid, *job["rank"], *job["agent"], *job["worker"]]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
 
 
 def listening_socket() -> socket.socket:

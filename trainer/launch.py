@@ -10,11 +10,15 @@ HOST:PORT`` (``Nodes``): torchrun's c10d rendezvous, hosted by node 0's agent (`
 endpoint must be an address of node 0 that every node reaches (``rendezvous.py`` checks it first).
 Ranks are numbered by the rendezvous; which machine holds rank 0 does not change the training (data
 and table shards follow the rank).
+
+Before torchrun starts, ``freescale train`` locks the run's folders (``run_dir.py``): a second run
+into them is refused in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -25,6 +29,7 @@ from freescale.endpoints import host_port
 from freescale.trainer.config import RunConfig
 from freescale.trainer.lifetime import die_with_parent, run_group
 from freescale.trainer.rendezvous import check_endpoint
+from freescale.trainer.run_dir import RunFolders
 
 
 def rank_parser() -> argparse.ArgumentParser:
@@ -191,14 +196,18 @@ def launch(
         import torch
 
         check_cuda_devices(cfg, nproc, torch.cuda.device_count())
-    check_before_start(cfg, nproc * nodes.nnodes)
-    if evaluate_checkpoint:
-        from freescale.trainer.checkpoint import resolve_resume
+    owner = nodes.node_rank == 0 and not evaluate_checkpoint  # the node that locks the folders
+    with RunFolders(cfg) if owner else contextlib.nullcontext():
+        check_before_start(cfg, nproc * nodes.nnodes)
+        if evaluate_checkpoint:
+            from freescale.trainer.checkpoint import resolve_resume
 
-        if cfg.engine.name != "freescale":
-            raise ValueError("freescale evaluate loads FreeScale engine checkpoints: leave engine.name = 'freescale'")
-        resolve_resume(cfg.checkpoint.dir, evaluate_checkpoint)  # a finished checkpoint this user trusts
-    if nodes.nnodes > 1:
-        check_endpoint(nodes.rdzv_endpoint, hosting=nodes.node_rank == 0)
-    env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
-    return run_group(torchrun_command(config, nproc, overrides, nodes, evaluate_checkpoint), env)
+            if cfg.engine.name != "freescale":
+                raise ValueError(
+                    "freescale evaluate loads FreeScale engine checkpoints: leave engine.name = 'freescale'"
+                )
+            resolve_resume(cfg.checkpoint.dir, evaluate_checkpoint)  # a finished checkpoint this user trusts
+        if nodes.nnodes > 1:
+            check_endpoint(nodes.rdzv_endpoint, hosting=nodes.node_rank == 0)
+        env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
+        return run_group(torchrun_command(config, nproc, overrides, nodes, evaluate_checkpoint), env)
