@@ -369,7 +369,7 @@ def fake_checkpoint(root: Path, step: int) -> Path:
 
 
 def test_resume_refuses_checkpoints_others_can_write(tmp_path) -> None:
-    from freescale.trainer.checkpoint import resolve_resume
+    from freescale.trainer.checkpoint_dirs import resolve_resume
 
     path = fake_checkpoint(tmp_path / "ckpt", 3)
     assert resolve_resume(str(tmp_path / "ckpt"), "latest") == str(path)
