@@ -71,9 +71,10 @@ class OutputLock:
     inode, so ``acquire`` checks that the locked file is still the one at ``path`` and retries if not.
     """
 
-    def __init__(self, path: Path, what: str) -> None:
+    def __init__(self, path: Path, what: str, activity: str = "prepared") -> None:
         self.path = path
         self.what = what
+        self.activity = activity  # the refusal says "<what> is being <activity> by another run"
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -86,7 +87,7 @@ class OutputLock:
                 holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that is starting"
                 os.close(fd)
                 raise PrepareError(
-                    f"{self.what} is being prepared by another run ({one_line(holder)}; lock {self.path}): "
+                    f"{self.what} is being {self.activity} by another run ({one_line(holder)}; lock {self.path}): "
                     "wait for it to end or stop it, then run again"
                 ) from None
             if _same_file(fd, self.path):

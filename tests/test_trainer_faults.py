@@ -1,5 +1,6 @@
 """Training that fails loudly: pessimistic evaluation of ties and NaN, non-finite steps, launcher
-validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks.
+validation, empty steps, metrics on resume, checkpoint trust, hung and orphaned ranks, a second run
+into locked folders, signals to the launcher, a rendezvous port another program holds.
 
 One-process pieces run on a single-rank gloo group in this process; multi-rank cases start
 ``freescale train`` with 2 gloo ranks on the ``tiny`` preset (``train_cli``).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -251,6 +253,11 @@ def test_ranks_end_with_the_launcher(tiny_dataset, tmp_path, sig: int) -> None:
             time.sleep(0.1)
         survivors = [pid for pid in everyone if alive(pid)]
         assert survivors == [], f"still running {signal.Signals(sig).name} + 10 s after the launcher: {survivors}"
+        if sig == signal.SIGTERM:  # handled: one line, the status of a process the signal ended
+            err = launcher.stderr.read()
+            assert launcher.returncode == 128 + signal.SIGTERM, (launcher.returncode, err[-3000:])
+            stopped = "freescale train: stopped by SIGTERM; every rank of the job was ended"
+            assert err.strip().splitlines() == [stopped], err
     finally:
         for pid in everyone:
             if alive(pid):
@@ -281,6 +288,76 @@ def test_launcher_refuses_what_ranks_would_trip_over(tiny_dataset, tmp_path, cap
         assert time.monotonic() - started < 5  # refused before any rank started
 
 
+@pytest.mark.slow
+def test_a_second_run_into_the_folders_of_a_running_one_is_refused(tiny_dataset, tmp_path) -> None:
+    """Two real `freescale train` processes: while the first trains, a second one into its
+    logging.out_dir, or into its checkpoint.dir, stops at once with one line naming the folder and
+    the holder; the first run is not disturbed."""
+    from train_cli import FREESCALE, run_toml
+
+    ckpt = tmp_path / "ckpt"
+    (tmp_path / "first").mkdir()
+    launcher, config = start_long_run(tiny_dataset, tmp_path / "first", checkpoint={"dir": str(ckpt)})
+    first_out = tmp_path / "first" / "out"
+    job = job_processes(config)
+    try:
+        cases = [
+            (run_toml(tmp_path / "same_out.toml", tiny_dataset, first_out), f"logging.out_dir {first_out}"),
+            (
+                run_toml(tmp_path / "same_ckpt.toml", tiny_dataset, tmp_path / "other", checkpoint={"dir": str(ckpt)}),
+                f"checkpoint.dir {ckpt}",
+            ),
+        ]
+        for second, folder in cases:
+            started = time.monotonic()
+            result = subprocess.run(
+                [FREESCALE, "train", "--config", second, "--nproc", "2"],
+                cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 2 and len(lines) == 1, result.stdout[-2000:] + result.stderr[-3000:]
+            assert f"{folder} is being used by another run (pid {launcher.pid} on" in lines[0], lines
+            assert time.monotonic() - started < 30
+        assert launcher.poll() is None and all(alive(pid) for pid in job["rank"])  # the first one trains on
+    finally:
+        for pid in [launcher.pid, *job["rank"], *job["agent"], *job["worker"]]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+
+
+def listening_socket() -> socket.socket:
+    """Another program's port: bound on every address and listening, never answering."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 0))
+    sock.listen(8)
+    return sock
+
+
+@pytest.mark.parametrize(
+    ("node_rank", "message"),
+    [(0, "is already in use on this machine, where node 0 hosts the rendezvous"), (1, "is not node 0's rendezvous")],
+)
+def test_a_rendezvous_port_held_by_another_program_fails_in_seconds(tiny_dataset, tmp_path, node_rank, message) -> None:
+    """torchrun's node 0 gave a 45-line EADDRINUSE traceback after ~30 s, and node 1 waited silently in
+    the store's handshake with that program until the job's timeout."""
+    from train_cli import FREESCALE, run_toml
+
+    config = run_toml(tmp_path / "run.toml", tiny_dataset, tmp_path / "out")
+    with listening_socket() as taken:
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        started = time.monotonic()
+        command = ["train", "--config", config, "--nproc", "1", "--nnodes", "2", "--node-rank", str(node_rank)]
+        result = subprocess.run(
+            [FREESCALE, *command, "--rdzv-endpoint", endpoint], cwd=tmp_path, capture_output=True, text=True, timeout=90
+        )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert f"--rdzv-endpoint {endpoint}: " in lines[0] and message in lines[0], lines
+    assert time.monotonic() - started < 30
+
+
 def fake_checkpoint(root: Path, step: int) -> Path:
     path = root / f"step_{step:08d}"
     path.mkdir(parents=True)
@@ -292,7 +369,7 @@ def fake_checkpoint(root: Path, step: int) -> Path:
 
 
 def test_resume_refuses_checkpoints_others_can_write(tmp_path) -> None:
-    from freescale.trainer.checkpoint import resolve_resume
+    from freescale.trainer.checkpoint_dirs import resolve_resume
 
     path = fake_checkpoint(tmp_path / "ckpt", 3)
     assert resolve_resume(str(tmp_path / "ckpt"), "latest") == str(path)

@@ -603,14 +603,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def is_user_error(error: Exception) -> bool:
     """Errors a user can fix: bad options or input (``SourceError``, ``ManifestError``: ``ValueError``s),
-    a missing file, a prepare job that refuses to go on. Checked without importing the pipeline up
-    front: ``cmd_prepare`` starts its workers before that import (~0.7 s) so both run at once, and a
-    ``PrepareError`` implies its module is loaded.
+    a missing file, a job that refuses to go on (``PrepareError``: prepare, and a folder another run
+    holds locked). Checked without importing the pipeline up front: ``cmd_prepare`` starts its workers
+    before that import (~0.7 s) so both run at once, and a ``PrepareError`` implies its module is loaded.
     """
     if isinstance(error, ValueError | FileNotFoundError):
         return True
-    prepare = sys.modules.get("freescale.pipeline.prepare")
-    return prepare is not None and isinstance(error, prepare.PrepareError)
+    output = sys.modules.get("freescale.pipeline.output")
+    return output is not None and isinstance(error, output.PrepareError)
 
 
 if __name__ == "__main__":

@@ -6,85 +6,36 @@ dense optimizer state (written once), and the loader position (the step counter:
 to micro-batches, and every random draw is keyed by it). A resumed run therefore replays exactly the
 steps the uninterrupted run would have taken.
 
-Layout: ``<checkpoint.dir>/step_00000012/`` (DCP files). ``checkpoint.resume = "latest"`` picks the
-highest finished step; a path picks that one. A checkpoint is finished when DCP's ``.metadata`` is
-there (written last by the coordinator).
-
-Trust: DCP unpickles a checkpoint's ``.metadata``, and unpickling runs code. A checkpoint must come
-from a trusted place; resume refuses a step directory (or a file in it) that this user does not own
-or that group/other can write, since whoever can write it can make the resuming job run their code.
+Where checkpoints live, when one is finished and which are trusted: ``checkpoint_dirs.py`` (no torch:
+the launcher reads it). Every rank writes into ``.step_00000012.partial`` and rank 0, once DCP's
+``.metadata`` is written (last, by the coordinator), adds the record (``checkpoint_record.py``) and
+renames the directory to its step name. A save that fails (a full disk, a quota) removes the partial
+directory and stops the run with one line naming the folder, so ``latest`` never meets a half-written
+step.
 """
 
 from __future__ import annotations
 
+import math
 import os
-import re
-import stat
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
 
-STEP_DIR = re.compile(r"step_(\d{8})$")
-
-
-def step_dir(root: str, step: int) -> str:
-    return str(Path(root) / f"step_{step:08d}")
-
-
-def finished_steps(root: str) -> list[int]:
-    """Steps with a complete checkpoint under ``root``, ascending."""
-    base = Path(root)
-    if not base.is_dir():
-        return []
-    steps = []
-    for child in base.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and (child / ".metadata").exists():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-def resolve_resume(root: str, resume: str) -> str | None:
-    """The checkpoint directory ``checkpoint.resume`` names, or None (fresh start)."""
-    if not resume:
-        return None
-    if resume == "latest":
-        steps = finished_steps(root)
-        if not steps:
-            return None
-        check_trusted(step_dir(root, steps[-1]))
-        return step_dir(root, steps[-1])
-    path = Path(resume)
-    if not (path / ".metadata").exists():
-        raise ValueError(f"checkpoint.resume: {resume} is not a finished checkpoint (no .metadata)")
-    check_trusted(str(path))
-    return str(path)
-
-
-def check_trusted(path: str) -> None:
-    """Refuse a checkpoint another user owns or group/other can write (see the module docstring)."""
-    me = os.getuid()
-    base = Path(path)
-    for entry in [base, *sorted(base.iterdir())]:
-        info = entry.lstat()
-        if info.st_uid != me:
-            raise ValueError(
-                f"checkpoint.resume: {entry} is owned by uid {info.st_uid}, not by this user (uid {me}); "
-                "resuming unpickles checkpoint metadata, so only checkpoints you wrote are loaded"
-            )
-        if stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ValueError(
-                f"checkpoint.resume: {entry} is writable by group/other (mode {stat.S_IMODE(info.st_mode):o}); "
-                f"resuming unpickles checkpoint metadata: run `chmod -R go-w {base}` if you trust its contents"
-            )
+from freescale.pipeline.output import disk_full, one_line
+from freescale.trainer.checkpoint_dirs import OLD_SUFFIX, finished_steps, partial_dir, step_dir
+from freescale.trainer.checkpoint_record import CheckpointRecord, RunRecord, read_record, write_record
+from freescale.trainer.errors import TrainingError
 
 
 def _sharded(local: torch.Tensor, shape: tuple[int, ...], mesh: Any) -> Any:
@@ -115,24 +66,45 @@ class FreeScaleCheckpointer:
             "loader": {"step": torch.tensor(step), "world_size": torch.tensor(engine.world_size)},
         }
 
-    def save(self, root: str, step: int) -> str:
-        """Write the state after ``step`` steps; returns the checkpoint directory."""
-        path = step_dir(root, step)
+    def save(self, root: str, step: int, run: RunRecord | None = None) -> str:
+        """Write the state after ``step`` steps (with the trainer's ``run`` record) under its step name
+        once complete; returns the checkpoint directory. A failed save raises ``TrainingError`` on every
+        rank, after rank 0 removed the partial directory."""
+        path, partial = step_dir(root, step), partial_dir(root, step)
         self.engine.settle()  # PEC: deferred gradients belong to the saved state
-        dcp.save(self._state(step), checkpoint_id=path)
+        rank = dist.get_rank()
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # a save of this step that died
         dist.barrier()
+        state = self._state(step)
+        failure: BaseException | None = None
+        try:
+            dcp.save(state, checkpoint_id=partial)
+        except (Exception, CheckpointException) as error:  # DCP raises the same on every rank
+            failure = error
+        verdict = [""]
+        if rank == 0:
+            record = CheckpointRecord(step, self.engine.world_size, tensor_shapes(state), run)
+            verdict[0] = publish(partial, path, record, failure, root, step)
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0]:
+            raise TrainingError(verdict[0], everywhere=True)
         return path
 
     def load(self, path: str, check_world_size: bool = True) -> int:
         """Restore everything in place; returns the step to continue from. ``check_world_size=False``
         (``freescale evaluate``): any world size, since DCP reshards the tables and nothing is resumed."""
         state = self._state(0)
-        dcp.load(state, checkpoint_id=path)
+        record = read_record(path)
+        if record is not None:  # the launcher checked the options; this catches any other shape change
+            check_shapes(record, tensor_shapes(state), path)
+        dcp.load(state, checkpoint_id=path)  # reshards the tables to this world size
         saved_world = int(state["loader"]["world_size"])
-        if check_world_size and saved_world != self.engine.world_size:
-            raise ValueError(
-                f"checkpoint {path} was written by {saved_world} ranks; resume with the same "
-                f"--nproc (the loader's step → micro-batch map depends on it)"
+        if check_world_size and saved_world != self.engine.world_size:  # the launcher says so first
+            raise TrainingError(
+                f"checkpoint {path} was written by {saved_world} ranks; resume with the same --nproc "
+                "(the loader's step → micro-batch map depends on it)",
+                everywhere=True,
             )
         self.engine.model.load_state_dict(state["model"])
         set_optimizer_state_dict(
@@ -141,3 +113,89 @@ class FreeScaleCheckpointer:
         for key, tensor in self.engine.tables.local_state().items():
             tensor.copy_(state["tables"][key].to_local())
         return int(state["loader"]["step"])
+
+
+def tensor_shapes(state: dict[str, Any], prefix: str = "") -> dict[str, list[int]]:
+    """Global shape of every tensor in a (nested) state dict, by dotted key (DTensors: the whole table)."""
+    shapes: dict[str, list[int]] = {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            shapes[name] = list(value.shape)
+        elif isinstance(value, dict):
+            shapes.update(tensor_shapes(value, f"{name}."))
+    return shapes
+
+
+def check_shapes(record: CheckpointRecord, mine: dict[str, list[int]], path: str) -> None:
+    """Every tensor this rank would load must be in the checkpoint with the same shape (DCP raises a
+    traceback per rank otherwise); the first that is not names itself."""
+    for key, shape in mine.items():
+        saved = record.shapes.get(key)
+        if saved != shape:
+            held = f"holds {key} with shape {saved}" if saved is not None else f"holds no {key}"
+            raise TrainingError(
+                f"checkpoint {path} {held}, this run's is {shape}: the model or optimizer options differ "
+                "from the run that wrote it (model.*, model_extra.num_items/num_actions, optimizer.*)",
+                everywhere=True,  # global shapes: every rank finds the same
+            )
+
+
+def publish(
+    partial: str, path: str, record: CheckpointRecord, failure: BaseException | None, root: str, step: int
+) -> str:
+    """Rank 0 after DCP's save: add the record and give the complete directory its step name (replacing
+    an older save of the same step); on any failure remove the partial directory. Returns the error
+    message, "" on success."""
+    try:
+        if failure is not None:
+            raise failure
+        write_record(partial, record)
+        if os.path.exists(path):  # a resume from an earlier step writes this step again
+            old = str(Path(root) / f".step_{step:08d}{OLD_SUFFIX}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+            os.rename(partial, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(partial, path)
+        _fsync_dir(root)
+        return ""
+    except (Exception, CheckpointException) as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        return save_failure_message(error, record, root, step)
+
+
+def save_failure_message(error: BaseException, record: CheckpointRecord, root: str, step: int) -> str:
+    """One line for a failed save: disk full named as such, else the first failing rank's error.
+
+    A full disk does not always say so: torch's zip writer reports a short write as "enforce fail at
+    inline_container.cc ... unexpected pos", without the errno. So a save that fails while the device
+    has less room than the checkpoint's tensors need is reported as what it is."""
+    causes = [error]
+    if isinstance(error, CheckpointException):
+        causes = [failure[0] for _, failure in sorted(error.failures.items())] or causes
+    cause = next((c for c in causes if disk_full(c)), causes[0])
+    finished = finished_steps(root)
+    kept = f"the last complete checkpoint is {step_dir(root, finished[-1])}" if finished else "no checkpoint is kept"
+    free, needed = shutil.disk_usage(root).free, tensor_bytes(record.shapes)
+    if disk_full(cause) or free < needed:
+        return (
+            f"checkpoint step {step}: no space left on the device holding {root} (checkpoint.dir: {free // 1024} KiB "
+            f"free, a checkpoint needs about {needed // 1024} KiB); the partial checkpoint was removed and {kept}: "
+            "free some space and resume"
+        )
+    return f"checkpoint step {step} could not be written to {root} (checkpoint.dir): {one_line(cause)}; {kept}"
+
+
+def tensor_bytes(shapes: dict[str, list[int]], element_bytes: int = 4) -> int:
+    """About what a checkpoint of these (float32) tensors takes on disk."""
+    return sum(element_bytes * math.prod(shape) for shape in shapes.values())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

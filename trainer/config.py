@@ -298,6 +298,8 @@ class CheckpointConfig:
     steps: list[int] = field(default_factory=list)  # extra steps to checkpoint after
     at_end: bool = True
     resume: str = ""  # "" | "latest" | a step directory (checkpoint.dir/step_00000012)
+    # load (resume, evaluate) a checkpoint trained on another dataset: fine-tuning on other data, deliberately
+    allow_other_data: bool = False
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", "must be >= 0", self.every)

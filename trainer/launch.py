@@ -7,13 +7,19 @@ would shadow Hugging Face's package) and ``OMP_NUM_THREADS`` = ``engine.threads`
 
 Several machines: run the same command on each with ``--nnodes N --node-rank R --rdzv-endpoint
 HOST:PORT`` (``Nodes``): torchrun's c10d rendezvous, hosted by node 0's agent (``is_host``), so the
-endpoint must be an address of node 0 that every node reaches. Ranks are numbered by the rendezvous;
-which machine holds rank 0 does not change the training (data and table shards follow the rank).
+endpoint must be an address of node 0 that every node reaches (``rendezvous.py`` checks it first).
+Ranks are numbered by the rendezvous; which machine holds rank 0 does not change the training (data
+and table shards follow the rank).
+
+Before torchrun starts, ``freescale train`` locks the run's folders and claims its checkpoint folder
+(``run_dir.py``), and checks the checkpoint it will load against the config and the data
+(``checkpoint_record.py``): what every rank would trip over, refused once in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -21,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freescale.endpoints import host_port
+from freescale.trainer.checkpoint_record import CheckpointRecord
 from freescale.trainer.config import RunConfig
 from freescale.trainer.lifetime import die_with_parent, run_group
+from freescale.trainer.rendezvous import check_endpoint
+from freescale.trainer.run_dir import RunFolders, claim_checkpoint_dir
 
 
 def rank_parser() -> argparse.ArgumentParser:
@@ -57,7 +66,9 @@ def rank_main(argv: list[str] | None = None) -> int:
     try:
         main(cfg, args.evaluate_checkpoint or None)
     except (TrainingError, ManifestError) as error:  # ManifestError: the dataset damaged or replaced mid-run
-        print(f"freescale train: error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
+        rank = os.environ.get("RANK", "0")
+        if not getattr(error, "everywhere", False) or rank == "0":  # the same verdict on every rank: said once
+            print(f"freescale train: error: rank {rank}: {error}", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -121,11 +132,11 @@ def torchrun_command(
     return command
 
 
-def check_before_start(cfg: RunConfig, world_size: int) -> None:
-    """What every rank would trip over, checked once here: a one-line error instead of N tracebacks."""
+def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str = "") -> CheckpointRecord | None:
+    """What every rank would trip over, checked once here: a one-line error instead of N tracebacks.
+    Returns the record of the checkpoint the ranks will load (resume or ``evaluate_checkpoint``), if any."""
     from freescale.optional import torchrec_unavailable
     from freescale.pipeline.manifest import read_manifest
-    from freescale.trainer.checkpoint import resolve_resume
 
     if cfg.engine.name == "torchrec" and (reason := torchrec_unavailable("engine.name 'torchrec'")):
         raise ValueError(f"{reason}; engine.name = 'freescale' needs neither")
@@ -137,9 +148,43 @@ def check_before_start(cfg: RunConfig, world_size: int) -> None:
             f"the world size {world_size} (--nproc x --nnodes) does not divide the group size {group} of "
             f"{cfg.data.path} (balanced world sizes: {divisors}; or prepare again with --group-size)"
         )
-    if cfg.checkpoint.dir:
-        resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)  # exists, finished, trusted
     check_table_sizes(cfg, manifest)
+    return check_checkpoint(cfg, manifest, world_size, evaluate_checkpoint)
+
+
+def check_checkpoint(
+    cfg: RunConfig, manifest: dict, world_size: int, evaluate_checkpoint: str = ""
+) -> CheckpointRecord | None:
+    """The checkpoint the ranks will load, from its record: finished and trusted, of this model's shapes,
+    of this data (unless ``checkpoint.allow_other_data``) and, for a resume, of this world size."""
+    from freescale.trainer.checkpoint_dirs import resolve_resume
+    from freescale.trainer.checkpoint_record import (
+        DataIdentity,
+        check_data,
+        check_model,
+        check_world_size,
+        model_options,
+        run_record_of,
+    )
+    from freescale.trainer.protocol import table_rows
+
+    if evaluate_checkpoint:
+        if cfg.engine.name != "freescale":
+            raise ValueError("freescale evaluate loads FreeScale engine checkpoints: leave engine.name = 'freescale'")
+        path = resolve_resume(cfg.checkpoint.dir, evaluate_checkpoint)  # a finished checkpoint this user trusts
+    else:
+        path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume) if cfg.checkpoint.dir else None
+    if path is None:
+        return None
+    record, run = run_record_of(path, "--checkpoint" if evaluate_checkpoint else "checkpoint.resume")
+    where = f"checkpoint {path}"
+    if not evaluate_checkpoint:
+        check_world_size(record, world_size, where)
+    data = DataIdentity.of(cfg.data.path, manifest)
+    check_data(run, data, where, cfg.checkpoint.allow_other_data, whole=not evaluate_checkpoint)
+    sizes = {table: int(entry["size"]) for table, entry in manifest.get("tables", {}).items()}
+    check_model(run, model_options(cfg, table_rows(cfg.model_extra, sizes)), where)
+    return record
 
 
 def check_cuda_devices(cfg: RunConfig, nproc: int, visible: int) -> None:
@@ -190,12 +235,12 @@ def launch(
         import torch
 
         check_cuda_devices(cfg, nproc, torch.cuda.device_count())
-    check_before_start(cfg, nproc * nodes.nnodes)
-    if evaluate_checkpoint:
-        from freescale.trainer.checkpoint import resolve_resume
-
-        if cfg.engine.name != "freescale":
-            raise ValueError("freescale evaluate loads FreeScale engine checkpoints: leave engine.name = 'freescale'")
-        resolve_resume(cfg.checkpoint.dir, evaluate_checkpoint)  # a finished checkpoint this user trusts
-    env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
-    return run_group(torchrun_command(config, nproc, overrides, nodes, evaluate_checkpoint), env)
+    owner = nodes.node_rank == 0 and not evaluate_checkpoint  # the node that locks and claims the folders
+    with RunFolders(cfg) if owner else contextlib.nullcontext():
+        record = check_before_start(cfg, nproc * nodes.nnodes, evaluate_checkpoint)
+        if owner and cfg.checkpoint.dir:
+            claim_checkpoint_dir(cfg.checkpoint.dir, record.run.run_id if record and record.run else None)
+        if nodes.nnodes > 1:
+            check_endpoint(nodes.rdzv_endpoint, hosting=nodes.node_rank == 0)
+        env = dict(os.environ, PYTHONSAFEPATH="1", OMP_NUM_THREADS=str(cfg.engine.threads))
+        return run_group(torchrun_command(config, nproc, overrides, nodes, evaluate_checkpoint), env)

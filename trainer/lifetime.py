@@ -11,13 +11,17 @@ agent, in its own session) → one process per rank. Why each link is tied to th
 
 A parent that died before ``prctl`` ran is caught by comparing ``getppid()`` with the pid the
 parent left in the environment. The agent wrapper also turns torchrun's ``ChildFailedError``
-traceback into one line per failed rank (the ranks print their own one-line errors above it).
+traceback into one line per failed rank (the ranks print their own one-line errors above it), and its
+``SignalException`` traceback (the launcher told to stop) into one line; the job then exits with the
+conventional status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a process the
+signal had killed would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -49,23 +53,47 @@ def describe_failures(error: Any) -> list[str]:
     return lines
 
 
+def stopped_line(sig: int) -> str:
+    return f"freescale train: stopped by {signal.Signals(sig).name}; every rank of the job was ended"
+
+
+# torchrun's log lines about a job's end that our own lines say already: a signal received, the
+# ranks sent SIGTERM, a rank's exit status (``describe_failures``)
+REPORTED_MESSAGES = ("death signal", "closing signal", "failed (exitcode")
+REPORTING_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+
+
+class _AlreadyReported(logging.Filter):
+    """Drops torchrun's log lines of ``REPORTED_MESSAGES``: the job's end is said in one line of ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(part in str(record.msg) for part in REPORTED_MESSAGES)
+
+
 def agent_main(argv: list[str]) -> int:
     """torchrun's ``main`` tied to the launcher, its failure traceback replaced by one line per rank."""
     die_with_parent(signal.SIGTERM)
     os.environ[PARENT_ENV] = str(os.getpid())  # the ranks' parent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    for name in REPORTING_LOGGERS:
+        logging.getLogger(name).addFilter(_AlreadyReported())
     try:
         torchrun_main(argv)
     except ChildFailedError as error:
         print("\n".join(describe_failures(error)), file=sys.stderr, flush=True)
         return 1
+    except SignalException as error:  # torchrun ended the ranks before raising it
+        print(stopped_line(int(error.sigval)), file=sys.stderr, flush=True)
+        return 128 + int(error.sigval)
     return 0
 
 
 def run_group(command: list[str], env: dict[str, str]) -> int:
-    """Run ``command`` in its own session; forward SIGTERM/SIGINT to it and kill it when we exit."""
+    """Run ``command`` in its own session; forward SIGTERM/SIGINT to it and kill it when we exit.
+    Returns its exit status, 128 + the signal's number when a signal ended it."""
     env = dict(env, **{PARENT_ENV: str(os.getpid())})
     process = subprocess.Popen(command, env=env, start_new_session=True)
 
@@ -74,7 +102,11 @@ def run_group(command: list[str], env: dict[str, str]) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _wait(process)
+        status = _wait(process)
+        if status < 0:  # killed before torchrun could handle the signal: nothing said it yet
+            print(stopped_line(-status), file=sys.stderr, flush=True)
+            return 128 - status
+        return status
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

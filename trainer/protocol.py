@@ -24,7 +24,7 @@ from typing import Any
 
 from freescale.pipeline.reader import PreparedDataset
 from freescale.pipeline.vocabulary import Vocabulary, hash_collision_rate
-from freescale.trainer.config import RunConfig
+from freescale.trainer.config import ModelExtraConfig, RunConfig
 
 
 class TableSizeError(ValueError):
@@ -70,24 +70,38 @@ def _exact_size(option: str, configured: int, vocab: Vocabulary, where: str) -> 
     return configured or vocab.size
 
 
+def table_rows(extra: ModelExtraConfig, sizes: dict[str, int]) -> tuple[int, int]:
+    """Item and action rows ``resolve_tables`` gives ``extra`` on a dataset whose vocabularies have
+    ``sizes`` (``PreparedDataset.table_sizes``: {} before vocabularies), read from the manifest alone: the
+    launcher compares them with a checkpoint's before any rank starts."""
+    actions = sizes.get("action")
+    if actions is not None and not (extra.ids == "hashed" and extra.num_actions):
+        num_actions = extra.num_actions or actions
+    else:
+        num_actions = extra.num_actions or 16  # no vocabulary: modulo (the old behaviour)
+    num_items = extra.num_items if extra.ids == "hashed" else extra.num_items or sizes.get("item", 0)
+    return num_items, num_actions
+
+
 def resolve_tables(cfg: RunConfig, dataset: PreparedDataset) -> IdTables:
     """Table sizes and id mapping for ``cfg`` on ``dataset`` (errors name the option and both numbers)."""
     extra = cfg.model_extra
     items, actions = dataset.vocabulary("item"), dataset.vocabulary("action")
+    num_items, num_actions = table_rows(extra, dataset.table_sizes())
     if actions is not None and not (extra.ids == "hashed" and extra.num_actions):
-        num_actions = _exact_size("num_actions", extra.num_actions, actions, dataset.uri)
+        _exact_size("num_actions", extra.num_actions, actions, dataset.uri)
     else:
-        num_actions, actions = extra.num_actions or 16, None  # no vocabulary: modulo (the old behaviour)
+        actions = None  # no vocabulary: modulo (the old behaviour)
     if extra.ids == "hashed":
         rate = hash_collision_rate(items.raw_ids, extra.num_items) if items is not None else None
         size = items.size if items is not None else None
-        return IdTables(extra.num_items, num_actions, "hashed", None, actions, size, rate)
+        return IdTables(num_items, num_actions, "hashed", None, actions, size, rate)
     if items is None:
         raise TableSizeError(
             f"{dataset.uri} has no id vocabulary (prepared by an older FreeScale): re-run `freescale prepare "
             '--overwrite` for exact ids, or set model_extra.ids = "hashed" with model_extra.num_items'
         )
-    num_items = _exact_size("num_items", extra.num_items, items, dataset.uri)
+    _exact_size("num_items", extra.num_items, items, dataset.uri)
     return IdTables(num_items, num_actions, "exact", items, actions, items.size, None)
 
 

@@ -38,10 +38,12 @@ import torch.distributed as dist
 from freescale.pipeline import loader
 from freescale.pipeline.reader import PreparedDataset
 from freescale.trainer import bubbles
-from freescale.trainer.checkpoint import resolve_resume
+from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
+from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import CollateConfig, eval_samples, split_query
 from freescale.trainer.engine import Engine
+from freescale.trainer.errors import TrainingError
 from freescale.trainer.evaluate import evaluate
 from freescale.trainer.instrument import StepRecord, clock_offsets, gather_records
 from freescale.trainer.protocol import BestTracker, IdTables, resolve_tables, sized_config
@@ -172,10 +174,6 @@ def make_loader(
     return loader.Loader(config, dataset)
 
 
-class TrainingError(RuntimeError):
-    """The run cannot go on (non-finite steps, ...); the rank prints one line and exits non-zero."""
-
-
 def keep_metrics_before(path: Path, start: int) -> None:
     """Drop what a run starting at ``start`` writes again: step lines from ``start`` on, evals after it.
 
@@ -224,17 +222,19 @@ class Trainer:
         self.state = RunState()
         self._eval_samples: list[dict[str, Any]] | None = None
         self.metrics_file = self.out / "metrics.jsonl"
+        self.run_id = new_run_id()  # a resumed run takes its checkpoint's (``_resume``)
+        self.data_identity = DataIdentity.of(cfg.data.path, self.dataset.manifest)
+        self.model_options = model_options(cfg, (self.tables.num_items, self.tables.num_actions))
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
-        start = self._resume()
+        start, evals = self._resume()
         end = total_steps(self.cfg, self.dataset, self.world_size)
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
             keep_metrics_before(self.metrics_file, start)
-        if start:
-            self._restore_tracker(start)
+        self._restore_tracker(evals)
         batches = make_loader(self.cfg, self.dataset, self.collate_cfg, self.rank, self.world_size, start, end)
         progress = self._progress(start, end)
         if self.rank == 0:
@@ -252,7 +252,7 @@ class Trainer:
                 self.engine.finish_training()
                 if progress is not None:
                     progress.close()
-            return self._finish(end)  # the final evaluation still exchanges rows over the transport
+            return self._finish(start, end)  # the final evaluation still exchanges rows over the transport
         finally:
             self.engine.close()
 
@@ -281,8 +281,8 @@ class Trainer:
                 self._evaluate(done)
                 if self.tracker.should_stop:  # eval.patience: every rank saw the same metrics
                     stop, end = True, done
-            if self._checkpoint_due(done, end):
-                self.checkpointer.save(self.cfg.checkpoint.dir, done)
+            if done != end and self._checkpoint_due(done, end):  # the last step's: after the final evaluation
+                self._save(self.cfg.checkpoint.dir, done)
             if stop:
                 break
         return end
@@ -343,15 +343,29 @@ class Trainer:
             return False
         return bool((ck.every and done % ck.every == 0) or done in ck.steps or (ck.at_end and done == end))
 
-    def _resume(self) -> int:
+    def _resume(self) -> tuple[int, list[dict[str, Any]]]:
+        """The step to start at and the evaluations before it (the checkpoint's best-model record); a
+        resumed run goes on under its checkpoint's run id."""
         ck = self.cfg.checkpoint
         path = resolve_resume(ck.dir, ck.resume) if self.checkpointer is not None else None
         if path is None:
-            return 0
+            return 0, []
         step = self.checkpointer.load(path)
+        record = read_record(path)
+        evals: list[dict[str, Any]] = []
+        if record is not None and record.run is not None:
+            self.run_id, evals = record.run.run_id, record.run.evals
         if self.rank == 0:
             print(f"resumed from {path} at step {step}", flush=True)
-        return step
+        return step, evals
+
+    def _run_record(self, evals: list[dict[str, Any]]) -> RunRecord:
+        return RunRecord(self.run_id, self.data_identity, self.model_options, evals)
+
+    def _save(self, root: str, step: int, evals: list[dict[str, Any]] | None = None) -> str:
+        """A checkpoint of the current state; its record holds the evaluations so far (rank 0's)."""
+        record = self._run_record(self.state.evals if evals is None else evals)
+        return self.checkpointer.save(root, step, record)
 
     # logging ---------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -405,39 +419,35 @@ class Trainer:
         model and, with checkpoint.dir, saves it as the best checkpoint (``protocol.BestTracker``)."""
         result = self.score("validation" if self.cfg.eval.validation else "test")
         improved = self.tracker.offer(step, result)
+        line = {"step": step, "eval": result, "best": improved}
         if improved:
             self.tracker.best_test = self.score("test") if self.cfg.eval.validation else result
             if self.checkpointer is not None:
-                self.tracker.best_checkpoint = self._save_best(step)
-        if self.rank == 0:
-            line = {"step": step, "eval": result, "best": improved}
-            if improved and self.cfg.eval.validation:  # kept for the final report and for resume
+                self.tracker.best_checkpoint = step_dir(str(Path(self.cfg.checkpoint.dir) / "best"), step)
+            if self.cfg.eval.validation:  # kept for the final report and for resume
                 line["test_of_best"] = self.tracker.best_test
                 line["best_checkpoint"] = self.tracker.best_checkpoint
+            if self.checkpointer is not None:
+                self._save_best(step, [*self.state.evals, line])
+        if self.rank == 0:
             self.state.evals.append(line)
             with self.metrics_file.open("a") as handle:
                 handle.write(json.dumps(line) + "\n")
 
-    def _restore_tracker(self, start: int) -> None:
-        """A resumed run continues the best-validation selection: the evaluations up to ``start`` come
-        back from rank 0's ``metrics.jsonl`` (one broadcast, so every rank decides alike)."""
-        lines: list[dict[str, Any]] = []
-        if self.rank == 0 and self.metrics_file.exists():
-            records = [json.loads(text) for text in self.metrics_file.read_text().splitlines()]
-            lines = [record for record in records if "eval" in record and record["step"] <= start]
-        box = [lines]
-        dist.broadcast_object_list(box, src=0)
-        for line in box[0]:
+    def _restore_tracker(self, evals: list[dict[str, Any]]) -> None:
+        """A resumed run continues the best-validation selection from its checkpoint's record (the same
+        file on every rank, so every rank decides alike), whatever ``logging.out_dir`` it writes to."""
+        for line in evals:
             if self.tracker.offer(line["step"], line["eval"]):
                 self.tracker.best_test = line.get("test_of_best", line["eval"])
                 self.tracker.best_checkpoint = line.get("best_checkpoint")
         if self.rank == 0:
-            self.state.evals.extend(box[0])
+            self.state.evals.extend(evals)
 
-    def _save_best(self, step: int) -> str:
+    def _save_best(self, step: int, evals: list[dict[str, Any]]) -> str:
         """The model of the best validation so far, as ``checkpoint.dir/best/step_N`` (older ones removed)."""
         root = Path(self.cfg.checkpoint.dir) / "best"
-        path = self.checkpointer.save(str(root), step)
+        path = self._save(str(root), step, evals)
         if self.rank == 0:
             for old in root.glob("step_*"):
                 if str(old) != path:
@@ -463,10 +473,12 @@ class Trainer:
                 print(f"{split} @ step {step}: {json.dumps(report[split])}", flush=True)
         return report
 
-    def _finish(self, end: int) -> dict[str, Any] | None:
+    def _finish(self, start: int, end: int) -> dict[str, Any] | None:
         evaluated = self.tracker.history and self.tracker.history[-1].step == end  # e.g. stopped early
         if self.cfg.eval.at_end and self.cfg.eval.max_users and not evaluated:
             self._evaluate(end)
+        if end > start and self._checkpoint_due(end, end):  # after the final evaluation: its record holds it
+            self._save(self.cfg.checkpoint.dir, end)
         truncated = torch.tensor([self.state.truncated_events], dtype=torch.int64, device=self.device)
         dist.all_reduce(truncated)
         if self.rank != 0:

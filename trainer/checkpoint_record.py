@@ -1,0 +1,195 @@
+"""What a checkpoint says about itself: its run, its data, its model's shapes and the best-model record.
+
+Every checkpoint directory holds ``freescale-checkpoint.json`` beside DCP's files, written by rank 0
+before the directory gets its final name (``checkpoint.py``). It is plain JSON so that the launcher
+reads it before any rank starts, without torch and without unpickling anything, and refuses in one line
+what the ranks would otherwise trip over with a traceback (or, worse, run with silently):
+
+- ``run.run_id``: the run that wrote it. A fresh run draws a new id; a resumed run keeps its
+  checkpoint's. A checkpoint folder belongs to one run (``run_dir.claim_checkpoint_dir``);
+- ``world_size``: the loader's position is a step of that many ranks (step s reads micro-batches
+  ``s·W ..``), so resume needs the same ``--nproc × --nnodes``; the tables themselves reshard (DCP), which
+  is why ``freescale evaluate`` takes any ``--nproc``;
+- ``run.data``: the dataset's fingerprint and the xxh64 of its item and action vocabularies (from the
+  manifest's ``files`` table). Rows stand for the vocabulary's ids, so a model is meaningless on other
+  ids even when the table sizes agree; ``checkpoint.allow_other_data`` loads it anyway, deliberately;
+- ``run.model``: the options that give the saved tensors their shapes (named in the refusal), and
+  ``shapes``: every saved tensor's global shape, which each rank compares with its own state before
+  loading (whatever option changed, the error is one line naming the tensor);
+- ``run.evals``: the run's evaluation lines up to this step. A resumed run replays them into its
+  best-model tracker: the record travels with the checkpoints, not with ``logging.out_dir``, so a
+  resume into another ``out_dir`` keeps the earlier best checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freescale.trainer.config import RunConfig
+
+RECORD_NAME = "freescale-checkpoint.json"
+RECORD_VERSION = 1
+MODEL_TABLES = ("item", "action")  # the tables the model has rows for
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """Which prepared dataset a run trained on: where, its fingerprint, its model tables' vocabularies."""
+
+    path: str
+    fingerprint: str  # the manifest's (prepare's options, cost model, source files)
+    vocabularies: dict[str, str]  # table -> xxh64 of vocab/<table>.npy ("" before vocabularies existed)
+
+    @classmethod
+    def of(cls, path: str, manifest: dict[str, Any]) -> DataIdentity:
+        files = {entry.get("path"): entry for entry in manifest.get("files") or []}
+        vocabularies = {}
+        for table in MODEL_TABLES:
+            entry = manifest.get("tables", {}).get(table)
+            listed = files.get(entry.get("file")) if entry else None
+            vocabularies[table] = str(listed.get("xxh64", "")) if listed else ""
+        return cls(path, str(manifest.get("fingerprint", "")), vocabularies)
+
+    def other_ids(self, other: DataIdentity) -> list[str]:
+        """The model tables whose vocabulary differs from ``other``'s (rows mean other ids)."""
+        return [table for table in MODEL_TABLES if self.vocabularies.get(table) != other.vocabularies.get(table)]
+
+    def describe(self) -> str:
+        return f"{self.path} (fingerprint {self.fingerprint[:12] or 'none'})"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the training run knows about a checkpoint it saves (``CheckpointRecord.run``)."""
+
+    run_id: str
+    data: DataIdentity
+    model: dict[str, Any]  # model_options()
+    evals: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl eval lines up to the step
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunRecord:
+        return cls(values["run_id"], DataIdentity(**values["data"]), dict(values["model"]), list(values["evals"]))
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """``freescale-checkpoint.json``: the checkpointer's facts plus the run's (None: saved through the
+    engine API by code other than the trainer, which the launcher will not resume)."""
+
+    step: int
+    world_size: int
+    shapes: dict[str, list[int]]  # global shape of every saved tensor, by flattened state key
+    run: RunRecord | None
+    version: int = RECORD_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CheckpointRecord:
+        run = values.get("run")
+        return cls(
+            int(values["step"]),
+            int(values["world_size"]),
+            {key: list(shape) for key, shape in values["shapes"].items()},
+            RunRecord.from_dict(run) if run else None,
+            int(values["version"]),
+        )
+
+
+def model_options(cfg: RunConfig, rows: tuple[int, int]) -> dict[str, Any]:
+    """The options that shape the saved tensors, by option name (``rows``: the item and action rows
+    they resolve to on the run's data, ``protocol.table_rows``)."""
+    model, extra = cfg.model, cfg.model_extra
+    options: dict[str, Any] = {
+        "model_extra.architecture": extra.architecture,
+        "model.d_model": model.d_model,
+        "model.num_layers": model.num_layers,
+        "model.max_uih_len": model.max_uih_len,  # learned positions and HSTU's position bias
+        "model_extra.num_items": rows[0],
+        "model_extra.num_actions": rows[1],
+    }
+    if extra.architecture == "hstu":
+        options["model_extra.time_buckets"] = extra.time_buckets
+    else:
+        options["model_extra.ffn_multiplier"] = extra.ffn_multiplier
+    return options
+
+
+def write_record(directory: str | Path, record: CheckpointRecord) -> None:
+    """Write ``record`` into a checkpoint directory, whole (temporary file, fsync, rename)."""
+    path = Path(directory) / RECORD_NAME
+    partial = path.with_name(f".{RECORD_NAME}.partial")
+    with open(partial, "w") as handle:
+        handle.write(record.to_json())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def read_record(directory: str | Path) -> CheckpointRecord | None:
+    """The record of a checkpoint directory, or None when it has none (older FreeScale)."""
+    path = Path(directory) / RECORD_NAME
+    if not path.exists():
+        return None
+    try:
+        return CheckpointRecord.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a valid checkpoint record ({type(error).__name__}: {error})") from None
+
+
+def run_record_of(directory: str | Path, what: str) -> tuple[CheckpointRecord, RunRecord]:
+    """A checkpoint's record and its run's part; ``what`` names the option that pointed at it."""
+    record = read_record(directory)
+    if record is None or record.run is None:
+        raise ValueError(
+            f"{what}: {directory} has no run record ({RECORD_NAME}: written by an older FreeScale or outside "
+            "freescale train), so its run, data and model cannot be checked; train it again with this version"
+        )
+    return record, record.run
+
+
+def check_model(run: RunRecord, expected: dict[str, Any], where: str) -> None:
+    """Refuse a checkpoint whose shape-giving options differ from this run's (the tensors would not load)."""
+    for option, value in expected.items():
+        saved = run.model.get(option)
+        if saved != value:
+            rows = option.endswith(("num_items", "num_actions"))
+            has = f"resolves it to {value!r} (0 means the dataset's vocabulary size)" if rows else f"has {value!r}"
+            raise ValueError(
+                f"{where} was trained with {option} = {saved!r}, this run {has}: its tensors have other "
+                f"shapes; set {option} = {saved!r} to load it, or train a fresh run"
+            )
+
+
+def check_data(run: RunRecord, data: DataIdentity, where: str, allowed: bool, whole: bool) -> None:
+    """Refuse a checkpoint trained on other data: other vocabularies (``whole=False``, evaluation: the
+    rows would stand for other ids) or, for a resume, any other dataset (``whole=True``: the loader's
+    position belongs to the checkpoint's data). ``allowed``: ``checkpoint.allow_other_data``."""
+    tables = run.data.other_ids(data)
+    if allowed or not (tables or (whole and run.data.fingerprint != data.fingerprint)):
+        return
+    differs = f"other {' and '.join(tables)} ids" if tables else "the same ids, other samples"
+    raise ValueError(
+        f"{where} was trained on {run.data.describe()}, this run reads {data.describe()} ({differs}); "
+        "set checkpoint.allow_other_data = true to load it on other data deliberately (fine-tuning)"
+    )
+
+
+def check_world_size(record: CheckpointRecord, world_size: int, where: str) -> None:
+    if record.world_size != world_size:
+        raise ValueError(
+            f"{where} was written by {record.world_size} ranks, this run has {world_size} (--nproc x --nnodes): "
+            "its loader position counts steps of its world size; resume with the same ranks (freescale "
+            "evaluate takes any --nproc: the tables reshard)"
+        )
