@@ -185,8 +185,8 @@ def triton_call(x: Inputs, config=None, time_bias: bool = True, autograd: bool =
 
 def torch_call(x: Inputs, s: Settings, compiled: bool = False) -> Callable[[], torch.Tensor]:
     attention = x.layer._attention
-    if compiled:
-        attention = torch.compile(attention, dynamic=False)
+    if compiled:  # on CPU (the smoke run) aot_eager: the same tracing, without inductor's C++ build
+        attention = torch.compile(attention, dynamic=False, backend="inductor" if s.device == "cuda" else "aot_eager")
     autocast = s.device == "cuda"
 
     def call() -> torch.Tensor:

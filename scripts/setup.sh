@@ -47,7 +47,8 @@ echo "setup: installing the pinned stack into $VENV ($FBGEMM); first run takes a
 "${PIP[@]}" -e ".[test]"
 # The Triton of the GPU image (KINDS: torch 2.11 + Triton 3.6), beside the venv's own: the compile check
 # (tests/test_triton_compile.py) builds every kernel for sm_90 with both, on hosts without a GPU.
-"$VENV/bin/python" -m pip install --quiet --no-deps --target "$VENV/triton-gpu-image" triton==3.6.0
+[ -d "$VENV/triton-gpu-image/triton" ] ||
+  "$VENV/bin/python" -m pip install --quiet --no-deps --target "$VENV/triton-gpu-image" triton==3.6.0
 compile_project
 echo "$want" > "$STAMP"
 echo "setup: done"

@@ -48,9 +48,10 @@ class _TargetOnlyDriver:
         return torch.device("cpu")
 
 
-def compile_hstu_attention() -> None:
+def compile_hstu_attention(all_tiles: bool) -> None:
     """Both attention kernels through their launchers: bf16 (the GPU runs), float32 (the fp32 model),
-    with and without the time bias, the default tiles and the ones bench_hstu_attention sweeps."""
+    with and without the time bias, the default tiles (``all_tiles``: and the ones bench_hstu_attention
+    sweeps)."""
     from freescale.kernels import hstu_attention_triton as att
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -69,6 +70,8 @@ def compile_hstu_attention() -> None:
             att.backward(torch.zeros(n, 256, dtype=dtype), *args)
     args = (q.to(torch.bfloat16), q.to(torch.bfloat16), q.to(torch.bfloat16), offsets, times, times,
             torch.zeros(8192), torch.zeros(64), 4, max(lengths))  # fmt: skip
+    if not all_tiles:
+        return
     for config in forward_sweep():
         att.forward(*args, config)
     for config in backward_sweep():
@@ -78,6 +81,7 @@ def compile_hstu_attention() -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90, help="compute capability as an int (90 = H100/H200)")
+    p.add_argument("--all-tiles", action="store_true", help="also every attention tile the benchmark sweeps")
     a = p.parse_args(argv)
     driver.set_active(_TargetOnlyDriver(a.arch))
     compiled: dict[str, list[float]] = {}
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         offsets = torch.arange(shape[0] + 1)
         tri.triton_gather_rows(src, index)
         tri.triton_jagged_gather(src, offsets, offsets, index)
-    compile_hstu_attention()
+    compile_hstu_attention(a.all_tiles)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_sm_contention
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from freescale.kernels.hstu_attention import hstu_attention
 from freescale.kernels.hstu_attention_ref import time_bucket
 
-SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -92,6 +92,9 @@ class _FakeDataset:
         size = self.items if table == "item" else 3
         return None if size is None else Vocabulary(table, np.arange(size, dtype=np.int64) * 1000)
 
+    def table_sizes(self) -> dict[str, int]:
+        return {t: v.size for t in ("item", "action") if (v := self.vocabulary(t)) is not None}
+
 
 def _cfg(**extra: Any) -> RunConfig:
     return RunConfig.from_dict({"data": {"path": "data/x"}, "model_extra": extra})

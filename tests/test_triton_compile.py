@@ -1,8 +1,9 @@
-"""Every Triton kernel compiles for sm_90 (H100/H200) on this GPU-less host.
+"""Every Triton kernel compiles for sm_90 (H100/H200) on this GPU-less host, with the GPU image's Triton.
 
 The interpreter runs kernels as numpy and accepts constructs the compiler rejects; a kernel that does
 not compile would otherwise first fail on a lent GPU, where minutes are scarce. The script swaps in a
-stand-in driver so launches compile and never run (``scripts/triton_compile_check.py``).
+stand-in driver so launches compile and never run (``scripts/triton_compile_check.py``; run it by hand
+with the installed Triton too, and with ``--all-tiles`` for every tile the attention bench sweeps).
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ def _compile(tmp_path: Path, triton_path: Path | None) -> str:
     assert "every kernel compiled for sm_90" in result.stdout
     assert "_hstu_bwd_kernel" in result.stdout and "_hstu_fwd_kernel" in result.stdout
     return result.stdout
-
-
-@pytest.mark.slow
-def test_every_kernel_compiles_for_sm90(tmp_path: Path) -> None:
-    _compile(tmp_path, None)
 
 
 @pytest.mark.slow
