@@ -92,6 +92,28 @@ def test_shard_writer_writes_mdswriters_files(tmp_path_factory, sizes, limit, wi
     assert _files(ours) == _files(reference)
 
 
+def test_flushing_a_shard_holds_neither_the_size_limit_nor_a_second_copy(tmp_path, monkeypatch) -> None:
+    """A shard is written in runs of ``WRITE_CHUNK`` bytes: the bytes match ``MDSWriter``'s across run
+    boundaries, and flushing allocates a run, not the size limit (a whole-shard buffer zero-filled all
+    64 MB of the default limit for a shard of a few KB, and took ``prepare --memory-limit 256MB`` to
+    272 MB in CI)."""
+    import tracemalloc
+
+    from freescale.pipeline.steps import mds_shards
+
+    monkeypatch.setattr(mds_shards, "WRITE_CHUNK", 1000, raising=False)
+    samples = [bytes([i % 251]) * (300 + i) for i in range(40)]
+    reference, ours = tmp_path / "streaming", tmp_path / "ours"
+    _streaming_part(reference, samples, 64 << 20, False)
+    tracemalloc.start()
+    with part_writer(False, str(ours), 64 << 20) as writer:
+        writer.write_encoded(samples)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert _files(ours) == _files(reference)
+    assert peak < 1 << 20, f"flushing a {sum(map(len, samples)):,}-byte shard peaked at {peak:,} bytes"
+
+
 def test_shard_writer_output_reads_back_with_streaming(tmp_path) -> None:
     """Shards written without streaming read back through ``StreamingDataset`` sample for sample."""
     from freescale.pipeline.streaming_modules import streaming_dataset_class

@@ -50,6 +50,7 @@ FIXED_SIZES: dict[str, int | None] = {
     "float64": 8,
 }
 HASHES = {"xxh64": xxhash.xxh64}
+WRITE_CHUNK = 1 << 20  # bytes joined per write and hash update when a shard is flushed
 
 
 def _column_size(encoding: str) -> int | None:
@@ -131,45 +132,47 @@ class ShardWriter:
 
     def _flush(self) -> None:
         basename = f"shard.{len(self.shards):05}.mds"
-        data = self._encode_shard()
-        hashes = {algo: HASHES[algo](data).hexdigest() for algo in self.hashes}
         path = storage.join(self.out, basename)
+        hashers = {algo: HASHES[algo]() for algo in self.hashes}
+        size = 0
         if storage.is_remote(self.out):
-            storage.write_bytes(path, bytes(data))
+            data = b"".join(self._shard_chunks())
+            storage.write_bytes(path, data)
+            size = len(data)
+            for hasher in hashers.values():
+                hasher.update(data)
         else:
             with open(path, "wb") as handle:
-                handle.write(data)
-        raw = {"basename": basename, "bytes": len(data), "hashes": hashes}
+                for chunk in self._shard_chunks():
+                    handle.write(chunk)
+                    size += len(chunk)
+                    for hasher in hashers.values():
+                        hasher.update(chunk)
+        hashes = {algo: hasher.hexdigest() for algo, hasher in hashers.items()}
+        raw = {"basename": basename, "bytes": size, "hashes": hashes}
         self.shards.append({"samples": len(self._samples), "raw_data": raw, "zip_data": None, **self.config})
         self._samples = []
         self._size = self._fixed
 
-    def _encode_shard(self) -> memoryview:
-        """The shard's bytes, valid until the next shard is encoded (this process's shard buffer)."""
+    def _shard_chunks(self) -> Iterable[bytes]:
+        """The shard's bytes in order, as the header and then runs of samples of about ``WRITE_CHUNK``
+        bytes: a shard is never copied whole (a whole-shard buffer cost up to ``size_limit`` of
+        memory beside the samples, and zero-filled all of it even for a shard of a few KB)."""
         sizes = np.fromiter(map(len, self._samples), np.int64, len(self._samples))
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.uint32)
         count = np.uint32(len(sizes)).tobytes()
         offsets += len(count) + len(offsets.tobytes()) + len(self.config_data)
-        header = b"".join([count, offsets.tobytes(), self.config_data])
-        buffer = _shard_buffer(len(header) + int(sizes.sum()), self.size_limit or 0)
-        buffer[: len(header)] = header
-        position = len(header)
-        for sample, size in zip(self._samples, sizes.tolist(), strict=True):
-            buffer[position : position + size] = sample  # same length: copied in place
-            position += size
-        return memoryview(buffer)[:position]
-
-
-_SHARD_BUFFER = bytearray()  # reused by every shard this process writes (one at a time)
-
-
-def _shard_buffer(needed: int, size_limit: int) -> bytearray:
-    """The process's shard buffer, grown to hold ``needed`` bytes (at once to the size limit, so it
-    is allocated once)."""
-    global _SHARD_BUFFER
-    if len(_SHARD_BUFFER) < needed:
-        _SHARD_BUFFER = bytearray(max(needed, size_limit))
-    return _SHARD_BUFFER
+        yield b"".join([count, offsets.tobytes(), self.config_data])
+        run: list[bytes] = []
+        run_bytes = 0
+        for sample in self._samples:
+            run.append(sample)
+            run_bytes += len(sample)
+            if run_bytes >= WRITE_CHUNK:
+                yield b"".join(run)
+                run, run_bytes = [], 0
+        if run:
+            yield b"".join(run)
 
 
 __all__ = ["INDEX_NAME", "ShardWriter", "shard_config"]
