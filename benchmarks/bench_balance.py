@@ -1,6 +1,6 @@
-"""Step-group planner benchmark: random batching vs within-step balancing vs our plan (DESIGN §4).
+"""Step-group planner benchmark: random batching vs within-step balancing vs our plan (docs/design.md#balancing).
 
-Per-sample costs go through the cost model of a d = 256 HSTU (DESIGN §3; ``freescale.pipeline.cost``
+Per-sample costs go through the cost model of a d = 256 HSTU (docs/design.md#cost-model; ``freescale.pipeline.cost``
 when it is importable, else ``a·L² + b·L`` with a = 7·d·layers, b = 30·d²·layers + a small loss
 term). Length shapes (``--shapes``):
 
@@ -52,7 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "bench_balance.json"
 STRATEGIES = ("random", "within_step", "planned")
 SHAPES = ("lognormal", "large_preset", "pareto")
 TARGET_PLAN_PCT, TARGET_RANDOM_PCT, TARGET_GROUP_SIZES = 1.0, 50.0, (8, 64, 256)
-# DESIGN §4's quick model (cost L² + 1280·L, 32 samples per rank): random / within-step / planned.
+# the quick model of docs/design.md#balancing (cost L² + 1280·L, 32 samples per rank): random / within-step / planned.
 DESIGN_REFERENCE = {"8": [61, 46, 0], "64": [82, 79, 0], "256": [86, 84, 0]}
 
 
@@ -136,7 +136,7 @@ def make_costs(s: Settings, shape: str) -> tuple[np.ndarray, dict[str, Any]]:
 
 
 def bench_one(costs: np.ndarray, s: Settings, g: int, mode: str) -> dict[str, Any]:
-    """Plan the same costs with each strategy (alone, timed) and collect the DESIGN metrics."""
+    """Plan the same costs with each strategy (alone, timed) and collect the metrics of docs/definitions.md."""
     row: dict[str, Any] = {"group_size": g, "mode": mode, "strategies": {}}
     row["straggler_pct_floor"] = round(straggler_floor_pct(costs, g), 4)
     for strategy in STRATEGIES:

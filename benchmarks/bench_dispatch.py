@@ -1,6 +1,6 @@
 """Dispatch/combine benchmark: Triton vs the naive per-destination loop and the vectorized PyTorch reference.
 
-Reproduces the paper's Fig. 7 setting (DESIGN.md §4): one rank's batch of samples is dispatched to W
+Reproduces the paper's Fig. 7 setting (docs/design.md#online-balancer): one rank's batch of samples is dispatched to W
 ranks (jagged item embeddings, d = 256, bf16, plus dense features and labels) and combined back.
 Sample lengths follow the heavy-tailed lognormal of the design brief (median 300, sigma 1.2, capped
 at 21,000). Every implementation runs on the same batch in the same run: its output is first checked

@@ -9,14 +9,14 @@ One run, on this host:
    rank trains rank 0's micro-batch, ``bench_bubbles``' ``identical`` variant): its
    ``straggler_pct`` sets the jitter, its forward+backward time against the cost model's prediction
    for the same micro-batches sets ``compute.scale``, and the rest of its busy time the per-step
-   overhead; the data's ``batch_overlap_rate`` and distinct-id share (DESIGN §2, on the run's own
+   overhead; the data's ``batch_overlap_rate`` and distinct-id share (docs/design.md#definitions, on the run's own
    global batches).
 2. **Measure** (the targets, never shown to the simulator): ``freescale train --nproc 2`` on the
    random and the planned dataset, ``engine.overlap = none`` and ``pec``, interleaved.
 3. **Predict** each with ``simulate`` on the dataset's own layout at W = 2, over the same steps.
    Target: every predicted ``straggler_pct`` and ``exposed_comm_pct`` within 3 percentage points.
 4. **Project** the paper's setting on the shipped H100 profile: 256 ranks (and 2…1024), UIH
-   lengths lognormal(median 300, σ 1.2, cap 21,000) as in DESIGN §4, the repository's default model
+   lengths lognormal(median 300, σ 1.2, cap 21,000) as in docs/design.md#balancing, the repository's default model
    (d_model 256, 4 layers, 128 negatives: the paper's production model is not public), an assumed
    ``batch_overlap_rate`` of 0.1. Random batching, online balancing and the offline plan side by side.
 
@@ -161,7 +161,7 @@ def insitu_network(
 
 # ------------------------------------------------------------------------------------------ data facts
 def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
-    """DESIGN's ``batch_overlap_rate`` of the item table over the run's consecutive global batches
+    """``batch_overlap_rate`` (docs/definitions.md) of the item table over the run's consecutive global batches
     (W = 2), the share of a micro-batch's item ids that are distinct (what ``input_dist`` sends) and
     the mean events of rank 0's micro-batches (what every rank trains in the noise-floor run)."""
     from freescale.pipeline.reader import PreparedDataset

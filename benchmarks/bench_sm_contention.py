@@ -1,6 +1,6 @@
 """SM contention benchmark: how much do overlapped copies slow compute, by copy mechanism?
 
-DESIGN.md §6: SM-based copies (NCCL's kernels, a copy kernel) run on the SMs and slow the compute they
+docs/design.md#transport: SM-based copies (NCCL's kernels, a copy kernel) run on the SMs and slow the compute they
 overlap; copy-engine (DMA) copies should not. One GPU, one process, two streams (two processes on one
 GPU would time-slice without MPS, hiding the effect). For each compute workload (a bf16 GEMM, a fused
 causal attention with HSTU's FLOP shape, HSTU's unfused SiLU attention, which is memory-bound) the

@@ -15,7 +15,7 @@ time merge, no truncation, no ids, no batching figures.
   ``--work-dir``): what a second run, e.g. with other W or table sizes, pays.
 
 Every arm runs ``--repeats`` times (default 3), interleaved, and the run with the median wall time
-is reported (the host is shared and its cores drift: DESIGN §8); ``wall_s_each`` keeps every run.
+is reported (the host is shared and its cores drift: docs/design.md#pitfalls); ``wall_s_each`` keeps every run.
 Peak RSS is the peak of the summed RSS of the whole process tree (workers included), sampled every
 50 ms. Target (issue 3): stats ≤ 2× the baseline's wall time.
 

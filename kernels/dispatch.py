@@ -1,6 +1,6 @@
 """Dispatch/combine: group rows by destination rank into one contiguous send buffer, and undo it.
 
-This is the data movement of the online balancer (DESIGN.md §4): after the sharded-embedding
+This is the data movement of the online balancer (docs/design.md#online-balancer): after the sharded-embedding
 communication each sample (its embeddings, dense features and labels) is dispatched to the rank that
 balances per-rank cost; after backward the embedding gradients are combined back to the samples' home
 ranks. Both are permutations, so ``combine(dispatch(x)) == x`` bit for bit, dispatch's gradient is

@@ -1,6 +1,6 @@
 """Transport: the trainer's variable-size all-to-all behind one asynchronous interface.
 
-Why an interface: the balancer's dispatch (DESIGN.md §4) and the embedding communication must overlap
+Why an interface: the balancer's dispatch (docs/design.md#online-balancer) and the embedding communication must overlap
 compute, and how bytes move decides whether they slow that compute (§6). ``TorchDistTransport`` uses
 ``torch.distributed`` (gloo on CPU, NCCL on GPU: SM-based kernels); ``CopyEngineTransport``
 (``transport_copy_engine``) moves bytes with CUDA copy engines between ranks of one node. Both expose:

@@ -1,6 +1,6 @@
 """SM-free all-to-all between ranks of one node: CUDA IPC staging buffers + copy-engine memcpys.
 
-Why: NCCL moves data with kernels that occupy SMs and slow the compute they overlap (DESIGN.md §6;
+Why: NCCL moves data with kernels that occupy SMs and slow the compute they overlap (docs/design.md#transport;
 10–40% reported). A ``cudaMemcpyAsync`` between device buffers of one node (peer copies over NVLink,
 or two processes sharing a GPU) is executed by the GPU's copy engines (DMA) and leaves the SMs to
 compute. ``benchmarks/bench_sm_contention.py`` verifies with the profiler that these copies launch

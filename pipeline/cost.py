@@ -1,4 +1,4 @@
-"""Per-sample cost model (DESIGN §3): ``cost(L) = a·L² + b·L + c``.
+"""Per-sample cost model (docs/design.md#cost-model): ``cost(L) = a·L² + b·L + c``.
 
 The balancer only needs *relative* costs that track what a rank spends on a sample. For an HSTU
 layer with model dim ``d`` a sample of length ``L`` costs, forward, about ``10·d²·L`` FLOPs of
@@ -81,7 +81,7 @@ class CostModel:
 
     @classmethod
     def from_model(cls, model: ModelConfig) -> CostModel:
-        """Analytic FLOPs of one training step (forward + backward) per DESIGN §3."""
+        """Analytic FLOPs of one training step (forward + backward) per docs/design.md#cost-model."""
         d, layers = model.d_model, model.num_layers
         attention_fwd = 2.0 * d  # per L², per layer: QK^T and AV, half masked
         projection_fwd = 10.0 * d * d  # per L, per layer: fused uvqk + output projection

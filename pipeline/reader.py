@@ -4,7 +4,7 @@ A prepared dataset is a sequence of step groups of ``G`` cost-balanced micro-bat
 ``W`` ranks (``W`` divides ``G``) spends ``G / W`` steps on a group and at each step rank ``r`` reads
 micro-batch ``group·G + (s mod G/W)·W + r``. Any ``W`` dividing ``G`` therefore stays balanced, the
 schedule is a pure function of the step counter (deterministic, resumable), and each rank reads only
-its own rows — the loader, not mosaicml-streaming's shuffle, decides placement (DESIGN §8).
+its own rows — the loader, not mosaicml-streaming's shuffle, decides placement (docs/design.md#pitfalls).
 
 Epochs: epoch 0 reads the groups in plan order; epoch ``e > 0`` reads them in the order of a
 permutation drawn from ``(seed, e)`` (``group_order``). Whole groups move, never micro-batches

@@ -169,8 +169,8 @@ class Vocabulary:
 
 
 def hash_collision_rate(raw_ids: np.ndarray, table_size: int) -> float:
-    """DESIGN ``hash_collision_rate`` of distinct ``raw_ids`` folded into ``table_size`` rows by ``id % T``:
-    the share of ids that share their row with another id."""
+    """``hash_collision_rate`` (docs/definitions.md) of distinct ``raw_ids`` folded into ``table_size``
+    rows by ``id % T``: the share of ids that share their row with another id."""
     if len(raw_ids) == 0:
         return 0.0
     _, counts = np.unique(np.asarray(raw_ids, np.int64) % table_size, return_counts=True)

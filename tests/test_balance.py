@@ -1,4 +1,4 @@
-"""Properties of the step-group planner (DESIGN §4), checked with hypothesis.
+"""Properties of the step-group planner (docs/design.md#balancing), checked with hypothesis.
 
 Every plan must hold every sample exactly once, keep the counts its mode promises, and keep every
 step within the provable greedy bound (max bin ≤ total/G + largest item ≤ 2 × lower_bound); on

@@ -1,7 +1,7 @@
 """Partition kernels of the planner against one-at-a-time references (hypothesis).
 
 The kernels are vectorised across steps (batched LPT, lockstep KK, block-wise swaps); these tests pin
-them to the plain sequential definitions of DESIGN §4 and to their invariants: cardinality, the
+them to the plain sequential definitions of docs/design.md#balancing and to their invariants: cardinality, the
 greedy bound, and swaps that never raise a step's max bin or change its counts.
 """
 

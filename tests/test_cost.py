@@ -1,4 +1,4 @@
-"""Cost model: DESIGN §3 coefficients, fitted-coefficient files, and clear errors."""
+"""Cost model: docs/design.md#cost-model coefficients, fitted-coefficient files, and clear errors."""
 
 from __future__ import annotations
 

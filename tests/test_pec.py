@@ -1,4 +1,4 @@
-"""Prioritized embedding communication trains exactly like the synchronous engine (DESIGN §5).
+"""Prioritized embedding communication trains exactly like the synchronous engine (docs/design.md#pec).
 
 Every comparison runs ``overlap = "none"`` and ``"pec"`` from the same seed on the same gloo ranks
 and requires per-step losses and every piece of training state (table shards, row-wise optimizer

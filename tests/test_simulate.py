@@ -1,4 +1,4 @@
-"""``freescale simulate`` (DESIGN §9): analytic cases, agreement with the planner and the online
+"""``freescale simulate`` (docs/design.md#scale-model): analytic cases, agreement with the planner and the online
 placement, monotonicity, determinism, jitter solved from a noise floor, profile validation, and the
 CLI end to end on a tiny generated + prepared dataset."""
 
@@ -73,8 +73,8 @@ def test_identical_samples_never_straggle(seconds_per_event) -> None:
 
 
 def test_one_rank_with_double_work_straggles_as_design_defines(seconds_per_event) -> None:
-    """The waiting rank idles half of every step (its per-rank straggler_pct is 50%); DESIGN's
-    straggler_pct is the mean over ranks: 50% · (W − 1) / W."""
+    """The waiting rank idles half of every step (its per-rank straggler_pct is 50%); the straggler_pct of
+    docs/definitions.md is the mean over ranks: 50% · (W − 1) / W."""
     for w in (2, 4, 64):
         lengths = np.full(w * 3, 100)
         lengths[::w] = 200  # micro-batch 0 of every step (one sample each) is rank 0's: twice the work
@@ -393,7 +393,7 @@ def test_write_plot_and_summary_from_a_distribution(tmp_path) -> None:
     report = json.loads((out / "simulate.json").read_text())
     assert report["profile"]["name"] == "h100_nvlink_ib400"
     assert report["cost"]["origin"].startswith("analytic FLOPs")
-    # planning beats random batching at scale (DESIGN §4's quick model: ≈0% vs > 80%)
+    # planning beats random batching at scale (the quick model of docs/design.md#balancing: ≈0% vs > 80%)
     assert find(report, 64, "plan")["straggler_pct"] < 5 < 50 < find(report, 64, "random")["straggler_pct"]
     assert Path(out / "simulate.png").exists()
 

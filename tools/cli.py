@@ -267,8 +267,8 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         sub.add_parser(
             "simulate",
             help="predict straggler / exposed-comm bubbles at W ranks from sample lengths (no cluster needed)",
-            description="Trace-driven bubble simulator (DESIGN §9): sample lengths + per-sample cost + "
-            "network model + jitter -> predicted straggler_pct, exposed_comm_pct, bubble_pct, step time "
+            description="Trace-driven bubble simulator (docs/design.md#scale-model): sample lengths + per-sample "
+            "cost + network model + jitter -> predicted straggler_pct, exposed_comm_pct, bubble_pct, step time "
             "and samples/s per world size for random batching, online balancing, the offline plan and "
             "plan + online, with overlap none or pec. Writes simulate.json and simulate.png to --out.",
         )

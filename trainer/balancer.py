@@ -1,4 +1,4 @@
-"""Placement of a step's samples on ranks for the online balancer (DESIGN §4 "Online").
+"""Placement of a step's samples on ranks for the online balancer (docs/design.md#online-balancer).
 
 Every rank calls ``place_samples`` on the *same* global vectors (per-sample costs and home ranks,
 rank-major, home order within a rank; ``online.py`` exchanges them) and gets the same answer, so no
@@ -34,7 +34,7 @@ def rank_loads(costs: np.ndarray, ranks: np.ndarray, world_size: int) -> np.ndar
 
 
 def imbalance(loads: np.ndarray) -> float:
-    """DESIGN's ``imbalance``: max rank cost / mean rank cost (1.0 when perfect or when nothing runs)."""
+    """``imbalance`` (docs/definitions.md): max rank cost / mean rank cost (1.0 when perfect or when nothing runs)."""
     mean = float(loads.mean()) if loads.size else 0.0
     return float(loads.max()) / mean if mean > 0 else 1.0
 

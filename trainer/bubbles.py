@@ -1,4 +1,5 @@
-"""Turn gathered step records into ``straggler_pct``, ``exposed_comm_pct`` and ``bubble_pct`` (DESIGN §2).
+"""Turn gathered step records into ``straggler_pct``, ``exposed_comm_pct`` and ``bubble_pct``
+(docs/design.md#definitions).
 
 For collective ``i`` of step ``s`` every rank recorded its arrival (launch) and the interval it
 blocked waiting. The collective cannot complete before the slowest rank arrives, so for rank ``r``
@@ -334,7 +335,7 @@ def _totals(rank_steps: list[RankStep]) -> dict[str, float]:
 
 
 def part_shares(rank_steps: list[dict[str, Any]]) -> dict[str, float]:
-    """Each part's share of the wall time, and DESIGN's bubble figures, over rank-steps given as
+    """Each part's share of the wall time, and the bubble figures of docs/definitions.md, over rank-steps given as
     ``RankStep.parts()`` (``bubbles.json``'s ``rank_steps``): each weighted by its wall time."""
     wall = sum(r["wall"] for r in rank_steps)
     if wall <= 0:

@@ -1,7 +1,7 @@
 """The trainer's one communication seam: every all-to-all it makes goes through a ``Transport``.
 
 ``kernels/transport.py`` moves the bytes (``torch``: gloo/NCCL collectives; ``copy_engine``: CUDA
-copy engines, SM-free, DESIGN §6). This module adds what the trainer needs around any transport:
+copy engines, SM-free, docs/design.md#transport). This module adds what the trainer needs around any transport:
 a name per collective and its timing. ``TimedTransport.start`` stamps the launch, ``handle.wait()``
 the wait's start and end, and hands the three to a ``CommClock`` — the step timer on the main thread
 (so ``bubbles.analyze`` splits the wait into idle and exposed communication) or ``SideSeconds`` on

@@ -4,7 +4,7 @@
     → sparse_update → dense_update
 
 Each stage is a method-sized piece so the next issues can move them: prioritized embedding
-communication (DESIGN §5) splits ``input_dist``/``embedding_comm`` into overlapped and non-overlapped
+communication (docs/design.md#pec) splits ``input_dist``/``embedding_comm`` into overlapped and non-overlapped
 ids and defers part of ``sparse_update``; the online balancer inserts dispatch/combine after
 ``embedding_comm`` and before ``gradient_comm``. Every all-to-all goes through one transport
 (``comm.TimedTransport``, ``engine.transport``): torch.distributed collectives or SM-free copy engines.

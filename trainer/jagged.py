@@ -1,4 +1,4 @@
-"""Jagged sequences without padding every sample to the batch max (DESIGN §3).
+"""Jagged sequences without padding every sample to the batch max (docs/design.md#cost-model).
 
 A micro-batch is a flat tensor of all samples' positions plus per-sample lengths. Projections run
 on the flat ``[N, d]`` values (cost ∝ Σ L_i). Attention needs a square per sample; padding the whole

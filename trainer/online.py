@@ -1,4 +1,5 @@
-"""The paper's online load balancer inside the FreeScale engine (DESIGN §4 "Online"): ``engine.balancer = "online"``.
+"""The paper's online load balancer inside the FreeScale engine: ``engine.balancer = "online"``
+(docs/design.md#online-balancer).
 
 It replaces the engine's ``forward_backward`` (the only part of the step that changes), so it
 composes with ``engine.overlap = "none"`` (``OnlineEngine``) and ``"pec"`` (``OnlinePECEngine``,

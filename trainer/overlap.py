@@ -1,4 +1,4 @@
-"""The pieces prioritized embedding communication (DESIGN §5) is built from.
+"""The pieces prioritized embedding communication (docs/design.md#pec) is built from.
 
 * ``OverlapMasks``: for two consecutive steps n and n+1, which rows overlap (OL: in both global
   batches) — decided by the shard that owns the row, which sees every rank's request, and sent back

@@ -1,4 +1,4 @@
-"""Prioritized embedding communication (DESIGN §5): the FreeScale engine with ``engine.overlap = "pec"``.
+"""Prioritized embedding communication (docs/design.md#pec): the FreeScale engine with ``engine.overlap = "pec"``.
 
 While batch n computes, a background ``CommWorker`` routes batch n+1, lets each row's owner split
 batch n+1's rows into OL (batch n reads them too, so batch n's update changes them) and NOL (batch n
@@ -7,7 +7,7 @@ are before batch n's update, together with their optimizer state. What is left o
 is one all-to-all after batch n's backward: each gradient of a row batch n+1 reads ("hot") goes to
 the row's owner *and* to the ranks that will read it. The owner applies it to its shard; each reader
 applies the same optimizer arithmetic (``SparseOptimizer.updated``) to its prefetched copy. That is
-DESIGN §5's "OL rows first" with one network hop instead of two (gradients to the owner, then rows
+docs/design.md#pec's "OL rows first" with one network hop instead of two (gradients to the owner, then rows
 back), which matters where latency, not bandwidth, dominates small OL messages. The remaining
 ("cold") gradients go to the worker, which sends and applies them before its next task — batch
 n+2's prefetch — looks up any row.

@@ -1,4 +1,4 @@
-"""Configuration of ``freescale simulate`` (DESIGN §9): hardware, network, jitter, workload, arms.
+"""Configuration of ``freescale simulate`` (docs/design.md#scale-model): hardware, network, jitter, workload, arms.
 
 Every component is a small dataclass validated in ``__post_init__``; an error names the option to
 change (``network.inter_bandwidth_gbytes_s must be > 0``). A *hardware profile* is a TOML file with
@@ -52,7 +52,7 @@ class ComputeConfig:
     """Per-sample compute time on the target hardware.
 
     Either a calibrated cost model (``freescale calibrate`` output, seconds; ``cost_model`` path) or
-    the analytic FLOPs of DESIGN §3 divided by ``peak_tflops × mfu``. ``mfu`` (the share of peak a
+    the analytic FLOPs of docs/design.md#cost-model divided by ``peak_tflops × mfu``. ``mfu`` (the share of peak a
     real run reaches) is never a datasheet figure: profiles state it as an assumption. ``scale``
     multiplies the result (a calibration run on this host measures it: the trainer's forward and
     backward against what the cost model predicts for the same micro-batches). ``per_micro_batch_s``

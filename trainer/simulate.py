@@ -1,4 +1,4 @@
-"""Trace-driven bubble simulator (DESIGN §9): per-rank bubbles for W ranks without W machines.
+"""Trace-driven bubble simulator (docs/design.md#scale-model): per-rank bubbles for W ranks without W machines.
 
 A step on W ranks is modelled the way the trainer runs it and the way ``bubbles.analyze`` measures
 it: every rank is busy for ``(step_overhead + compute(its samples)) × jitter`` seconds, then waits
@@ -93,7 +93,7 @@ class SampleCost:
 
 
 def sample_cost(compute: ComputeConfig, workload: WorkloadConfig) -> SampleCost:
-    """A calibrated cost model (seconds; FLOPs need ``peak_tflops``) or the analytic FLOPs of DESIGN §3
+    """A calibrated cost model (seconds; FLOPs need ``peak_tflops``) or the analytic FLOPs of docs/design.md#cost-model
     at ``peak_tflops × mfu``, times ``compute.scale``."""
     throughput = None if compute.peak_tflops is None else compute.peak_tflops * 1e12 * compute.mfu
     if compute.cost_model is not None:
@@ -176,7 +176,7 @@ def lognormal_factors(sigma: float, shape: tuple[int, ...], rng: np.random.Gener
 
 
 def straggler_of(busy: np.ndarray) -> float:
-    """DESIGN ``straggler_pct`` of busy times ``[S, W]`` with no communication: Σ(max − mean)/Σ max."""
+    """``straggler_pct`` (docs/definitions.md) of busy times ``[S, W]`` with no communication: Σ(max − mean)/Σ max."""
     top = busy.max(axis=1)
     return 100.0 * float((top - busy.mean(axis=1)).sum() / top.sum())
 

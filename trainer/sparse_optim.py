@@ -1,7 +1,7 @@
 """Sparse optimizers applied to the rows a step touched: row-wise Adagrad (default) and lazy Adam.
 
 They update only rows with a gradient in this step, which is both what makes sharded tables cheap
-and what prioritized embedding communication (DESIGN §5) reasons about: rows not in batch n do not
+and what prioritized embedding communication (docs/design.md#pec) reasons about: rows not in batch n do not
 change in batch n's update. The same functions update a shard (``FreeScaleEngine``) and a full table
 (the single-process reference in tests), so the two can be compared exactly.
 

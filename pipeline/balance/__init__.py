@@ -1,4 +1,4 @@
-"""Step-group planner: the offline load balancer of DESIGN §4.
+"""Step-group planner: the offline load balancer of docs/design.md#balancing.
 
 Ranks synchronise once per step, so only the costs *within* a step need to be equal. The planner
 chooses which samples share a step (a *step group* of G micro-batches, G = the largest world size
@@ -27,7 +27,7 @@ A run with W ranks (W divides G) takes W consecutive micro-batches of a group pe
 stored heaviest first so each W-slice holds bins of similar cost (``plan_bin_costs``).
 
 Public helpers ``lower_bound``, ``predict_straggler_pct`` and ``plan_bin_costs`` are shared with the
-stats tool and the trainer; they use DESIGN §2's definitions.
+stats tool and the trainer; they use docs/design.md#definitions's definitions.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _is_real(value: Any) -> bool:
 
 @dataclass
 class BalanceConfig:
-    """Options of the step-group planner (DESIGN §4); errors name the option to change.
+    """Options of the step-group planner (docs/design.md#balancing); errors name the option to change.
 
     ``max_outlier_fraction`` is the knob that bounds batch-composition bias: at most that share of
     the samples (the heaviest, in whole steps of G·k) is placed into cost-sorted steps; the planner
@@ -140,7 +140,7 @@ class BalanceConfig:
 @dataclass
 class BalancePlan:
     """A plan: ``order[o[m]:o[m+1]]`` are the samples of micro-batch m, which belongs to step group
-    ``m // group_size``. ``report`` is JSON-serialisable (DESIGN §2 names)."""
+    ``m // group_size``. ``report`` is JSON-serialisable (docs/design.md#definitions names)."""
 
     order: np.ndarray
     micro_batch_offsets: np.ndarray
@@ -164,7 +164,7 @@ class BalancePlan:
 
 
 # ---------------------------------------------------------------------------------------------
-# public helpers (DESIGN §2)
+# public helpers (docs/design.md#definitions)
 
 
 def lower_bound(costs: np.ndarray, bins: int, items_per_bin: int | None = None) -> float:
@@ -186,7 +186,7 @@ def lower_bound(costs: np.ndarray, bins: int, items_per_bin: int | None = None) 
 
 
 def predict_straggler_pct(bin_costs: np.ndarray) -> float:
-    """DESIGN ``straggler_pct`` for steps ``bin_costs[n_steps, W]`` (rank r of step s costs
+    """``straggler_pct`` (docs/definitions.md) for steps ``bin_costs[n_steps, W]`` (rank r of step s costs
     ``bin_costs[s, r]``): per step, idle = mean over ranks of (max − c_r), wall = max; returns
     Σ idle / Σ wall over steps, in %."""
     b = np.asarray(bin_costs, dtype=np.float64)

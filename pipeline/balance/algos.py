@@ -1,4 +1,4 @@
-"""Partition kernels of the step-group planner (DESIGN §4), vectorised across steps.
+"""Partition kernels of the step-group planner (docs/design.md#balancing), vectorised across steps.
 
 Every kernel works on a *bucket* of steps at once: a 2-D array ``x[S, M]`` holding each step's item
 costs sorted in descending order, padded on the right with dummy items (``valid == False``, cost 0).

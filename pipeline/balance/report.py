@@ -1,4 +1,4 @@
-"""Report of the step-group planner: DESIGN §2 metrics, vectorised over steps.
+"""Report of the step-group planner: docs/design.md#definitions metrics, vectorised over steps.
 
 Everything here reads a plan as a sequence of steps of G micro-batches (``bin_costs[S, G]``):
 ``imbalance`` = max/mean, ``max_over_lower_bound`` = max / lower_bound (with the k-items form in
@@ -76,7 +76,7 @@ def _ascending_within_steps(ranked: Ranked, steps: Steps) -> np.ndarray:
 
 
 def _step_lower_bounds(c_asc: np.ndarray, steps: Steps, counts: np.ndarray, g: int, equal: bool) -> np.ndarray:
-    """DESIGN lower_bound per step from its costs in ascending order; equal-count adds largest +
+    """``lower_bound`` (docs/definitions.md) per step from its costs in ascending order; equal-count adds largest +
     sum of the (q−1) smallest, q = the smallest micro-batch count of the step."""
     start, end = steps.offsets[:-1], steps.offsets[1:]
     total = np.add.reduceat(c_asc, start)

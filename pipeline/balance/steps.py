@@ -1,4 +1,4 @@
-"""Step membership and micro-batch assignment for the step-group planner (DESIGN §4).
+"""Step membership and micro-batch assignment for the step-group planner (docs/design.md#balancing).
 
 ``steps_equal`` / ``steps_free`` decide which samples share a step (= step group of G
 micro-batches); ``assign_bins`` decides which micro-batch of its step each sample lands in. They are

@@ -1,7 +1,7 @@
 """``freescale stats``: how much of the cluster a dataset will waste, and why — before any GPU hour.
 
 Point it at raw sources (the source config ``prepare`` reads) or at a prepared dataset. It reports,
-with DESIGN §2's names:
+with docs/design.md#definitions's names:
 
 * UIH length distribution per source and merged (count, mean, p50/p90/p99/max, share above
   thresholds, a log-binned histogram);

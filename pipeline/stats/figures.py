@@ -2,7 +2,7 @@
 ``batch_overlap_rate`` from per-batch counters, the Zipf fit and ``hash_collision_rate``.
 
 Everything here is a pure function of numpy arrays, so the tests can check each figure against an
-analytic value without going through readers. Names follow DESIGN §2. Standard errors say how much
+analytic value without going through readers. Names follow docs/design.md#definitions. Standard errors say how much
 a figure would move on another draw of the same data: batch-to-batch (``sparsity``,
 ``batch_overlap_rate``), step-to-step (``straggler_pct``, a ratio estimator), bootstrap (length
 percentiles, only when the figures come from a sample of users) and regression (Zipf exponent).
@@ -100,7 +100,7 @@ def sparsity(lengths: np.ndarray, offsets: np.ndarray, cost_model: CostModel) ->
     ``sparsity`` is pooled over batches (padded items / all items of the padded batches, the share
     of a padded model's input that is padding); ``sparsity_mean`` is the mean of the per-batch values.
     ``wasted_compute_pct`` compares ``Σ_batches B·cost(max L)`` with the jagged ``Σ cost(L_i)``;
-    ``attention_wasted_pct`` does the same for the L² (attention) term alone (DESIGN §3)."""
+    ``attention_wasted_pct`` does the same for the L² (attention) term alone (docs/design.md#cost-model)."""
     x = np.asarray(lengths, dtype=np.float64)
     o = np.asarray(offsets, dtype=np.int64)
     sizes = np.diff(o)
@@ -156,7 +156,7 @@ def step_figures(
     bin_costs: np.ndarray, step_items: list[np.ndarray] | None = None, items_per_bin: int | None = None
 ) -> dict[str, Any]:
     """``straggler_pct`` (``predict_straggler_pct``), ``imbalance`` (max/mean per step) and, when the
-    steps' samples are given, ``max_over_lower_bound`` with DESIGN's ``lower_bound``."""
+    steps' samples are given, ``max_over_lower_bound`` with ``lower_bound`` of docs/definitions.md."""
     b = np.asarray(bin_costs, dtype=np.float64)
     wall, mean = b.max(axis=1), b.mean(axis=1)
     imbalance = np.where(mean > 0, wall / np.where(mean > 0, mean, 1.0), 1.0)
@@ -340,7 +340,7 @@ def collision_counts(state: np.ndarray) -> tuple[int, int]:
 
 
 def hash_collision_rate(distinct_ids: int, rows_with_one_id: int) -> float:
-    """DESIGN ``hash_collision_rate``: share of distinct ids that share their row with another id."""
+    """``hash_collision_rate`` (docs/definitions.md): share of distinct ids that share their row with another id."""
     return (distinct_ids - rows_with_one_id) / distinct_ids if distinct_ids else 0.0
 
 
