@@ -344,29 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def generator_overrides(pairs: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` strings → typed generator options (types from ``GeneratorConfig``'s fields)."""
-    from dataclasses import fields
+    from typing import get_type_hints
 
     from freescale.datasets.synthetic import GeneratorConfig
+    from freescale.overrides import typed_overrides
 
-    types = {f.name: f.type for f in fields(GeneratorConfig)}
-    overrides: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or key not in types:
-            raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of {sorted(types)}")
-        kind = str(types[key])
-        try:
-            if "bool" in kind:
-                overrides[key] = text.lower() in ("1", "true", "yes")
-            elif "int" in kind:
-                overrides[key] = int(float(text))
-            elif "float" in kind:
-                overrides[key] = float(text)
-            else:
-                overrides[key] = text
-        except ValueError as error:
-            raise ValueError(f"--set {pair!r}: {key} expects {kind}") from error
-    return overrides
+    return typed_overrides(pairs, get_type_hints(GeneratorConfig))
 
 
 def describe_generator_options(preset_name: str) -> str:
