@@ -168,16 +168,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate", help="time micro-batches of a model here; write the cost model prepare --cost-model reads"
-    )
-    p.add_argument("--config", required=True, help="run config or model TOML ([model], [model_extra], [engine])")
-    p.add_argument("--out", required=True, help="cost-model JSON to write")
-    p.add_argument("--micro-batch-size", type=int, default=8, help="samples per micro-batch (prepare's k)")
-    p.add_argument("--mixed", type=int, default=24, help="mixed-length micro-batches to time")
-    p.add_argument("--rounds", type=int, default=3, help="timing rounds (the minimum is kept)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: thread CPU time; cuda: wall time between device synchronisations")  # fmt: skip
+    from freescale.trainer.calibrate_options import HELP, add_arguments
+
+    add_arguments(sub.add_parser("calibrate", help=HELP))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
