@@ -43,12 +43,12 @@ from collections.abc import Callable
 from typing import Any
 
 from freescale.endpoints import host_port
-from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import (
     CallQueue,
     configure_task_process,
     release_freed_memory,
 )
+from freescale.pipeline.executors.seam import Call, Progress
 from freescale.pipeline.memory import RaySizing, ray_sizing
 
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
