@@ -30,7 +30,7 @@ OFFSETS_NAME = "micro_batch_offsets.npy"
 QUARANTINE_NAME = "quarantine.jsonl"
 INDEX_NAME = "index.json"
 RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in the manifest
-RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "engine", "ray_address")  # null in the manifest
+RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "executor", "ray_address")  # null in the manifest
 
 
 def _decode(uri: str, data: bytes) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def build_manifest(
         "sources": job.source_files,
         # where and how this run wrote are not the dataset's identity: identical runs, identical bytes
         "config": {**config.to_dict(), **dict.fromkeys(RUN_ONLY_OPTIONS)},
-        "engine": config.engine,  # the only field in which the engines' outputs differ
+        "engine": config.executor,  # the executor (field name kept for readers): the only field the outputs differ in
         "rows": _rows(summary, users, samples, plan, config.balance.group_size),
         "cost_model": job.cost_model.to_dict(),
         "lengths": _length_summary(plan.length),

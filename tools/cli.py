@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from freescale import __version__
+from freescale.tools.deprecation import DeprecatedAlias
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,14 +63,18 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=2, help="processes running tasks, this one included (default 2: one spawned)"
     )
     p.add_argument(
-        "--engine",
+        "--executor",
         choices=["local", "ray"],
         default="local",
         help="where the steps run: local (this host's process pool, default) or ray (Ray tasks; byte-identical output)",
     )
     p.add_argument(
+        "--engine", dest="executor", choices=["local", "ray"], action=DeprecatedAlias, new="--executor",
+        help=argparse.SUPPRESS,
+    )  # fmt: skip
+    p.add_argument(
         "--ray-address",
-        help="--engine ray: a running cluster (auto or HOST:PORT); default: start a Ray runtime on this host "
+        help="--executor ray: a running cluster (auto or HOST:PORT); default: start a Ray runtime on this host "
         "with --workers CPUs for the job",
     )
 
@@ -86,7 +91,7 @@ def _sample_options(args: argparse.Namespace) -> dict:
         "cost_model_file": args.cost_model,
         "memory_limit": parse_size(args.memory_limit, "--memory-limit"),
         "workers": args.workers,
-        "engine": args.engine,
+        "executor": args.executor,
         "ray_address": args.ray_address,
     }
 
@@ -409,7 +414,7 @@ def _early_pool(args: argparse.Namespace, writer: bool) -> Any:
     from freescale.pipeline.memory import local_sizing, parse_size, preload_writer  # no polars/pyarrow import
 
     pool = None
-    if args.engine == "local" and args.workers > 1:
+    if args.executor == "local" and args.workers > 1:
         limit = parse_size(args.memory_limit, "--memory-limit")
         processes = local_sizing(limit, args.workers, writer and preload_writer(limit)).processes
         pool = start_pool(processes - 1, PREPARE_WORKER_MODULES) if processes > 1 else None

@@ -2,7 +2,7 @@
 
 A step is a module-level function whose calls are independent (each reads and writes its own files
 in the work directory and writes a completion marker last); the job lists the calls that have no
-marker yet and hands them to an executor. Two engines implement ``Executor``:
+marker yet and hands them to an executor. Two executors implement ``Executor``:
 
 - ``local`` (default): this process plus ``workers - 1`` spawned processes (``processes.run_calls``),
   fewer where ``--memory-limit`` cannot hold them (``memory.local_sizing``); shards are written one
@@ -13,7 +13,7 @@ marker yet and hands them to an executor. Two engines implement ``Executor``:
   merged (mosaicml-streaming's ``dataframe_to_mds`` pattern). The driver runs no step once the
   runtime is up (a runtime started for the job: it runs the first calls while that starts).
 
-The output depends only on the calls, never on where or in which order they ran: both engines write
+The output depends only on the calls, never on where or in which order they ran: both executors write
 byte-identical datasets (``tests/test_prepare_ray.py``).
 """
 
@@ -21,16 +21,15 @@ from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
 
+from freescale.pipeline.config import EXECUTORS
 from freescale.pipeline.executors.local import LocalExecutor
 from freescale.pipeline.executors.seam import Call, Executor, Progress
 
-ENGINES = ("local", "ray")
-
-__all__ = ["ENGINES", "Call", "Executor", "LocalExecutor", "Progress", "make_executor"]
+__all__ = ["EXECUTORS", "Call", "Executor", "LocalExecutor", "Progress", "make_executor"]
 
 
 def make_executor(
-    engine: str,
+    executor: str,
     workers: int,
     progress: Progress,
     *,
@@ -39,12 +38,12 @@ def make_executor(
     ray_address: str | None = None,
     memory_limit: int = 2 * 2**30,
 ) -> Executor:
-    """The executor ``--engine`` names; ``pool``/``writer`` are the local engine's, ``ray_address``
-    and ``memory_limit`` (which bounds a started Ray runtime's object store) the Ray engine's."""
-    if engine == "local":
+    """The executor ``--executor`` names; ``pool``/``writer`` are the local executor's, ``ray_address``
+    and ``memory_limit`` (which bounds a started Ray runtime's object store) the Ray executor's."""
+    if executor == "local":
         return LocalExecutor(workers, progress, pool, writer, memory_limit)
-    if engine == "ray":
+    if executor == "ray":
         from freescale.pipeline.executors.ray_tasks import RayExecutor
 
         return RayExecutor(ray_address, workers, progress, memory_limit)
-    raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")

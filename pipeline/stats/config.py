@@ -52,8 +52,8 @@ class StatsConfig:
     cost_model_file: str | None = None
     memory_limit: int = 2 * 2**30
     workers: int = 2
-    engine: str = "local"  # raw sources: where prepare's steps and the id pass run (``executors``)
-    ray_address: str | None = None  # --engine ray: a running cluster; None starts one
+    executor: str = "local"  # raw sources: where prepare's steps and the id pass run (``executors``)
+    ray_address: str | None = None  # --executor ray: a running cluster; None starts one
     work_dir: str | None = None  # raw sources: prepare's work files; kept there for a fast re-run
     cache_dir: str | None = None  # prepared dataset on s3://: local shard cache
     verify: bool = True  # prepared dataset: check shard hashes against the manifest (--no-verify skips)

@@ -33,7 +33,7 @@ def compute_stats(config: StatsConfig, pool: ProcessPoolExecutor | None = None) 
 
 def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: str | None) -> dict[str, Any]:
     """``compute_stats``; with ``plots_to``, the plots are drawn there too (``report["plots"]``): on
-    raw sources with the local engine, by the job's processes before its workers stop."""
+    raw sources with the local executor, by the job's processes before its workers stop."""
     started = time.perf_counter()
     kind, uri = input_kind(config.input)
     config = replace(config, input=uri)
@@ -51,7 +51,7 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
             with stats_job(config, work, pool) as job:
                 collected = collect_sources(config, work, sizes_for, k, job)
                 report = _round_trip(build_report(collected, config, uri, kind), started)
-                if plots_to is not None and config.engine == "local":  # Ray's workers may sit on other hosts
+                if plots_to is not None and config.executor == "local":  # Ray's workers may sit on other hosts
                     report["plots"] = write_plots(report, plots_to, lambda calls: job.map_calls(calls, "plots", "plot"))
         else:
             if pool is not None:
