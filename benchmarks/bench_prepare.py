@@ -11,7 +11,7 @@ the machine hits both sides; the medians are compared, and peak RSS is the large
 
 Target (issue 2): prepare ≥ 0.5× the baseline's events/s, and peak RSS under ``--memory-limit``.
 
-The Ray arms (issue 19) run the same ``prepare`` with ``--engine ray`` in the same interleaved rounds,
+The Ray arms (issue 19) run the same ``prepare`` with ``--executor ray`` in the same interleaved rounds,
 two ways:
 
 - ``ray (starts its own runtime)``: no ``--ray-address``; a Ray runtime is started for the job on
@@ -24,7 +24,7 @@ two ways:
   sees: the cluster is up before the job. Peak RSS counts the cluster's processes with the driver,
   for information: with ``--ray-address`` the limit bounds the job's partitions and buckets only.
 
-The 0.7x target (>= 0.7x the local engine's events/s) reads on the attached arm: a job's
+The 0.7x target (>= 0.7x the local executor's events/s) reads on the attached arm: a job's
 throughput excludes the one-time start of a runtime that a cluster user never pays per job. The
 started-runtime ratio is kept visible as its own field and target (``ray_cold_start_*``).
 
@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the attached arm's cluster: the Ray tests' helper
 from ray_cluster import RayCluster, start_cluster  # noqa: E402
 
-WORKERS = 2  # task processes of either engine (the Ray runtime's CPUs)
+WORKERS = 2  # task processes of either executor (the Ray runtime's CPUs)
 TASK_TIMES = "FREESCALE_TASK_TIMES"  # the Ray executor's task-time log (executors.ray_tasks.TASK_TIMES_ENV)
 RUNTIME_START = "ray runtime start"  # that log's line for ray.init (executors.ray_tasks.RUNTIME_START)
 CLUSTER_SETTLE_S = 3.0  # after the attached arm's cluster reports its node: its agents finish starting
@@ -102,14 +102,14 @@ def run_prepare(
     """One ``prepare`` run; with ``cluster``, joined to it (``--ray-address``), its processes measured too."""
     output = work / f"prepared-{engine}"
     shutil.rmtree(output, ignore_errors=True)
-    command = [*FREESCALE, "prepare", "--sources", str(sources), "--output", str(output), "--engine", engine]
+    command = [*FREESCALE, "prepare", "--sources", str(sources), "--output", str(output), "--executor", engine]
     options = ["--memory-limit", memory_limit, "--group-size", "64", "--micro-batch-size", "32", "--quiet"]
     options += ["--workers", str(WORKERS)] + (["--ray-address", cluster.address] if cluster else [])
     times = work / "task_times.jsonl"
     times.unlink(missing_ok=True)
     env = cluster.driver_env() if cluster else {**os.environ}
     nodes = tuple(node.pid for node in cluster.nodes) if cluster else ()
-    label = f"prepare --engine {engine}" + (" --ray-address" if cluster else "")
+    label = f"prepare --executor {engine}" + (" --ray-address" if cluster else "")
     result = run_measured([*command, *options], label, env={**env, TASK_TIMES: str(times)}, also=nodes)
     manifest = json.loads((output / "manifest.json").read_text())
     shutil.rmtree(output, ignore_errors=True)
@@ -118,7 +118,7 @@ def run_prepare(
 
 
 def run_attached(sources: Path, work: Path, memory_limit: str) -> dict:
-    """``prepare --engine ray --ray-address`` on a one-node cluster of ``WORKERS`` CPUs, started
+    """``prepare --executor ray --ray-address`` on a one-node cluster of ``WORKERS`` CPUs, started
     (untimed, then left to settle) before the run and stopped after it, whatever happens."""
     from freescale.pipeline.config import parse_size
     from freescale.pipeline.memory import ray_object_store_bytes
@@ -189,7 +189,7 @@ def arm(runs: list[dict], name: str, events: int) -> dict:
 
 
 def ray_arm(runs: list[dict], name: str, local: dict, events: int) -> dict:
-    """One Ray arm against the local engine: medians, ratio, the tasks' throughput, the wall split."""
+    """One Ray arm against the local executor: medians, ratio, the tasks' throughput, the wall split."""
     ray = arm(runs, name, events)
     identical = all(
         {**run[name]["manifest"], "engine": None} == {**run["prepare"]["manifest"], "engine": None} for run in runs
@@ -209,7 +209,7 @@ def vs_local(ratio: float, side: dict) -> str:
 
 
 def ray_result(result: dict, runs: list[dict], events: int) -> None:
-    """Both Ray arms against the local engine: medians, ratios, per-role RSS, tasks' throughput."""
+    """Both Ray arms against the local executor: medians, ratios, per-role RSS, tasks' throughput."""
     local = arm(runs, "prepare", events)
     cold, attached = ray_arm(runs, "ray", local, events), ray_arm(runs, "ray_attached", local, events)
     result["local_engine"], result["ray"], result["ray_attached"] = local, cold, attached
@@ -225,7 +225,7 @@ def ray_result(result: dict, runs: list[dict], events: int) -> None:
 
 
 def print_ray(result: dict) -> None:
-    """The side-by-side table of the local engine and both Ray arms (``ray_result``'s figures)."""
+    """The side-by-side table of the local executor and both Ray arms (``ray_result``'s figures)."""
     local, cold, attached = result["local_engine"], result["ray"], result["ray_attached"]
     sides = (local, cold, attached)
     print_row("engine on this host", ["local", "ray, own runtime", "ray, attached"])
@@ -314,7 +314,7 @@ def main() -> int:
         "--repeat", type=int, default=3, help="interleaved runs of each (default 3); medians are compared"
     )
     parser.add_argument("--out", default=str(RESULTS / "bench_prepare.json"))
-    parser.add_argument("--no-ray", dest="ray", action="store_false", help="skip the --engine ray arms")
+    parser.add_argument("--no-ray", dest="ray", action="store_false", help="skip the --executor ray arms")
     args = parser.parse_args()
     if args.repeat < 1:
         raise SystemExit("--repeat must be >= 1")

@@ -30,7 +30,7 @@ class CommandFailed(RuntimeError):
 
 def process_role(process: psutil.Process, root: int) -> str:
     """What a process of a measured tree is: the command itself, a Ray system process, a Ray worker,
-    or another child (the local engine's pool and writer processes)."""
+    or another child (the local executor's pool and writer processes)."""
     if process.pid == root:
         return "driver"
     name = process.name()
@@ -39,7 +39,7 @@ def process_role(process: psutil.Process, root: int) -> str:
     if "default_worker.py" in command or (name.startswith("ray::") and not name.endswith("Agent")):
         return "ray worker"
     # a path inside the ray package, not any "ray" in the command: this repository's worktree may be
-    # named so (wt-rayspeed), which once booked the local engine's pool and writer as Ray processes
+    # named so (wt-rayspeed), which once booked the local executor's pool and writer as Ray processes
     if name in ("gcs_server", "raylet") or name.startswith("ray::") or "/ray/" in " ".join(process.cmdline()[:3]):
         return "ray system"
     return "child"

@@ -86,6 +86,11 @@ class JaggedRows:
 
     ``values[offsets[i]:offsets[i+1]]`` are sample i's ``lengths[i]`` item rows (any trailing shape);
     ``dense`` and ``labels`` (optional) have one row per sample.
+
+    The payload ``dispatch_jagged``/``combine_jagged`` move, here in kernels/ below the trainer. The
+    trainer's ``jagged.JaggedLayout`` (a micro-batch's attention layout: lengths, offsets, length
+    groups, no values) and ``sharded.JaggedIds`` (ids keyed by feature, lengths per key, as in
+    TorchRec's ``KeyedJaggedTensor``) are other shapes of jagged data, not copies of this one.
     """
 
     values: Tensor

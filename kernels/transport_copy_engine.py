@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .transport import (
+from .transport_base import (
     Counts,
     Transport,
     TransportHandle,

@@ -14,6 +14,8 @@ from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.memory import parse_size as parse_size  # re-exported: options are parsed with it
 
+EXECUTORS = ("local", "ray")  # where prepare's and stats' steps run (--executor; ``executors``)
+
 
 def parse_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
     """Parse ``8,64, 256`` (None stays None: the option was not given); errors name the option."""
@@ -91,8 +93,8 @@ class PrepareConfig:
     work_dir: str | None = None
     overwrite: bool = False
     progress: bool = True
-    engine: str = "local"  # where the steps run (``executors``): not the dataset's identity
-    ray_address: str | None = None  # --engine ray: a running cluster ("auto", "HOST:PORT"); None starts one
+    executor: str = "local"  # where the steps run (``executors``): not the dataset's identity
+    ray_address: str | None = None  # --executor ray: a running cluster ("auto", "HOST:PORT"); None starts one
     # ``stats --sample-fraction`` (never prepare's CLI): the scan spills only the events of this share of
     # users (``datasets.ids.selected``), so the steps after it work on the sample alone
     user_fraction: float = 1.0
@@ -112,10 +114,10 @@ class PrepareConfig:
             raise ValueError(f"--max-reject-fraction must be in [0, 1], got {self.max_reject_fraction}")
         if self.quarantine_examples < 0:
             raise ValueError(f"--quarantine-examples must be >= 0, got {self.quarantine_examples}")
-        if self.engine not in ("local", "ray"):
-            raise ValueError(f"--engine must be local or ray, got {self.engine!r}")
-        if self.ray_address and self.engine != "ray":
-            raise ValueError("--ray-address needs --engine ray")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"--executor must be local or ray, got {self.executor!r}")
+        if self.ray_address and self.executor != "ray":
+            raise ValueError("--ray-address needs --executor ray")
         f = self.user_fraction
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 < f <= 1.0:
             raise ValueError(f"user_fraction must be in (0, 1], got {f!r}")

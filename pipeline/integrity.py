@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import xxhash
 
 from freescale import storage
-from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError
+from freescale.pipeline.manifest_schema import MANIFEST_NAME, ManifestError
 
 HASH_ALGO = "xxh64"
 _CHUNK = 8 * 2**20

@@ -8,26 +8,29 @@ Nothing in it depends on wall-clock time, so identical inputs give an identical 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from freescale import __version__, storage
+from freescale.pipeline.integrity import check_index, file_table
 from freescale.pipeline.jsonfields import Fields
-from freescale.pipeline.manifest_schema import Manifest, ManifestError, parse_manifest
+from freescale.pipeline.manifest_schema import MANIFEST_NAME, Manifest, ManifestError, parse_manifest
+from freescale.pipeline.steps.mds_encode import mds_columns
 
 if TYPE_CHECKING:
-    from freescale.pipeline.prepare import PrepareJob
+    from freescale.datasets.config import SourcesConfig
+    from freescale.pipeline.config import PrepareConfig
+    from freescale.pipeline.cost import CostModel
     from freescale.pipeline.records import PartitionRecord, SamplePlan
     from freescale.pipeline.steps.scan import ScanSummary
 
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 OFFSETS_NAME = "micro_batch_offsets.npy"
 QUARANTINE_NAME = "quarantine.jsonl"
 INDEX_NAME = "index.json"
 RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in the manifest
-RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "engine", "ray_address")  # null in the manifest
+RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "executor", "ray_address")  # null in the manifest
 
 
 def _decode(uri: str, data: bytes) -> dict[str, Any]:
@@ -85,8 +88,6 @@ def published_files(output: str, extra: list[str] | tuple[str, ...] = ()) -> lis
     """The ``files`` table for a finished output (every file but the manifest): the root and part
     indexes, the offsets and quarantine files and ``extra`` (the vocabularies) hashed here, the shards
     from their index entries."""
-    from freescale.pipeline.integrity import check_index, file_table
-
     where = storage.join(output, INDEX_NAME)
     shards = check_index(storage.read_bytes(where), where)
     parts = sorted(
@@ -136,11 +137,20 @@ def _rows(
     return rows
 
 
-def build_manifest(
-    job: PrepareJob, summary: ScanSummary, users: dict[str, Any], samples: list[PartitionRecord], plan: SamplePlan
-) -> dict[str, Any]:
-    from freescale.pipeline.steps.writer import mds_columns
+class ManifestJob(Protocol):
+    """What ``build_manifest`` reads of a prepare run (``prepare.PrepareJob`` has it): the manifest
+    sits below the job that writes it, so it names the fields it needs instead of importing the job."""
 
+    config: PrepareConfig
+    sources: SourcesConfig
+    cost_model: CostModel
+    fingerprint: str
+    source_files: list[dict[str, Any]]
+
+
+def build_manifest(
+    job: ManifestJob, summary: ScanSummary, users: dict[str, Any], samples: list[PartitionRecord], plan: SamplePlan
+) -> dict[str, Any]:
     config = job.config
     return {
         "schema_version": SCHEMA_VERSION,
@@ -151,7 +161,7 @@ def build_manifest(
         "sources": job.source_files,
         # where and how this run wrote are not the dataset's identity: identical runs, identical bytes
         "config": {**config.to_dict(), **dict.fromkeys(RUN_ONLY_OPTIONS)},
-        "engine": config.engine,  # the only field in which the engines' outputs differ
+        "engine": config.executor,  # the executor (field name kept for readers): the only field the outputs differ in
         "rows": _rows(summary, users, samples, plan, config.balance.group_size),
         "cost_model": job.cost_model.to_dict(),
         "lengths": _length_summary(plan.length),

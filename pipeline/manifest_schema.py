@@ -17,6 +17,8 @@ from freescale.pipeline.cost import CostModel
 from freescale.pipeline.jsonfields import Fields
 from freescale.pipeline.targets import TargetCoverage
 
+MANIFEST_NAME = "manifest.json"  # a prepared dataset's manifest file (written last: a complete dataset)
+
 
 class ManifestError(ValueError):
     """A prepared dataset that cannot be read: missing manifest, unknown schema, broken layout."""

@@ -20,8 +20,8 @@ DEFAULT_BYTES_PER_EVENT = 20
 # Bytes of an encoded event in a sample (item id 8, timestamp 8, action 4, source 1) plus slack for
 # the per-sample header and scalars: what a bucket of samples occupies in the writer.
 ENCODED_BYTES_PER_EVENT = 24
-# The local engine's writer process. Measured 514 MB when it imported torch for MDSWriter; it writes
-# with ``ShardWriter`` now (no torch), but the reservation is kept: it sizes the local engine's
+# The local executor's writer process. Measured 514 MB when it imported torch for MDSWriter; it writes
+# with ``ShardWriter`` now (no torch), but the reservation is kept: it sizes the local executor's
 # partitions and buckets, and the local figures in bench_prepare were measured with it.
 WRITER_PROCESS_BYTES = 600 * MIB
 # A stats id record while a bucket is sorted (key, count, sort copies).
@@ -71,7 +71,7 @@ def worker_budget(memory_limit: int, writer_reserved: bool) -> int:
 
 @dataclass(frozen=True)
 class LocalSizing:
-    """The local engine's task processes (this one and ``processes - 1`` spawned workers), what their
+    """The local executor's task processes (this one and ``processes - 1`` spawned workers), what their
     tasks' data may hold together, and, when fewer than ``--workers`` fit, the one line that says so."""
 
     processes: int
@@ -93,7 +93,7 @@ def local_sizing(memory_limit: int, workers: int, writer_reserved: bool) -> Loca
     note = None
     if processes < workers:
         note = (
-            f"local engine: --memory-limit {memory_limit / MIB:,.0f} MB holds {processes} of the {workers} --workers "
+            f"local executor: --memory-limit {memory_limit / MIB:,.0f} MB holds {processes} of the {workers} --workers "
             f"(each process ~{LOCAL_PROCESS_BYTES / MIB:,.0f} MB before its data, plus at least "
             f"{2 * MIN_TASK_BUDGET / MIB:,.0f} MB for it); running {processes}"
         )
@@ -117,15 +117,15 @@ def choose_partition_count(estimated_events: int, budget: int, workers: int) -> 
 
 
 def local_writer_budget(memory_limit: int) -> int:
-    """What the local engine's one writer may hold: what its process's reservation leaves."""
+    """What the local executor's one writer may hold: what its process's reservation leaves."""
     return max(memory_limit - WRITER_PROCESS_BYTES, memory_limit // 8)
 
 
 def write_bucket_size(n_samples: int, total_events: int, writer_budget: int, part_size: int) -> int:
     """Samples per write bucket: a part's worth (a part then reads one bucket's files and frees them),
     fewer when that many encoded samples (memory-mapped by a writer while it writes the part, beside
-    a shard's copy) would not fit ``writer_budget``, what one writer may hold (the local engine's
-    writer: ``local_writer_budget``; each of the Ray engine's concurrent write tasks: its share of
+    a shard's copy) would not fit ``writer_budget``, what one writer may hold (the local executor's
+    writer: ``local_writer_budget``; each of the Ray executor's concurrent write tasks: its share of
     ``RaySizing.task_budget``)."""
     budget_events = max(writer_budget // (2 * ENCODED_BYTES_PER_EVENT), 1)
     return max(1, min(part_size, int(n_samples * budget_events // max(total_events, 1))))
@@ -204,7 +204,7 @@ def ray_sizing(memory_limit: int, workers: int) -> RaySizing:
         workers,
         store,
         workers * RAY_MIN_TASK_BYTES,
-        f"ray engine: --memory-limit {memory_limit / MIB:,.0f} MB cannot hold Ray's runtime, driver and object "
+        f"ray executor: --memory-limit {memory_limit / MIB:,.0f} MB cannot hold Ray's runtime, driver and object "
         f"store (~{fixed / MIB:,.0f} MB) plus one task worker (~{per_worker / MIB:,.0f} MB with its least "
         f"task data); running {workers} workers, peak up to ~{peak / MIB:,.0f} MB",
     )
@@ -228,12 +228,14 @@ class JobBudget:
     writer: int
 
 
-def job_budget(engine: str, memory_limit: int, workers: int, joined_cluster: bool, writer_reserved: bool) -> JobBudget:
-    """The local engine: ``local_sizing``'s task budget (the limit less the writer process's reservation
+def job_budget(
+    executor: str, memory_limit: int, workers: int, joined_cluster: bool, writer_reserved: bool
+) -> JobBudget:
+    """The local executor: ``local_sizing``'s task budget (the limit less the writer process's reservation
     and its task processes' interpreters) for the processes that fit, one writer. A Ray runtime
     started for the job: ``ray_sizing``'s task budget, shared by its CPUs, which all write at once.
     A joined Ray cluster: its processes are its own, so the limit bounds the job's data only."""
-    if engine != "ray":
+    if executor != "ray":
         sizing = local_sizing(memory_limit, workers, writer_reserved)
         return JobBudget(sizing.task_budget, sizing.processes, local_writer_budget(memory_limit))
     if joined_cluster:

@@ -20,9 +20,9 @@ built, buckets when their parts are written): besides disk, that hands their pag
 files written (see ``scan.remove_partition``).
 
 Memory stays bounded by ``--memory-limit``: partitions and buckets are sized so that the workers
-hold at most half of what the engine leaves them (``memory.job_budget``: the local engine's writer
+hold at most half of what the engine leaves them (``memory.job_budget``: the local executor's writer
 process reservation, or a started Ray runtime's processes and concurrent writers). The bucket size
-is recorded when the samples step starts, so a job resumed on the other engine reads its buckets.
+is recorded when the samples step starts, so a job resumed on the other executor reads its buckets.
 With ``--work-dir s3://`` the steps run in a node-local mirror synced with the prefix (``workdir``).
 """
 
@@ -112,7 +112,7 @@ class PrepareJob:
         self._started = time.perf_counter()
         self._pool = pool
         self._executor: Executor | None = None
-        self._writer_reserved = False  # the local engine's writer process holds WRITER_PROCESS_BYTES
+        self._writer_reserved = False  # the local executor's writer process holds WRITER_PROCESS_BYTES
         self.config = config
         self.sources = SourcesConfig.from_toml(config.sources)
         self.cost_model = (
@@ -221,7 +221,7 @@ class PrepareJob:
                 self.work_root.rmdir()  # only when no other job's work is left there
 
     def _run(self) -> dict[str, Any]:
-        self._writer_reserved = self.config.engine == "local" and self.preload_writer
+        self._writer_reserved = self.config.executor == "local" and self.preload_writer
         self._start_executor(writer=self._writer_reserved)
         if self.remote_work is not None:
             self.remote_work.reset_mirror()  # the prefix is the truth: resume from its markers
@@ -350,11 +350,11 @@ class PrepareJob:
                 fs.delete_file(entry.path)
 
     def _start_executor(self, writer: bool) -> Executor:
-        """The ``--engine``'s executor, started once per job (``executors``)."""
+        """The ``--executor``'s executor, started once per job (``executors``)."""
         if self._executor is None:
             progress = Progress(self.config.progress, self._log)
             self._executor = make_executor(
-                self.config.engine,
+                self.config.executor,
                 self.config.workers,
                 progress,
                 pool=self._pool,
@@ -366,7 +366,7 @@ class PrepareJob:
         return self._executor
 
     def close(self) -> None:
-        """Stop the executor's workers (and the local engine's writer process)."""
+        """Stop the executor's workers (and the local executor's writer process)."""
         if self._executor is not None:
             self._executor.close()
             self._executor = None
@@ -419,7 +419,7 @@ class PrepareJob:
         """What the engine leaves the tasks' data (``memory.job_budget``)."""
         config = self.config
         joined = bool(config.ray_address)
-        return memory.job_budget(config.engine, config.memory_limit, config.workers, joined, self._writer_reserved)
+        return memory.job_budget(config.executor, config.memory_limit, config.workers, joined, self._writer_reserved)
 
     def _scan(self) -> tuple[scan.ScanSummary, dict[str, Any]]:
         scan_dir = str(self.work / "scan")

@@ -31,6 +31,8 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from freescale import storage
+from freescale.pipeline.output import private_work_root
+from freescale.pipeline.steps.writer import PART_SIZE, part_name
 
 RECORD_SUFFIXES = (".json", ".npy", ".npz", ".done")  # small files the driver reads; markers among them
 MARKER_SUFFIXES = (".json", ".done")  # uploaded after every other output of a call
@@ -38,8 +40,6 @@ MARKER_SUFFIXES = (".json", ".done")  # uploaded after every other output of a c
 
 def mirror_path(remote_root: str) -> Path:
     """The node-local mirror of ``remote_root``: the same path on every node, private to this user."""
-    from freescale.pipeline.output import private_work_root
-
     digest = hashlib.sha256(remote_root.rstrip("/").encode()).hexdigest()[:16]
     return private_work_root() / "mirror" / digest
 
@@ -175,8 +175,6 @@ def _partition_io(a: dict[str, Any]) -> StepIO:
 
 
 def _write_io(a: dict[str, Any]) -> StepIO:
-    from freescale.pipeline.steps.writer import PART_SIZE, part_name
-
     size, part = a["bucket_size"], a["part"]
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, a["n_samples"])
     reads = range(start // size, (end - 1) // size + 1)

@@ -55,7 +55,7 @@ def test_a_limit_below_one_worker_says_so_in_one_line() -> None:
 
 
 def test_job_budgets_follow_the_engine() -> None:
-    """Ray's concurrent writers share the task budget; the local engine has one writer, and its task
+    """Ray's concurrent writers share the task budget; the local executor has one writer, and its task
     processes' interpreters come out of its task budget as Ray's workers do."""
     limit = 2 * 2**30
     ray = job_budget("ray", limit, 2, joined_cluster=False, writer_reserved=False)
@@ -69,7 +69,7 @@ def test_job_budgets_follow_the_engine() -> None:
     assert joined.tasks == limit and joined.writer == limit // 8
 
 
-# --------------------------------------------------------------------------- local engine
+# --------------------------------------------------------------------------- local executor
 def test_local_task_processes_count_against_the_limit() -> None:
     """Each task process is an interpreter with polars and pyarrow before any data: at 256 MB, eight
     of them cannot fit, so fewer run (one line says how many) and their data gets what is left."""

@@ -278,6 +278,23 @@ def test_cli_errors_are_one_clear_line(tmp_path) -> None:
     assert result.returncode == 2 and "group_size" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["prepare", "stats"])
+def test_engine_is_a_deprecated_alias_of_executor(command: str, capsys) -> None:
+    """``--executor`` names where the steps run (``train --engine`` names the trainer); the old
+    ``--engine local|ray`` of prepare and stats still works for one release, with a one-line note."""
+    from freescale.tools.cli import build_parser
+
+    inputs = ["--sources", "s.toml", "--output", "o"] if command == "prepare" else ["s.toml"]
+    assert build_parser().parse_args([command, *inputs]).executor == "local"
+    assert build_parser().parse_args([command, *inputs, "--executor", "ray"]).executor == "ray"
+    assert capsys.readouterr().err == ""
+    assert build_parser().parse_args([command, *inputs, "--engine", "ray"]).executor == "ray"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--engine is deprecated" in err and "use --executor" in err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, *inputs, "--engine", "torchrec"])
+
+
 def test_cli_reports_a_refused_prepare_as_a_user_error(tiny_sources, tmp_path, capsys) -> None:
     from freescale.tools.cli import main as cli_main
 

@@ -136,7 +136,7 @@ def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> N
     )
     # Ray: a limit that holds the runtime started for the job, so no sizing warning stands beside the error
     roomy = ("--memory-limit", "8GB") if engine == "ray" else ()
-    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--engine", engine, *roomy))
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--executor", engine, *roomy))
     assert_one_line_error(code, err, str(path), "source 'log'")
 
 
@@ -637,7 +637,7 @@ def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatc
 
 @pytest.fixture(scope="module")
 def bucketed_sources(tmp_path_factory) -> str:
-    """Tiny with 60,000 users (~1.5M events): at a 256MB limit the local engine's one writer gets
+    """Tiny with 60,000 users (~1.5M events): at a 256MB limit the local executor's one writer gets
     ~0.7M events a bucket (3 buckets), a Ray runtime's writers ~5.6M (1 bucket)."""
     out = tmp_path_factory.mktemp("bucketed")
     generate(preset("tiny", seed=3, n_users=60_000), str(out))
@@ -647,7 +647,7 @@ def bucketed_sources(tmp_path_factory) -> str:
 def test_a_job_resumed_on_the_other_engine_keeps_its_write_buckets(bucketed_sources, tmp_path) -> None:
     """The engines size write buckets from different budgets (one local writer; every Ray CPU
     writing at once), and bucket files are numbered by that size: a job killed while writing on the
-    local engine and resumed on Ray must read the buckets it has, not renumbered ones."""
+    local executor and resumed on Ray must read the buckets it has, not renumbered ones."""
     options = ("--memory-limit", "256MB", "--workers", "2")
     clean = tmp_path / "clean"
     code, err = finish(cli_prepare(bucketed_sources, str(clean), "--shard-size-limit", "64KB", *options))
@@ -655,10 +655,10 @@ def test_a_job_resumed_on_the_other_engine_keeps_its_write_buckets(bucketed_sour
     out = tmp_path / "killed" / "ds"  # its own parent: the shard watch lists this job's files, not clean's
     out.parent.mkdir()
     kill_when_shards_appear(bucketed_sources, out, *options)
-    resumed = cli_prepare(bucketed_sources, str(out), "--shard-size-limit", "64KB", *options, "--engine", "ray")
+    resumed = cli_prepare(bucketed_sources, str(out), "--shard-size-limit", "64KB", *options, "--executor", "ray")
     code, err = finish(resumed)
     assert code == 0, err
     resumed, expected = output_files(str(out)), output_files(str(clean))
-    assert b'"engine": "ray"' in resumed.pop("manifest.json")  # the one field the engines differ in
+    assert b'"engine": "ray"' in resumed.pop("manifest.json")  # the one field the executors differ in
     expected.pop("manifest.json")
     assert resumed == expected

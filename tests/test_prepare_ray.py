@@ -1,5 +1,5 @@
-"""``prepare --engine ray`` on a real two-node Ray cluster (127.0.0.1, started and stopped here):
-byte-identical to the local engine on local and s3:// data, through a worker killed during the scan
+"""``prepare --executor ray`` on a real two-node Ray cluster (127.0.0.1, started and stopped here):
+byte-identical to the local executor on local and s3:// data, through a worker killed during the scan
 and during the write, and through a killed driver that is run again."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> None:
 
 def on_cluster(cluster: RayCluster, sources: str, out: str, *options: str, **env: str) -> subprocess.Popen:
     return run_prepare(
-        sources, out, "--engine", "ray", "--ray-address", cluster.address, *options, env=cluster.driver_env(**env)
+        sources, out, "--executor", "ray", "--ray-address", cluster.address, *options, env=cluster.driver_env(**env)
     )
 
 
@@ -86,7 +86,7 @@ def test_ray_runtime_started_for_the_job_and_stopped(sources, local_output, tmp_
     """No --ray-address: a Ray runtime on this host for the job only; nothing of it is left."""
     before = set(Path("/tmp").glob("fsray-*"))
     out = tmp_path / "ds"
-    finish(run_prepare(sources, str(out), "--engine", "ray", "--workers", "2"))
+    finish(run_prepare(sources, str(out), "--executor", "ray", "--workers", "2"))
     assert dataset_files(local_files(str(out))) == local_output
     assert set(Path("/tmp").glob("fsray-*")) == before
 
@@ -128,11 +128,11 @@ def test_killed_driver_resumes_from_completion_markers(cluster, sources, local_o
 
 
 def test_stats_on_the_cluster_gives_the_local_figures(cluster, sources, tmp_path) -> None:
-    """``stats --engine ray`` runs prepare's steps and the id pass as Ray tasks: the same figures."""
+    """``stats --executor ray`` runs prepare's steps and the id pass as Ray tasks: the same figures."""
     reports = {}
     for engine in ("local", "ray"):
         out = tmp_path / engine
-        command = [FREESCALE, "stats", sources, "--output", str(out), "--quiet", "--no-plots", "--engine", engine]
+        command = [FREESCALE, "stats", sources, "--output", str(out), "--quiet", "--no-plots", "--executor", engine]
         if engine == "ray":
             command += ["--ray-address", cluster.address]
         done = subprocess.run(
@@ -140,8 +140,8 @@ def test_stats_on_the_cluster_gives_the_local_figures(cluster, sources, tmp_path
         )
         assert done.returncode == 0, done.stderr
         reports[engine] = json.loads((out / "stats.json").read_text())
-    assert reports["ray"]["options"].pop("engine") == "ray"
-    assert reports["local"]["options"].pop("engine") == "local"
+    assert reports["ray"]["options"].pop("executor") == "ray"
+    assert reports["local"]["options"].pop("executor") == "local"
     for report in reports.values():
         report.pop("runtime_s")
         report["options"].pop("ray_address")
@@ -162,7 +162,7 @@ def _objects(prefix: str) -> list[str]:
 def test_s3_work_dir_on_the_cluster_resumes_from_its_markers(cluster, sources, local_output, s3_bucket, tmp_path):
     """``--work-dir s3://``: intermediates live under the prefix; a driver killed mid-job resumes on
     a machine with none of its local files (the mirror removed) from the markers in object storage,
-    re-running only the calls without one, and writes the local engine's bytes."""
+    re-running only the calls without one, and writes the local executor's bytes."""
     from freescale.pipeline.workdir import mirror_path
 
     work, out, times = f"s3://{s3_bucket}/work", tmp_path / "ds", tmp_path / "times.jsonl"
@@ -185,7 +185,7 @@ def test_s3_work_dir_on_the_cluster_resumes_from_its_markers(cluster, sources, l
 
 
 def test_s3_work_dir_with_the_local_engine(sources, local_output, s3_bucket, tmp_path) -> None:
-    """The local engine syncs the same files through the prefix and writes the same bytes."""
+    """The local executor syncs the same files through the prefix and writes the same bytes."""
     out = tmp_path / "ds"
     finish(run_prepare(sources, str(out), "--workers", "2", "--work-dir", f"s3://{s3_bucket}/work"))
     assert dataset_files(local_files(str(out))) == local_output
@@ -230,7 +230,7 @@ def test_an_address_where_no_cluster_answers_is_one_line_at_once(sources, tmp_pa
     a malformed one went to Ray as is); now the job ends in seconds with one line naming the option."""
     (port,) = free_ports(1)  # released: nothing listens there
     started = time.perf_counter()
-    proc = run_prepare(sources, str(tmp_path / "ds"), "--engine", "ray", "--ray-address", address.format(port=port))
+    proc = run_prepare(sources, str(tmp_path / "ds"), "--executor", "ray", "--ray-address", address.format(port=port))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     assert err.strip().splitlines() == [f"freescale prepare: error: {message.format(port=port)}"], err

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from freescale import __version__
+from freescale.tools.deprecation import DeprecatedAlias
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,14 +63,18 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=2, help="processes running tasks, this one included (default 2: one spawned)"
     )
     p.add_argument(
-        "--engine",
+        "--executor",
         choices=["local", "ray"],
         default="local",
         help="where the steps run: local (this host's process pool, default) or ray (Ray tasks; byte-identical output)",
     )
     p.add_argument(
+        "--engine", dest="executor", choices=["local", "ray"], action=DeprecatedAlias, new="--executor",
+        help=argparse.SUPPRESS,
+    )  # fmt: skip
+    p.add_argument(
         "--ray-address",
-        help="--engine ray: a running cluster (auto or HOST:PORT); default: start a Ray runtime on this host "
+        help="--executor ray: a running cluster (auto or HOST:PORT); default: start a Ray runtime on this host "
         "with --workers CPUs for the job",
     )
 
@@ -86,7 +91,7 @@ def _sample_options(args: argparse.Namespace) -> dict:
         "cost_model_file": args.cost_model,
         "memory_limit": parse_size(args.memory_limit, "--memory-limit"),
         "workers": args.workers,
-        "engine": args.engine,
+        "executor": args.executor,
         "ray_address": args.ray_address,
     }
 
@@ -168,16 +173,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate", help="time micro-batches of a model here; write the cost model prepare --cost-model reads"
-    )
-    p.add_argument("--config", required=True, help="run config or model TOML ([model], [model_extra], [engine])")
-    p.add_argument("--out", required=True, help="cost-model JSON to write")
-    p.add_argument("--micro-batch-size", type=int, default=8, help="samples per micro-batch (prepare's k)")
-    p.add_argument("--mixed", type=int, default=24, help="mixed-length micro-batches to time")
-    p.add_argument("--rounds", type=int, default=3, help="timing rounds (the minimum is kept)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: thread CPU time; cuda: wall time between device synchronisations")  # fmt: skip
+    from freescale.trainer.calibrate_options import HELP, add_arguments
+
+    add_arguments(sub.add_parser("calibrate", help=HELP))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -344,29 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def generator_overrides(pairs: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` strings → typed generator options (types from ``GeneratorConfig``'s fields)."""
-    from dataclasses import fields
+    from typing import get_type_hints
 
     from freescale.datasets.synthetic import GeneratorConfig
+    from freescale.overrides import typed_overrides
 
-    types = {f.name: f.type for f in fields(GeneratorConfig)}
-    overrides: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or key not in types:
-            raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of {sorted(types)}")
-        kind = str(types[key])
-        try:
-            if "bool" in kind:
-                overrides[key] = text.lower() in ("1", "true", "yes")
-            elif "int" in kind:
-                overrides[key] = int(float(text))
-            elif "float" in kind:
-                overrides[key] = float(text)
-            else:
-                overrides[key] = text
-        except ValueError as error:
-            raise ValueError(f"--set {pair!r}: {key} expects {kind}") from error
-    return overrides
+    return typed_overrides(pairs, get_type_hints(GeneratorConfig))
 
 
 def describe_generator_options(preset_name: str) -> str:
@@ -433,7 +414,7 @@ def _early_pool(args: argparse.Namespace, writer: bool) -> Any:
     from freescale.pipeline.memory import local_sizing, parse_size, preload_writer  # no polars/pyarrow import
 
     pool = None
-    if args.engine == "local" and args.workers > 1:
+    if args.executor == "local" and args.workers > 1:
         limit = parse_size(args.memory_limit, "--memory-limit")
         processes = local_sizing(limit, args.workers, writer and preload_writer(limit)).processes
         pool = start_pool(processes - 1, PREPARE_WORKER_MODULES) if processes > 1 else None

@@ -36,10 +36,12 @@ import numpy as np
 import torch
 
 from freescale.pipeline.cost import CostModel, ModelConfig
+from freescale.trainer.calibrate_options import HELP, add_arguments
 from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data import Batch, CollateConfig, collate
+from freescale.trainer.engine import batch_loss
 from freescale.trainer.jagged import padded_sum_of_squares
-from freescale.trainer.model import SequentialTransducer, resolve_attention, sampled_softmax_loss
+from freescale.trainer.model import SequentialTransducer, resolve_attention
 
 CALIBRATION_ITEMS = 1_000  # item rows of the synthetic table when model_extra.num_items is 0 (from the data)
 
@@ -80,21 +82,11 @@ class MicroBatchTimer:
         self.actions = (torch.randn(extra.num_actions, d) * 0.1).to(self.device)
 
     def run(self, batch: Batch) -> None:
-        """What ``engine.batch_loss`` + backward do, with whole tables standing in for the sharded rows."""
+        """The trainer's ``engine.batch_loss`` + backward, whole tables standing in for the sharded rows."""
         items = self.items.clone().requires_grad_()
         actions = self.actions.clone().requires_grad_()
-        item_rows, action_rows = items[batch.item_ids], actions[batch.action_ids]
-        inputs, targets = batch.input_index, batch.target_index
-        out = self.model(item_rows[inputs], action_rows[inputs], batch.layout, *batch.attention_times())
-        loss = sampled_softmax_loss(
-            out,
-            item_rows[targets],
-            items[batch.negative_ids],
-            batch.item_ids[targets],
-            batch.negative_ids,
-            self.temperature,
-        )
-        loss.backward()
+        rows = {"item": items[batch.item_ids], "action": actions[batch.action_ids], "neg": items[batch.negative_ids]}
+        batch_loss(self.model, batch, rows, self.temperature).backward()
         self.model.zero_grad(set_to_none=True)
 
     def seconds(self, batches: list[Batch], rounds: int = 3) -> np.ndarray:
@@ -232,10 +224,15 @@ def read_config(path: str) -> tuple[ModelConfig, ModelExtraConfig, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m freescale.trainer.calibrate ...`` is ``freescale calibrate ...`` (options live in the CLI)."""
-    from freescale.tools.cli import main as cli_main
-
-    return cli_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
+    """``python -m freescale.trainer.calibrate ...`` is ``freescale calibrate ...`` (same options, same errors)."""
+    parser = argparse.ArgumentParser(prog="freescale calibrate", description=HELP)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as error:  # what the CLI reports as a user's error
+        print(f"freescale calibrate: error: {error}", file=sys.stderr)
+        return 2
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from freescale.overrides import apply_overrides
 from freescale.pipeline.cost import ModelConfig
 
 ARCHITECTURES = ("hstu", "sasrec")
@@ -446,17 +447,3 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
-    """``engine.name=torchrec`` / ``data.max_steps=20`` / ``data.path="s3://b/p"`` into ``data``."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        table, dot, option = key.strip().partition(".")
-        if not sep or not dot or not option:
-            raise ValueError(f"--set {item!r}: expected table.option=value (e.g. data.max_steps=20)")
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text  # a bare string
-        data.setdefault(table, {})[option] = value

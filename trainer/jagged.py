@@ -44,7 +44,15 @@ class LengthGroup:
 
 @dataclass
 class JaggedLayout:
-    """Where each sample's positions live in the flat tensor, and its length groups."""
+    """Where each sample's positions live in the flat tensor, and its length groups.
+
+    The attention's view of one micro-batch: per-sample ``lengths``/``offsets`` and what is derived
+    from them (length groups, per-position sample and position). It holds no values: the flat
+    ``[N, d]`` tensors travel beside it. Two other jagged containers differ in meaning and stay
+    separate: ``kernels.dispatch.JaggedRows`` is a payload of per-sample rows that moves between
+    ranks as units (values, lengths, optional dense/labels), and ``sharded.JaggedIds`` holds ids
+    keyed by feature with lengths per *key* (TorchRec's ``KeyedJaggedTensor`` subset the tables read).
+    """
 
     lengths: torch.Tensor  # [B] int64, positions per sample
     offsets: torch.Tensor  # [B + 1] int64

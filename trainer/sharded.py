@@ -46,7 +46,14 @@ class TableSpec:
 
 @dataclass
 class JaggedIds:
-    """Keyed jagged ids (the subset of ``KeyedJaggedTensor`` this module needs)."""
+    """Keyed jagged ids (the subset of ``KeyedJaggedTensor`` this module needs).
+
+    ``value_tensor`` holds every key's ids back to back and ``length_list`` counts them per *key*,
+    not per sample: a table lookup needs no sample structure, and a TorchRec ``KeyedJaggedTensor``
+    can stand in for it unchanged. Per-sample jagged data has its own containers:
+    ``jagged.JaggedLayout`` (the attention layout, no values) and ``kernels.dispatch.JaggedRows``
+    (per-sample rows moved between ranks).
+    """
 
     key_list: list[str]
     value_tensor: torch.Tensor

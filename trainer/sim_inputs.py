@@ -14,9 +14,7 @@ does), so the lengths are the ones ``prepare`` would balance.
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -128,30 +126,9 @@ def read_prepared(uri: str, verify: bool = True, progress: bool = False) -> Leng
 def read_sources(toml: str, samples: Any, workers: int = 1, progress: bool = False) -> LengthSource:
     """Raw sources through ``prepare``'s count-only path (scan → k-core → per-user counts → the
     planned sample lengths, ``planned_samples``): what ``stats`` costs, without building a sample."""
-    from freescale.pipeline.config import PrepareConfig
-    from freescale.pipeline.prepare import PrepareJob
-    from freescale.pipeline.stats.inputs import remove
-    from freescale.pipeline.steps.sequences import planned_samples
+    from freescale.pipeline.planned_lengths import planned_lengths  # polars & pyarrow: only for raw sources
 
-    work = Path(tempfile.mkdtemp(prefix="freescale-simulate-"))
-    try:
-        job = PrepareJob(
-            PrepareConfig(
-                sources=toml,
-                output=str(work / "unused-output"),
-                samples=samples,
-                workers=workers,
-                work_dir=str(work / "prepare"),
-                progress=progress,
-            )
-        )
-        try:
-            counts = job.count_samples()
-        finally:
-            job.close()
-    finally:
-        remove(work)
-    lengths = planned_samples(counts.user_ids, counts.event_counts, job.config.samples)["length"]
+    lengths = planned_lengths(toml, samples, workers=workers, progress=progress)
     if lengths.size == 0:
         raise ValueError(f"{toml}: the sources yield no samples")
     return LengthSource(origin=toml, kind="data", values=lengths.astype(np.int64))

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from freescale.overrides import apply_overrides
 from freescale.trainer.sim_config import DEFAULT_PROFILE
 
 JSON_NAME = "simulate.json"
@@ -68,20 +68,6 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part for part in text.replace(" ", "").split(",") if part)
 
 
-def _apply_overrides(tables: dict[str, dict[str, Any]], pairs: list[str]) -> None:
-    """``TABLE.OPTION=VALUE`` with a TOML value into ``tables`` (compute, network, jitter, workload)."""
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        table, dot, option = key.strip().partition(".")
-        if not sep or not dot or table not in tables:
-            raise ValueError(f"--set {pair!r}: expected TABLE.OPTION=VALUE with TABLE one of {sorted(tables)}")
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text  # a bare string (a path)
-        tables[table][option] = value
-
-
 def build_config(args: argparse.Namespace) -> Any:
     """``SimConfig`` from the profile, the model config, the options and ``--set`` overrides."""
     from dataclasses import asdict
@@ -124,7 +110,7 @@ def build_config(args: argparse.Namespace) -> Any:
             tables["jitter"].update(noise_floor_pct=float(pct), noise_floor_world_size=int(at or 2))
         except ValueError as error:
             raise ValueError(f"--noise-floor: expected PCT or PCT@W, got {args.noise_floor!r}") from error
-    _apply_overrides(tables, args.overrides)
+    apply_overrides(tables, args.overrides, known=tables, example="network.ranks_per_node=4")
     return SimConfig(
         world_sizes=parse_int_list(args.world_sizes, "--world-sizes"),
         arms=_names(args.arms),

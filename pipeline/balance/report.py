@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .steps import desc_positions
+from .measures import predict_straggler_pct
+from .step_groups import desc_positions
 
 if TYPE_CHECKING:
-    from . import BalanceConfig, BalancePlan
-    from .steps import Ranked, Steps
+    from .config import BalanceConfig
+    from .plan import BalancePlan
+    from .step_groups import Ranked, Steps
 
 
 def _bin_costs(costs: np.ndarray, steps: Steps, bins: np.ndarray, g: int) -> np.ndarray:
@@ -164,8 +166,6 @@ def _free_count_outliers(steps: Steps, counts: np.ndarray, n: int, equal: bool) 
 
 
 def _by_world_size(mb_costs: np.ndarray, g: int) -> dict[str, float]:
-    from . import predict_straggler_pct
-
     return {str(w): round(predict_straggler_pct(mb_costs.reshape(-1, w)), 4) for w in range(1, g + 1) if g % w == 0}
 
 
@@ -179,8 +179,6 @@ def build_report(
     baselines: dict[str, tuple[Steps, np.ndarray]],
     search: dict[str, Any],
 ) -> dict[str, Any]:
-    from . import predict_straggler_pct
-
     costs = ranked.costs
     g = config.group_size
     equal = config.mode == "equal_count"

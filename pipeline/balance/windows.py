@@ -24,7 +24,10 @@ from typing import Any
 import numpy as np
 
 from ..memory import PLAN_BYTES_PER_SAMPLE, whole_plan_comparable, window_samples
-from . import BalanceConfig, BalancePlan, plan_step_groups, predict_straggler_pct
+from .config import BalanceConfig
+from .measures import predict_straggler_pct
+from .plan import BalancePlan
+from .planner import plan_step_groups
 
 WINDOW_STREAM = 0x57494E  # random stream of the window membership ("WIN")
 

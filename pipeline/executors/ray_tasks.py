@@ -1,6 +1,6 @@
-"""The Ray engine (``--engine ray``): a step's calls as Ray tasks.
+"""The Ray executor (``--executor ray``): a step's calls as Ray tasks.
 
-Imported only when the engine is chosen, so the local engine never pays for ``import ray``.
+Imported only when the engine is chosen, so the local executor never pays for ``import ray``.
 
 - ``--ray-address auto|HOST:PORT`` joins a running cluster; without it a Ray runtime is started for
   the job on this host and stopped when the job ends, so the same command works on a laptop: no
@@ -43,12 +43,12 @@ from collections.abc import Callable
 from typing import Any
 
 from freescale.endpoints import host_port
-from freescale.pipeline.executors import Call, Progress
 from freescale.pipeline.executors.processes import (
     CallQueue,
     configure_task_process,
     release_freed_memory,
 )
+from freescale.pipeline.executors.seam import Call, Progress
 from freescale.pipeline.memory import RaySizing, ray_sizing
 
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -90,7 +90,7 @@ def _run_call(cwd: str, env: dict[str, str], call: bytes) -> tuple[Any, dict[str
     node, seconds, and whether it was this process's first call of the step.
 
     A worker keeps the memory its calls freed (``keep_freed_memory``: reused by the step's next
-    call); its first call of another step returns it to the system first, as the local engine
+    call); its first call of another step returns it to the system first, as the local executor
     stops its pool before the write. Without that, each write task's peak came on top of the
     samples step's high-water mark (~450 MB a worker on large) and the job passed a 2 GB limit."""
     started = time.perf_counter()
@@ -144,7 +144,7 @@ class RayExecutor:
             except ConnectionError as error:  # something answered, but not a Ray cluster's GCS
                 raise ValueError(f"--ray-address {address}: {error}") from None
             self.progress.warn(
-                "ray engine: joined a running cluster; --memory-limit bounds this job's partitions and "
+                "ray executor: joined a running cluster; --memory-limit bounds this job's partitions and "
                 "buckets, not the cluster's processes"
             )
         elif not _ray_initialized():  # started with the first step, while this process runs its first calls
@@ -229,7 +229,7 @@ class RayExecutor:
                         result, timing = ray.get(ref)
                         queue.finish(refs[ref], result)
                         times.append(timing)
-                    except RayTaskError as error:  # the step's own exception, as the local engine raises it
+                    except RayTaskError as error:  # the step's own exception, as the local executor raises it
                         queue.fail(refs[ref], error.cause if error.cause is not None else error)
                     except ray.exceptions.RayError as error:  # retries exhausted, node lost
                         queue.fail(refs[ref], error)

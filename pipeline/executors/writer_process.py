@@ -1,4 +1,4 @@
-"""The local engine's process that writes MDS shards, started with the job.
+"""The local executor's process that writes MDS shards, started with the job.
 
 It was started early so that importing mosaicml-streaming's ``MDSWriter`` (torch: ~2 s of CPU,
 ~500 MB) overlapped the scan; shards are now framed by ``steps.mds_shards.ShardWriter`` without

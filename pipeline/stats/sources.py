@@ -159,7 +159,7 @@ def _prepare_job(config: Any, work: Path, pool: ProcessPoolExecutor | None) -> A
             workers=config.workers,
             work_dir=str(work / "prepare"),
             progress=config.progress,
-            engine=config.engine,
+            executor=config.executor,
             ray_address=config.ray_address,
             user_fraction=1.0 if config.samples.kcore else config.sample_fraction,
         ),

@@ -1,7 +1,7 @@
 """MDS shards and their ``index.json`` from already-encoded samples, without mosaicml-streaming.
 
 ``streaming.MDSWriter`` imports torch (via ``streaming.base``): ~2 s of CPU and ~500 MB resident in
-every process that writes a part. With the Ray engine that is each task worker that runs a write
+every process that writes a part. With the Ray executor that is each task worker that runs a write
 task (measured on ``large``: 1.6 s of warm-up across the write tasks, and 1.23 GB per worker, which
 put a started runtime at ~3 GB against a 2 GB ``--memory-limit``). The write step only needs
 shard framing, a hash and a JSON index, so this module writes them itself.

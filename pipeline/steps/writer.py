@@ -26,7 +26,7 @@ import xxhash
 
 from freescale import storage
 from freescale.pipeline.integrity import HASH_ALGO, check_index, file_hash
-from freescale.pipeline.manifest import ManifestError
+from freescale.pipeline.manifest_schema import ManifestError
 from freescale.pipeline.steps.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.steps.mds_shards import ShardWriter
 
@@ -137,7 +137,7 @@ def write_part(
 
     The marker ``write.part-NNNNN.done`` (``WrittenPart``) lets a resumed job skip finished parts
     once it has checked them (``written_part_problem``); an unfinished part's directory is emptied by
-    ``ShardWriter`` when it is written again. Parts are independent: the Ray engine writes them in
+    ``ShardWriter`` when it is written again. Parts are independent: the Ray executor writes them in
     parallel tasks.
     """
     start, end = part * PART_SIZE, min((part + 1) * PART_SIZE, n_samples)
