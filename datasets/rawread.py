@@ -66,12 +66,19 @@ def _named_read_errors(kind: str) -> Callable:
     return wrap
 
 
+PRE_BUFFER_MIN_CHUNK_ROWS = 262_144
+
+
 @_named_read_errors("Parquet")
 def _iter_parquet(task: ReadTask, label: str, chunk_rows: int) -> Iterator[RawPiece]:
     columns = _unique_raw(task.mapping)
     # String columns come back dictionary-encoded, as Parquet stores them: decoding millions of
     # repeated action names costs more than the rest of the read (converters handle dictionaries).
-    handle = pq.ParquetFile(open_input(task.path, label), read_dictionary=columns, pre_buffer=True)
+    # Pre-buffering reads a row group's column chunks at once (fewer, larger reads), which held ~20 MB
+    # more at a time (a 2.7M-row file at 262,144-row batches: 42 vs 21 MB at the pool's peak): done
+    # only at the full default chunk size, i.e. where the memory limit leaves a task room for it.
+    pre_buffer = chunk_rows >= PRE_BUFFER_MIN_CHUNK_ROWS
+    handle = pq.ParquetFile(open_input(task.path, label), read_dictionary=columns, pre_buffer=pre_buffer)
     row = task.first_row or 0
     groups = list(range(task.start, task.stop))
     pending: list[pa.RecordBatch] = []

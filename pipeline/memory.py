@@ -33,14 +33,30 @@ PLAN_BYTES_PER_SAMPLE = 400
 # windowing cost: the comparison doubles the planning time, which grows with the samples.
 COMPARE_MAX_SAMPLES = 2_000_000
 MIN_TASK_BUDGET = 32 * MIB  # below this, per-task budgets stop shrinking (fixed costs dominate)
+# A scan task's peak over its process's floor, per row of a chunk (columnar sources) and per byte of a
+# text block (CSV, JSON Lines): the raw columns, the canonical events, the spill's sorted copy, the
+# allocators' in-task retention. Measured one task per process after a first (demo preset, psutil RSS
+# sampled every 5 ms, allocators released between tasks): Parquet 114-125 MB at 262,144-row chunks,
+# 82-97 MB at 65,536 (~180 bytes a row over a ~75 MB part that does not shrink with the chunk: the
+# file's pre-buffered column chunks, thread pools); JSON Lines 136-139 MB at 16 MB blocks, 49-50 MB at
+# 4 MB; CSV 149 MB at 16 MB, 76 MB at 4 MB (~9 bytes a byte of text).
+READ_BYTES_PER_ROW = 400
+READ_BYTES_PER_TEXT_BYTE = 10
+MAX_READ_CHUNK_ROWS = 262_144  # datasets.sources' defaults: larger chunks read no faster
+MAX_READ_CHUNK_BYTES = 16 * MIB
+MIN_READ_CHUNK_ROWS = 16_384
+MIN_READ_CHUNK_BYTES = 1 * MIB
 MIN_OBJECT_STORE_BYTES = 100 * MIB
 
 
-# A local task process (this one, or a spawned pool worker) before any task data: the interpreter with
-# numpy, polars, pyarrow and the step modules imported. Measured with psutil after the imports (two
-# spawned workers): 106 MB RSS per worker, 107 MB for the driver, ~56 MB of it shared library pages,
-# which a process tree's RSS sum counts once per process, as the limit's users measure it.
-LOCAL_PROCESS_BYTES = 110 * MIB
+# A local task process (this one, or a spawned pool worker) between tasks: the interpreter with numpy,
+# polars, pyarrow and the step modules imported, plus what stays after its first tasks once its
+# allocators released what they could (``processes.run_released``): arrow's thread pools and their
+# allocator heaps, the compute kernels, caches. Measured with psutil: 106-107 MB RSS right after the
+# imports (~56 MB of it shared library pages, which a process tree's RSS sum counts once per process,
+# as the limit's users measure it), 150-177 MB between the scan tasks of the demo preset (anonymous
+# 83-112 MB, file-backed 65 MB). 110 MB (the import-time figure) let a 256 MB job peak at 265 MB.
+LOCAL_PROCESS_BYTES = 170 * MIB
 LOCAL_TRACKER_BYTES = 12 * MIB  # multiprocessing's resource tracker, started with a spawn pool (12 MB RSS)
 
 
@@ -100,6 +116,20 @@ def local_sizing(memory_limit: int, workers: int, writer_reserved: bool) -> Loca
     return LocalSizing(processes, max(available - fixed, MIN_TASK_BUDGET), note)
 
 
+# mimalloc (pyarrow's pool) keeps freed memory this long before returning it (``processes``'
+# ALLOCATOR_SETTINGS): faster chunk after chunk, but within a task it held up to ~50 MB more per
+# process (a Parquet task of the demo preset peaked 51 MB higher at 1 s than at 0: 211 vs 160 MB
+# anonymous). Kept only where that is at most a quarter of a process's share of the limit.
+PURGE_DELAY_RETENTION = 50 * MIB
+
+
+def allocator_purge_delay_ms(memory_limit: int, workers: int, writer_reserved: bool) -> int:
+    """``MIMALLOC_PURGE_DELAY`` of the local executor's task processes: 1 s where a process's share of
+    ``memory_limit`` (``local_sizing``) holds the retention four times over, else 0 (purge at once)."""
+    sizing = local_sizing(memory_limit, workers, writer_reserved)
+    return 1000 if sizing.task_budget // sizing.processes >= 4 * PURGE_DELAY_RETENTION else 0
+
+
 def estimate_events(formats: dict[str, str], files: list[dict[str, Any]]) -> int:
     """Rough event count from file sizes (``formats``: source name -> format), before reading anything."""
     return sum(
@@ -114,6 +144,14 @@ def choose_partition_count(estimated_events: int, budget: int, workers: int) -> 
     per_worker_budget = max(budget // (2 * workers), MIN_TASK_BUDGET)
     events_per_partition = max(per_worker_budget // BYTES_PER_EVENT_IN_MEMORY, 1)
     return max(workers * 2, -(-estimated_events // events_per_partition))
+
+
+def read_chunk_sizes(task_budget: int) -> tuple[int, int]:
+    """Rows and text bytes of a scan task's chunks, so that one task's data fits ``task_budget`` (what
+    one process's task may hold: ``JobBudget.per_task``), within the defaults and a floor."""
+    rows = min(MAX_READ_CHUNK_ROWS, max(MIN_READ_CHUNK_ROWS, task_budget // READ_BYTES_PER_ROW))
+    text = min(MAX_READ_CHUNK_BYTES, max(MIN_READ_CHUNK_BYTES, task_budget // READ_BYTES_PER_TEXT_BYTE))
+    return int(rows), int(text)
 
 
 def local_writer_budget(memory_limit: int) -> int:
@@ -226,6 +264,11 @@ class JobBudget:
     tasks: int
     concurrent: int
     writer: int
+
+    @property
+    def per_task(self) -> int:
+        """What one of the concurrent tasks may hold."""
+        return max(self.tasks // self.concurrent, MIN_TASK_BUDGET)
 
 
 def job_budget(

@@ -8,6 +8,7 @@ with status 2 instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -411,12 +412,20 @@ def _early_pool(args: argparse.Namespace, writer: bool) -> Any:
     executor will use: ``--workers`` within ``--memory-limit`` (``memory.local_sizing``; ``writer``:
     the job reserves the writer process's memory). None: one process, or Ray."""
     from freescale.pipeline.executors.processes import PREPARE_WORKER_MODULES, configure_task_process, start_pool
-    from freescale.pipeline.memory import local_sizing, parse_size, preload_writer  # no polars/pyarrow import
+    from freescale.pipeline.memory import (  # no polars/pyarrow import
+        allocator_purge_delay_ms,
+        local_sizing,
+        parse_size,
+        preload_writer,
+    )
 
     pool = None
-    if args.executor == "local" and args.workers > 1:
+    if args.executor == "local":
         limit = parse_size(args.memory_limit, "--memory-limit")
-        processes = local_sizing(limit, args.workers, writer and preload_writer(limit)).processes
+        reserved = writer and preload_writer(limit)
+        # before any process loads pyarrow: the workers inherit it (a user's own setting wins)
+        os.environ.setdefault("MIMALLOC_PURGE_DELAY", str(allocator_purge_delay_ms(limit, args.workers, reserved)))
+        processes = local_sizing(limit, args.workers, reserved).processes
         pool = start_pool(processes - 1, PREPARE_WORKER_MODULES) if processes > 1 else None
     configure_task_process()
     return pool
