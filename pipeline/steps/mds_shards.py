@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,7 @@ class ShardWriter:
         self.shards: list[dict[str, Any]] = []
         self.index_data: bytes | None = None  # the index.json written by ``finish``
         self._samples: list[bytes | memoryview] = []
+        self.after_write: Callable[[], None] | None = None  # called after each chunk of a shard is written
         self._fixed = 4 + 4 + len(self.config_data)  # count, last offset, config
         self._size = self._fixed
         if not storage.is_remote(out):
@@ -148,6 +149,8 @@ class ShardWriter:
                     size += len(chunk)
                     for hasher in hashers.values():
                         hasher.update(chunk)
+                    if self.after_write is not None:
+                        self.after_write()
         hashes = {algo: hasher.hexdigest() for algo, hasher in hashers.items()}
         raw = {"basename": basename, "bytes": size, "hashes": hashes}
         self.shards.append({"samples": len(self._samples), "raw_data": raw, "zip_data": None, **self.config})
