@@ -3,6 +3,14 @@
 Every bound a job keeps (``--memory-limit``, ``--plan-memory``) becomes a count here: partitions of the
 scan, samples per write bucket, records per stats bucket, samples per planning window, a started Ray
 runtime's object store. The per-item byte figures are measurements (where and how: beside each).
+
+The floor, as users measure it (the process tree's RSS): each local task process costs
+``LOCAL_PROCESS_BYTES`` (~170 MB between tasks, allocators released after each task) before its
+data, so 256 MB holds one process with ~86 MB of task data; a scan task's Parquet read keeps ~75 MB
+that does not shrink with its chunks. On the demo preset (12.4M events) 256 MB is kept with little
+margin (peaks 230-269 MB measured, the higher ones in the end-of-job phase); 512 MB and up with
+a wide one. Below that the chunks and partitions stop shrinking (``MIN_TASK_BUDGET``, the
+``MIN_READ_CHUNK_*`` floors) and the job would overshoot.
 """
 
 from __future__ import annotations
