@@ -35,9 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from freescale.pipeline.cost import CostModel, ModelConfig
+from freescale.model_config import ModelConfig
+from freescale.pipeline.cost import CostModel
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.config import ModelExtraConfig
-from freescale.trainer.data import Batch, CollateConfig, collate
+from freescale.trainer.data import Batch, collate
 from freescale.trainer.jagged import padded_sum_of_squares
 from freescale.trainer.model import SequentialTransducer, resolve_attention, sampled_softmax_loss
 

@@ -2,7 +2,7 @@
 
 A prepared dataset (``freescale prepare``, local or ``s3://``) is a sequence of step groups of ``G``
 cost-balanced micro-batches; ``PreparedDataset.micro_batch_index`` says which one rank ``r`` of ``W``
-reads at step ``s`` (``pipeline/reader.py``; epochs after the first permute whole groups by seed).
+reads at step ``s`` (``pipeline/dataset/reader.py``; epochs after the first permute whole groups by seed).
 This module turns that schedule into a torchdata ``StatefulDataLoader``:
 
 - the sampler is the step range ``[start_step, end)``; the dataset is map-style, step -> this rank's
@@ -10,11 +10,13 @@ This module turns that schedule into a torchdata ``StatefulDataLoader``:
   ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly (torchdata counts the steps the
   caller consumed, not the ones workers prefetched) — across epochs too, since the epoch is part of
   the step number;
-- ``output`` picks what a step yields: ``samples`` (``Samples``: the prepared rows, numpy), ``batch``
-  (the FreeScale trainer's ``trainer.data.Batch``) or ``kjt`` (``KJTBatch``: a TorchRec
-  ``KeyedJaggedTensor`` of keys ``item``, ``action``, ``timestamp`` plus lengths and next-item
-  targets). Ids become table rows through the dataset's exact vocabularies, with the trainer's own
-  collation code (``trainer.data.sequence_arrays``): one mapping, whoever reads.
+- ``output`` picks what a step yields: ``samples`` (``Samples``: the prepared rows, numpy), ``kjt``
+  (``kjt.KJTBatch``: a TorchRec ``KeyedJaggedTensor`` of keys ``item``, ``action``, ``timestamp`` plus
+  lengths and next-item targets) or ``batch`` (the FreeScale trainer's ``Batch``). ``collate_fn``
+  turns a step's samples into the batch (``samples.CollateFn``); by default ``kjt.kjt_batch`` for
+  ``kjt`` and, for ``batch``, the trainer's collation, named (``TRAINER_COLLATE``) and imported only
+  when that output is asked for: this module never imports the trainer. Ids become table rows through
+  the dataset's exact vocabularies (``samples.sequence_arrays``): one mapping, whoever reads.
 
 Workers receive the ``PreparedDataset`` by fork or pickle; its shard readers and checked-shard set
 are per process (``PreparedDataset.__getstate__``), so each worker opens, checks and, for ``s3://``,
@@ -26,13 +28,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import importlib
 import math
 import os
 import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,19 +44,21 @@ from torch.utils.data import Dataset
 
 from freescale import storage
 from freescale.optional import torchrec_unavailable
-from freescale.pipeline.manifest import ManifestError
-from freescale.pipeline.reader import PreparedDataset
-from freescale.trainer.data import CollateConfig, collate, sequence_arrays
+from freescale.pipeline.dataset.kjt import KJTBatch, keyed_jagged, kjt_batch, register_pipelineable
+from freescale.pipeline.dataset.manifest import ManifestError
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import CollateConfig, CollateFn, default_collate
 
 OUTPUTS = ("samples", "batch", "kjt")
-KJT_KEYS = ("item", "action", "timestamp")
+TRAINER_COLLATE = ("freescale.trainer.data", "collate")  # output "batch": the FreeScale trainer's collation
 
 
 @dataclass
 class Config:
     """What to read and how. ``num_steps = 0`` reads ``epochs`` passes from step 0 (or from
     ``start_step`` to that end); ``collate = None`` (``batch``/``kjt``) maps ids through the dataset's
-    exact vocabularies and holds out each user's validation and test items (``default_collate``)."""
+    exact vocabularies and holds out each user's validation and test items (``default_collate``);
+    ``collate_fn = None`` collates as the output says (``output_collate``)."""
 
     path: str
     world_size: int = 1
@@ -68,6 +73,7 @@ class Config:
     cache_dir: str | None = None  # s3:// shard cache (default: private per-user temp directory)
     verify: bool = True  # hash each shard against the manifest when first read
     collate: CollateConfig | None = None
+    collate_fn: CollateFn | None = None  # (samples, collate config, step, rank) -> what a step yields
 
     def __post_init__(self) -> None:
         checks = (
@@ -96,23 +102,18 @@ def total_steps(dataset: PreparedDataset, world_size: int, epochs: float, max_st
     return max(1, math.ceil(epochs * dataset.steps_per_epoch(world_size)))
 
 
-def default_collate(dataset: PreparedDataset) -> CollateConfig:
-    """Exact id rows from the dataset's vocabularies, no negatives, the prepared sequence length, the
-    leave-one-out holdout (validation + test items never become targets) and prepare's window stride."""
-    samples = dataset.manifest.get("config", {}).get("samples", {})
-    item, action = dataset.vocabulary("item"), dataset.vocabulary("action")
-    if item is None or action is None:
-        raise ValueError(f"{dataset.uri}: no id vocabularies (prepared by an older FreeScale); pass Config.collate")
-    return CollateConfig(
-        num_items=item.size,
-        num_actions=action.size,
-        max_len=int(samples.get("max_uih_len") or 2**31 - 1),
-        num_negatives=0,
-        inbatch_negatives=0,
-        window_stride=int(samples.get("window_stride") or 0),
-        item_vocab=item,
-        action_vocab=action,
-    )
+def output_collate(config: Config) -> CollateFn | None:
+    """The function that makes a step's batch: ``config.collate_fn``, else the output's own
+    (``kjt``: ``kjt_batch``; ``batch``: the trainer's ``collate``, imported by name; ``samples``: None,
+    the rows as prepared)."""
+    if config.output == "samples":
+        return None
+    if config.collate_fn is not None:
+        return config.collate_fn
+    if config.output == "kjt":
+        return kjt_batch
+    module, name = TRAINER_COLLATE
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
@@ -122,68 +123,6 @@ class Samples:
     step: int
     micro_batch: int
     samples: list[dict[str, Any]]
-
-
-@dataclass
-class KJTBatch:
-    """``output = "kjt"``: one step's micro-batch for a TorchRec model.
-
-    ``features`` holds each sample's *input* events (all but its last, after holdout and truncation)
-    under keys ``item``, ``action`` (table rows) and ``timestamp`` (seconds), one jagged row per
-    sample; ``targets[j]`` is the item row of the event after input ``j`` (next-item training at
-    every position). Registered as TorchRec ``Pipelineable`` (``register_pipelineable``), so TorchRec's
-    train pipelines move it to the device themselves."""
-
-    step: int
-    features: Any  # torchrec KeyedJaggedTensor
-    lengths: torch.Tensor  # [B] input events per sample
-    targets: torch.Tensor  # [sum(lengths)] next item row of every input event
-    user_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> KJTBatch:
-        move = {"device": device, "non_blocking": non_blocking}
-        return KJTBatch(
-            self.step,
-            self.features.to(**move),
-            self.lengths.to(**move),
-            self.targets.to(**move),
-            self.user_ids.to(**move),
-        )
-
-    def record_stream(self, stream: Any) -> None:
-        self.features.record_stream(stream)
-        for tensor in (self.lengths, self.targets, self.user_ids):
-            tensor.record_stream(stream)
-
-    def pin_memory(self) -> KJTBatch:
-        tensors = (self.lengths, self.targets, self.user_ids)
-        return KJTBatch(self.step, self.features.pin_memory(), *(t.pin_memory() for t in tensors))
-
-
-def register_pipelineable() -> None:
-    """Declare ``KJTBatch`` a TorchRec ``Pipelineable`` (an ABC): TorchRec is imported only here, so
-    the ``samples``/``batch`` outputs and the FreeScale trainer never need it."""
-    from torchrec.streamable import Pipelineable
-
-    Pipelineable.register(KJTBatch)
-
-
-def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int) -> KJTBatch:
-    """Prepared samples -> ``KJTBatch`` (ids through ``sequence_arrays``, as the trainer collates)."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    seq = sequence_arrays(samples, cfg, cfg.holdout_last)
-    inputs = seq.input_rows()
-    lengths = seq.lengths - 1
-    values = np.concatenate([seq.items[inputs], seq.actions[inputs], seq.times[inputs]])
-    targets = seq.items[inputs + 1]
-    features = KeyedJaggedTensor(
-        keys=list(KJT_KEYS),
-        values=torch.from_numpy(values),
-        lengths=torch.from_numpy(np.tile(lengths, len(KJT_KEYS))),
-    )
-    users = torch.tensor([int(samples[i]["user_id"]) for i in seq.kept], dtype=torch.int64)
-    return KJTBatch(step, features, torch.from_numpy(lengths), torch.from_numpy(targets), users)
 
 
 @dataclass
@@ -233,9 +172,7 @@ def from_wire(obj: Any) -> Any:
     if isinstance(obj, _Array):
         return torch.from_numpy(obj.array)
     if isinstance(obj, _KJT):
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-        return KeyedJaggedTensor(keys=obj.keys, values=from_wire(obj.values), lengths=from_wire(obj.lengths))
+        return keyed_jagged(obj.keys, from_wire(obj.values), from_wire(obj.lengths))
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             setattr(obj, f.name, from_wire(getattr(obj, f.name)))
@@ -249,8 +186,10 @@ class StepReads(Dataset):
     """Map-style: step -> this rank's micro-batch of that step, in the configured output form
     (``to_wire`` form when read by a worker process)."""
 
-    def __init__(self, dataset: PreparedDataset, config: Config, collate_cfg: CollateConfig | None) -> None:
-        self.dataset, self.config, self.collate_cfg = dataset, config, collate_cfg
+    def __init__(
+        self, dataset: PreparedDataset, config: Config, collate_cfg: CollateConfig | None, collate_fn: CollateFn | None
+    ) -> None:
+        self.dataset, self.config, self.collate_cfg, self.collate_fn = dataset, config, collate_cfg, collate_fn
 
     def __getitem__(self, step: int) -> Samples | KJTBatch | Any:
         if not self.config.num_workers:
@@ -264,11 +203,9 @@ class StepReads(Dataset):
         c = self.config
         index = self.dataset.micro_batch_index(step, c.rank, c.world_size, c.seed)
         samples = self.dataset.micro_batch(index)
-        if c.output == "samples":
+        if self.collate_fn is None:
             return Samples(step, index, samples)
-        if c.output == "batch":
-            return collate(samples, self.collate_cfg, step, c.rank)
-        return kjt_batch(samples, self.collate_cfg, step)
+        return self.collate_fn(samples, self.collate_cfg, step, c.rank)
 
 
 class ShardPrefetch:
@@ -376,7 +313,7 @@ class Loader:
             collate_cfg = config.collate or default_collate(self.dataset)
         if config.output == "kjt":
             register_pipelineable()
-        self._reads = StepReads(self.dataset, config, collate_cfg)
+        self._reads = StepReads(self.dataset, config, collate_cfg, output_collate(config))
         self._iterator: Any = None
         self._prefetch: ShardPrefetch | None = None
         self._resume(config.start_step)

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from freescale import __version__, storage
+from freescale.model_config import ModelConfig
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.cost import ModelConfig
-from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
+from freescale.pipeline.dataset.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from freescale.pipeline.stats import figures
 from freescale.pipeline.stats.inputs import Collected, collect_prepared, remove
 from freescale.pipeline.stats.plots import write_plots
@@ -162,8 +162,8 @@ def input_kind(uri: str) -> tuple[str, str]:
         return "prepared", uri
     if storage.exists(storage.join(uri, SOURCES_CONFIG_NAME)):
         return "sources", storage.join(uri, SOURCES_CONFIG_NAME)
-    read_manifest(uri)  # raises ManifestError: "manifest.json is missing: not a finished prepare output"
-    raise ManifestError(f"{uri}: not a prepared dataset")  # pragma: no cover - read_manifest raised
+    load_manifest(uri)  # raises ManifestError: "manifest.json is missing: not a finished prepare output"
+    raise ManifestError(f"{uri}: not a prepared dataset")  # pragma: no cover - load_manifest raised
 
 
 # ------------------------------------------------------------------------------------------ figures
@@ -424,9 +424,9 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
         else:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-            manifest = read_manifest(uri)
-            k = config.micro_batch_size or int(manifest["layout"]["micro_batch_size"])
-            g = int(manifest["layout"]["group_size"])
+            layout = load_manifest(uri).layout
+            k = config.micro_batch_size or layout.micro_batch_size
+            g = layout.group_size
             config = replace(config, world_sizes=config.world_sizes or tuple(sorted({*DEFAULT_WORLD_SIZES, g})))
 
             def sizes_for(n: int) -> tuple[list[int], str]:
