@@ -234,3 +234,14 @@ def test_workers_exit_when_the_process_reading_them_is_killed(tiny) -> None:
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"loader workers {alive} outlived their killed parent by 15 s"
+
+
+def test_the_old_loader_import_path_warns_and_is_the_same_loader() -> None:
+    """``freescale.pipeline.loader`` (documented before ``pipeline/dataset/``) still imports, with a warning."""
+    import importlib
+    import sys
+
+    sys.modules.pop("freescale.pipeline.loader", None)
+    with pytest.warns(DeprecationWarning, match="freescale.pipeline.dataset"):
+        old = importlib.import_module("freescale.pipeline.loader")
+    assert (old.Config, old.Loader, old.KJTBatch) == (Config, Loader, KJTBatch)
