@@ -90,7 +90,8 @@ class Settings:
 def cost_model(s: Settings) -> tuple[Any, dict[str, Any]]:
     """``cost(L)`` of one training step of a sample; the project's model when available."""
     try:
-        from freescale.pipeline.cost import CostModel, ModelConfig
+        from freescale.model_config import ModelConfig
+        from freescale.pipeline.cost import CostModel
 
         model = CostModel.from_model(ModelConfig(d_model=s.d_model, num_layers=s.num_layers))
         return model.cost, {"source": "freescale.pipeline.cost", **model.to_dict()}

@@ -108,9 +108,10 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
 
     from freescale.datasets.presets import preset
     from freescale.datasets.synthetic import generate
+    from freescale.model_config import ModelConfig
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, SampleConfig
-    from freescale.pipeline.cost import ModelConfig
+    from freescale.pipeline.dataset.manifest import load_manifest
     from freescale.pipeline.prepare import prepare
     from freescale.trainer.calibrate import calibrate
     from freescale.trainer.config import ModelExtraConfig
@@ -132,7 +133,7 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
     datasets = {}
     for strategy in ("random", "planned"):
         out = work / f"prepared-{strategy}"
-        manifest = prepare(
+        prepare(
             PrepareConfig(
                 sources=str(work / "sources" / "sources.toml"),
                 output=str(out),
@@ -147,10 +148,11 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
                 overwrite=True,
             )
         )
-        predicted = manifest["balance"].get("straggler_pct_by_world_size", {}).get("2")
+        manifest = load_manifest(str(out))
+        predicted = manifest.balance.straggler_pct_by_world_size.get("2")
         datasets[strategy] = {
             "path": str(out),
-            "samples": manifest["rows"]["samples"],
+            "samples": manifest.rows.samples,
             "predicted_straggler_pct_w2": predicted,
         }
     return {"datasets": datasets, "cost_model": {"a": cost.a, "b": cost.b, "c": cost.c, **cost.details}}
@@ -222,7 +224,7 @@ def identical_rank(argv: list[str]) -> int:
     in number), so whatever ``straggler_pct`` this run measures is jitter — OS scheduling, other
     processes, allocator — not imbalance: the floor no data placement can go below.
     """
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
     from freescale.trainer.launch import rank_main
 
     own = PreparedDataset.micro_batch_index
@@ -314,7 +316,7 @@ def run_all(
     """Every (engine, variant) run ``repeats`` times, interleaved, each one a ``Points`` point (the
     JSON at ``out`` rewritten after each); returns the final report."""
     data = make_data(s, work)
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     epoch = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
     steps = s.steps or epoch

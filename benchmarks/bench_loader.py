@@ -3,7 +3,7 @@
 One run, one prepared dataset, read locally and through a moto S3 server (a separate ``moto_server``
 process on 127.0.0.1, so its request handling does not share a GIL with either reader):
 
-- ``freescale loader``: ``freescale.pipeline.loader.Loader`` at world size 1 over one epoch,
+- ``freescale loader``: ``freescale.pipeline.dataset.loader.Loader`` at world size 1 over one epoch,
   ``output = "kjt"`` (ids mapped to exact rows, leave-one-out holdout, a TorchRec
   ``KeyedJaggedTensor`` per micro-batch), 2 worker processes, prefetch 2;
 - ``bare streaming``: what a user would write without FreeScale — mosaicml-streaming's
@@ -148,7 +148,7 @@ def read_bare(uri: str, cache: Path, s: Settings) -> int:
 
 def read_ours(uri: str, cache: Path, s: Settings) -> int:
     """Every step of one epoch at world size 1 as ``KJTBatch``; returns the rows read."""
-    from freescale.pipeline.loader import Config, Loader
+    from freescale.pipeline.dataset.loader import Config, Loader
 
     config = Config(path=uri, output="kjt", num_workers=s.workers, prefetch_factor=2, cache_dir=str(cache))
     loader = Loader(config)
@@ -171,7 +171,7 @@ def measure(arm: str, uri: str, cache: Path, s: Settings) -> dict[str, float]:
 def run(s: Settings, work: Path, out: Path | None) -> dict[str, Any]:
     """Every (repeat, location, arm) read, each one a ``Points`` point (the JSON at ``out`` rewritten
     after each); returns the final report."""
-    from freescale.pipeline.loader import register_pipelineable
+    from freescale.pipeline.dataset.kjt import register_pipelineable
 
     local = make_data(s, work)
     register_pipelineable()  # imports TorchRec once (seconds) before any timing: a process cost, not a pass's

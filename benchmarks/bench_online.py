@@ -73,7 +73,7 @@ def run_arms(s: Settings, work: Path, repeats: int, out: Path | None) -> dict[st
     """Every arm ``repeats`` times, interleaved, then ``freescale stats``' prediction: each one a
     ``Points`` point (the JSON at ``out`` rewritten after each); returns the final report."""
     data = make_data(s, work)
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     epoch = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
     steps = s.steps or epoch

@@ -86,9 +86,9 @@ def prepare_point(s: Settings, zipf: float, work: Path) -> str:
     """Sources with this Zipf exponent, prepared once (the table size only matters to the trainer)."""
     from freescale.datasets.presets import preset
     from freescale.datasets.synthetic import generate
+    from freescale.model_config import ModelConfig
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, SampleConfig
-    from freescale.pipeline.cost import ModelConfig
     from freescale.pipeline.prepare import prepare
 
     out = work / f"prepared-zipf{zipf}"

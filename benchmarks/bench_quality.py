@@ -156,7 +156,7 @@ def train(config: str, cwd: Path, steps_per_epoch: int) -> dict[str, Any]:
 
 def dense_params(s: Settings, architecture: str) -> int:
     """Dense parameters of the transducer (embedding tables excluded: both use the same ones)."""
-    from freescale.pipeline.cost import ModelConfig
+    from freescale.model_config import ModelConfig
     from freescale.trainer.config import ModelExtraConfig
     from freescale.trainer.model import SequentialTransducer
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         data = make_data(s, work)
-        from freescale.pipeline.reader import PreparedDataset
+        from freescale.pipeline.dataset.reader import PreparedDataset
         from freescale.trainer.evaluate import most_popular
 
         steps_per_epoch = PreparedDataset(data).steps_per_epoch(2)

@@ -164,7 +164,7 @@ def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
     """``batch_overlap_rate`` (docs/definitions.md) of the item table over the run's consecutive global batches
     (W = 2), the share of a micro-batch's item ids that are distinct (what ``input_dist`` sends) and
     the mean events of rank 0's micro-batches (what every rank trains in the noise-floor run)."""
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     ds = PreparedDataset(path)
     rates, unique, events = [], 0, 0
@@ -189,7 +189,7 @@ def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
 
 def dense_params(model_table: dict[str, Any], items: int) -> int:
     """Data-parallel parameters of the model (what the dense all-reduce carries)."""
-    from freescale.pipeline.cost import ModelConfig
+    from freescale.model_config import ModelConfig
     from freescale.trainer.config import ModelExtraConfig
     from freescale.trainer.model import SequentialTransducer
 
@@ -223,7 +223,7 @@ def calibration(
     host work (``compute.prefetch_host_s``: the PEC worker starts after the data stage and runs the
     lookups and the cold update itself; a ``none`` run times the same operations)."""
     from freescale.pipeline.cost import CostModel
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     cost = CostModel.from_file(cost_path)
     per_mb = float(cost.details.get("per_micro_batch_s", 0.0))
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         data = make_data(s, work)
         data["cost_path"] = str(work / "cost.json")
         recorder.run("gloo collectives", measure_gloo, keep=gloo.update)
-        from freescale.pipeline.reader import PreparedDataset
+        from freescale.pipeline.dataset.reader import PreparedDataset
 
         steps = min(full_group_steps(PreparedDataset(d["path"]), s.group_size) for d in data["datasets"].values())
         if args.quick:

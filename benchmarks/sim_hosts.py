@@ -190,10 +190,11 @@ def contention_rank(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from freescale.pipeline.cost import ModelConfig
+    from freescale.model_config import ModelConfig
+    from freescale.pipeline.dataset.samples import CollateConfig
     from freescale.trainer.calibrate import CALIBRATION_ITEMS, MicroBatchTimer, synthetic_samples
     from freescale.trainer.config import ModelExtraConfig
-    from freescale.trainer.data import CollateConfig, collate
+    from freescale.trainer.data import collate
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
@@ -284,7 +285,7 @@ def contention_spec(s: Any, data: str, payload: dict[str, float], overlap_rate: 
     link probe, the probe measures at the size the workload sends."""
     from bench_pec import model_table
 
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     ds = PreparedDataset(data)
     lengths = [int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(s.skip_steps, 0, 2))]
@@ -306,7 +307,7 @@ def fit_cost_model(s: Any, work: Path) -> str:
     import torch
     from bench_pec import model_table
 
-    from freescale.pipeline.cost import ModelConfig
+    from freescale.model_config import ModelConfig
     from freescale.trainer.calibrate import calibrate
     from freescale.trainer.config import ModelExtraConfig
 

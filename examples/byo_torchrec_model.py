@@ -3,7 +3,7 @@
 The model is the user's, not FreeScale's: an ``EmbeddingCollection`` (item and action tables,
 sharded row-wise by ``DistributedModelParallel``) and a small GRU sequence encoder trained for the
 next item at every position (full softmax over the item vocabulary). FreeScale contributes only
-``freescale.pipeline.loader.Loader``: each rank gets its micro-batch of every balanced step as a
+``freescale.pipeline.dataset.loader.Loader``: each rank gets its micro-batch of every balanced step as a
 ``KJTBatch`` (a ``KeyedJaggedTensor`` with keys ``item``, ``action``, ``timestamp`` plus lengths and
 next-item targets), read ahead by worker processes.
 
@@ -35,7 +35,8 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from freescale.pipeline.loader import Config, KJTBatch, Loader
+from freescale.pipeline.dataset import Config, Loader
+from freescale.pipeline.dataset.kjt import KJTBatch
 
 
 class Encoder(nn.Module):

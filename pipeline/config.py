@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from freescale.model_config import ModelConfig
 from freescale.pipeline.balance import BalanceConfig
-from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.memory import parse_size as parse_size  # re-exported: options are parsed with it
 
 EXECUTORS = ("local", "ray")  # where prepare's and stats' steps run (--executor; ``executors``)

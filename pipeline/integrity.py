@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import xxhash
 
 from freescale import storage
-from freescale.pipeline.manifest_schema import MANIFEST_NAME, ManifestError
+from freescale.pipeline.dataset.manifest import FileEntry, Manifest, ManifestError
 
 HASH_ALGO = "xxh64"
 _CHUNK = 8 * 2**20
@@ -109,24 +109,15 @@ def file_table(output: str, names: Iterable[str], shards: list[dict[str, Any]]) 
     return [table[name] for name in sorted(table)]
 
 
-def files_by_path(manifest: dict[str, Any], dataset: str) -> dict[str, dict[str, Any]] | None:
-    """The manifest's ``files`` table keyed by path (paths checked), or None for a dataset prepared
-    before the table existed."""
-    files = manifest.get("files")
-    if files is None:
+def files_by_path(manifest: Manifest) -> dict[str, FileEntry] | None:
+    """The manifest's ``files`` table keyed by path (each path checked to stay inside the dataset), or
+    None for a dataset prepared before the table existed."""
+    if manifest.files is None:
         return None
-    where = storage.join(dataset, MANIFEST_NAME)
-    if not isinstance(files, list):
-        raise ManifestError(f"{where}: 'files' is not a list")
-    table = {}
-    for entry in files:
-        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or HASH_ALGO not in entry:
-            raise ManifestError(f"{where}: 'files' entry {entry!r} lacks path, bytes or {HASH_ALGO}")
-        table[safe_relative_path(entry.get("path"), f"{where}: files")] = entry
-    return table
+    return {safe_relative_path(entry.path, f"{manifest.where}: files"): entry for entry in manifest.files}
 
 
-def check_listing(dataset: str, files: dict[str, dict[str, Any]]) -> None:
+def check_listing(dataset: str, files: dict[str, FileEntry]) -> None:
     """Every listed file exists with its recorded size: one listing of the dataset (one request per
     1,000 objects on S3), so a deleted or truncated shard is named before any row is read."""
     fs, root = storage.filesystem(dataset)
@@ -136,24 +127,24 @@ def check_listing(dataset: str, files: dict[str, dict[str, Any]]) -> None:
         uri = storage.join(dataset, path)
         if path not in sizes:
             raise IntegrityError(f"{uri}: missing (listed in the manifest); re-run `freescale prepare --overwrite`")
-        if sizes[path] != entry["bytes"]:
+        if sizes[path] != entry.bytes:
             raise IntegrityError(
-                f"{uri}: size {sizes[path]} != {entry['bytes']} bytes recorded in the manifest "
+                f"{uri}: size {sizes[path]} != {entry.bytes} bytes recorded in the manifest "
                 "(truncated or replaced); re-run `freescale prepare --overwrite`"
             )
 
 
-def check_bytes(uri: str, data: bytes, entry: dict[str, Any] | None) -> None:
+def check_bytes(uri: str, data: bytes, entry: FileEntry | None) -> None:
     """``data`` (read from ``uri``) has the size and hash its manifest entry records."""
     if entry is None:
         return
-    if len(data) != entry["bytes"]:
-        raise IntegrityError(f"{uri}: size {len(data)} != {entry['bytes']} bytes recorded in the manifest")
-    if xxhash.xxh64(data).hexdigest() != entry[HASH_ALGO]:
+    if len(data) != entry.bytes:
+        raise IntegrityError(f"{uri}: size {len(data)} != {entry.bytes} bytes recorded in the manifest")
+    if xxhash.xxh64(data).hexdigest() != entry.xxh64:
         raise IntegrityError(f"{uri}: {HASH_ALGO} hash mismatch with the manifest (the file was modified or damaged)")
 
 
-def check_shard(handle: BinaryIO, label: str, samples: int, entry: dict[str, Any] | None, verify: bool) -> None:
+def check_shard(handle: BinaryIO, label: str, samples: int, entry: FileEntry | None, verify: bool) -> None:
     """A shard on local disk, open as ``handle``: its header (sample count, offsets that end at the
     file's end) always — a cheap read that turns a damaged header into an error naming the shard
     instead of garbage rows or a decode error — and with ``verify`` its size and hash."""
@@ -161,8 +152,8 @@ def check_shard(handle: BinaryIO, label: str, samples: int, entry: dict[str, Any
     head = handle.read(4 + 4 * (samples + 1))
     handle.seek(0, 2)
     size = handle.tell()
-    if entry is not None and size != entry["bytes"]:
-        raise IntegrityError(f"{label}: size {size} != {entry['bytes']} bytes recorded in the manifest (truncated?)")
+    if entry is not None and size != entry.bytes:
+        raise IntegrityError(f"{label}: size {size} != {entry.bytes} bytes recorded in the manifest (truncated?)")
     if len(head) < 4 + 4 * (samples + 1):
         raise IntegrityError(f"{label}: {size} bytes is too short for the header of {samples} samples (truncated?)")
     offsets = np.frombuffer(head[4:], "<u4").astype(np.int64)
@@ -173,17 +164,17 @@ def check_shard(handle: BinaryIO, label: str, samples: int, entry: dict[str, Any
         raise IntegrityError(f"{label}: the header's last offset {int(offsets[-1])} != file size {size} (truncated?)")
     if verify and entry is not None:
         handle.seek(0)
-        if xxh64_stream(handle) != entry[HASH_ALGO]:
+        if xxh64_stream(handle) != entry.xxh64:
             raise IntegrityError(f"{label}: {HASH_ALGO} hash mismatch with the manifest (the shard is damaged)")
 
 
-def verify_all(dataset: str, files: dict[str, dict[str, Any]]) -> int:
+def verify_all(dataset: str, files: dict[str, FileEntry]) -> int:
     """Hash every listed file (``freescale inspect --verify``); returns the bytes checked."""
     check_listing(dataset, files)
     for path, entry in files.items():
         uri = storage.join(dataset, path)
-        if file_hash(uri) != entry[HASH_ALGO]:
+        if file_hash(uri) != entry.xxh64:
             raise IntegrityError(
                 f"{uri}: {HASH_ALGO} hash mismatch with the manifest (the file was modified or damaged)"
             )
-    return sum(entry["bytes"] for entry in files.values())
+    return sum(entry.bytes for entry in files.values())

@@ -1,7 +1,8 @@
-"""``manifest.json`` of a prepared dataset: identity, accounting, cost model and balance report.
+"""Writing ``manifest.json`` of a prepared dataset: identity, accounting, cost model and balance report.
 
-The manifest is written last, so its presence means the dataset is complete. Readers (the trainer,
-``freescale stats``) refuse a dataset whose manifest is missing or has an unknown schema version.
+The manifest is written last, so its presence means the dataset is complete. Readers parse it once into
+the typed ``pipeline.dataset.manifest.Manifest`` (which also refuses a missing manifest or an unknown
+schema version); this module is prepare's side: building it and checking an existing output's.
 Nothing in it depends on wall-clock time, so identical inputs give an identical manifest.
 """
 
@@ -13,9 +14,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from freescale import __version__, storage
+from freescale.pipeline.dataset.manifest import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    OFFSETS_NAME,
+    SCHEMA_VERSION,
+    ManifestError,
+    decode_manifest,
+)
 from freescale.pipeline.integrity import check_index, file_table
 from freescale.pipeline.jsonfields import Fields
-from freescale.pipeline.manifest_schema import MANIFEST_NAME, Manifest, ManifestError, parse_manifest
 from freescale.pipeline.steps.mds_encode import mds_columns
 
 if TYPE_CHECKING:
@@ -25,63 +33,26 @@ if TYPE_CHECKING:
     from freescale.pipeline.records import PartitionRecord, SamplePlan
     from freescale.pipeline.steps.scan import ScanSummary
 
-SCHEMA_VERSION = 1
-OFFSETS_NAME = "micro_batch_offsets.npy"
 QUARANTINE_NAME = "quarantine.jsonl"
-INDEX_NAME = "index.json"
 RUNTIME_KEYS = ("runtime_s",)  # wall-clock figures: logged by prepare, never in the manifest
 RUN_ONLY_OPTIONS = ("output", "work_dir", "progress", "overwrite", "executor", "ray_address")  # null in the manifest
 
 
-def _decode(uri: str, data: bytes) -> dict[str, Any]:
-    """The JSON object in ``data`` (read from ``uri``); anything else is one line naming the file."""
-    try:
-        manifest = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ManifestError(f"{uri} is not valid JSON ({error}); truncated or edited?") from error
-    return Fields(uri, manifest, ManifestError).data
-
-
 def read_manifest_if_any(output: str, damaged_ok: bool = False) -> dict[str, Any] | None:
-    """An existing output's manifest as a JSON object (None: there is none). A damaged one is an
-    error naming it, or ``{}`` with ``damaged_ok`` (``prepare --overwrite`` replaces it anyway)."""
+    """An existing output's manifest as a JSON object (None: there is none), for ``prepare`` to compare
+    fingerprints. A damaged one is an error naming it, or ``{}`` with ``damaged_ok`` (``prepare
+    --overwrite`` replaces it anyway)."""
     uri = storage.join(output, MANIFEST_NAME)
     if not storage.exists(uri):
         return None
     try:
-        manifest = _decode(uri, storage.read_bytes(uri))
+        manifest = decode_manifest(uri, storage.read_bytes(uri))
         Fields(uri, manifest, ManifestError).value("fingerprint", "string")
     except ManifestError as error:
         if damaged_ok:
             return {}
         raise ManifestError(f"{error}; pass --overwrite to replace that dataset") from error
     return manifest
-
-
-def load_manifest(dataset: str) -> Manifest:
-    """The manifest of a prepared dataset, parsed once (``manifest_schema.Manifest``); errors say what
-    is wrong and where, in one line."""
-    uri = storage.join(dataset, MANIFEST_NAME)
-    if not storage.exists(dataset):
-        raise ManifestError(f"prepared dataset {dataset} does not exist")
-    if not storage.exists(uri):
-        raise ManifestError(
-            f"{uri} is missing: {dataset} is not a finished `freescale prepare` output "
-            "(an interrupted job resumes when run again with the same options)"
-        )
-    manifest = _decode(uri, storage.read_bytes(uri))
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ManifestError(
-            f"{uri} has schema_version {version!r}; this FreeScale ({__version__}) reads schema_version "
-            f"{SCHEMA_VERSION}: re-run `freescale prepare` with this version"
-        )
-    return parse_manifest(manifest, uri)
-
-
-def read_manifest(dataset: str) -> dict[str, Any]:
-    """The manifest of a prepared dataset as its JSON object, checked by ``load_manifest``."""
-    return load_manifest(dataset).raw
 
 
 def published_files(output: str, extra: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:

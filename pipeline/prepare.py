@@ -52,19 +52,16 @@ from freescale.pipeline import output as places
 from freescale.pipeline.balance.windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.cost import CostModel
+from freescale.pipeline.dataset.manifest import MANIFEST_NAME, OFFSETS_NAME
+from freescale.pipeline.dataset.vocabulary import Vocabulary, vocabulary_file
 from freescale.pipeline.executors import Executor, Progress, make_executor
-from freescale.pipeline.manifest import (
-    MANIFEST_NAME,
-    OFFSETS_NAME,
-    QUARANTINE_NAME,
-    build_manifest,
-    published_files,
-    read_manifest_if_any,
-)
+from freescale.pipeline.manifest import QUARANTINE_NAME, build_manifest, published_files, read_manifest_if_any
 from freescale.pipeline.output import OutputLock, PrepareError
 from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
+from freescale.pipeline.steps.coverage import target_coverage
 from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.steps.vocabularies import merge_partition_ids
 from freescale.pipeline.steps.writer import (
     PART_SIZE,
     BucketSink,
@@ -74,8 +71,6 @@ from freescale.pipeline.steps.writer import (
     write_part,
     written_part_problem,
 )
-from freescale.pipeline.targets import target_coverage
-from freescale.pipeline.vocabulary import Vocabulary, merge_partition_ids, vocabulary_file
 from freescale.pipeline.workdir import RemoteWork, mirror_path, remote_step
 
 # Rows per scan task: each task writes a spill file per partition and a record, so fewer, larger tasks

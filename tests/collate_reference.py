@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from freescale.trainer.data import CollateConfig, held_out
+from freescale.pipeline.dataset.samples import CollateConfig
+from freescale.pipeline.dataset.targets import held_out
 from freescale.trainer.jagged import GROUP_OVERHEAD_ELEMENTS, JaggedLayout, LengthGroup, group_by_length
 
 

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from pec_check import training_state
 
-from freescale.pipeline.cost import ModelConfig
+from freescale.model_config import ModelConfig
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.config import DataConfig, EngineConfig, ModelExtraConfig, OptimizerConfig, RunConfig
-from freescale.trainer.data import Batch, CollateConfig, collate
+from freescale.trainer.data import Batch, collate
 
 
 @dataclass

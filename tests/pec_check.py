@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from freescale.pipeline.cost import ModelConfig
+from freescale.model_config import ModelConfig
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.config import (
     DataConfig,
     EngineConfig,
@@ -32,7 +33,7 @@ from freescale.trainer.config import (
     OptimizerConfig,
     RunConfig,
 )
-from freescale.trainer.data import Batch, CollateConfig, collate
+from freescale.trainer.data import Batch, collate
 
 
 @dataclass

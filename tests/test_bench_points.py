@@ -227,12 +227,12 @@ def test_bench_bubbles_pools_the_repeats_that_ran_and_records_the_one_that_did_n
         def __init__(self, path: str) -> None:
             pass
 
-    import freescale.pipeline.reader
+    import freescale.pipeline.dataset.reader
 
     data = {"datasets": {k: {"path": k, "predicted_straggler_pct_w2": 0.0} for k in ("random", "planned")}}
     monkeypatch.setattr(bench_bubbles, "make_data", lambda s, work: data)
     monkeypatch.setattr(bench_bubbles, "full_group_steps", lambda dataset, group_size: 8)
-    monkeypatch.setattr(freescale.pipeline.reader, "PreparedDataset", Dataset)
+    monkeypatch.setattr(freescale.pipeline.dataset.reader, "PreparedDataset", Dataset)
     monkeypatch.setattr(bench_bubbles, "one_run", one_run)
     monkeypatch.setattr(bench_bubbles, "plot", lambda report, path: None)
     code = bench_bubbles.main(["--repeats", "2", "--out", str(out), "--work", str(tmp_path / "w")])

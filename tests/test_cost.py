@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from freescale.pipeline.cost import CostModel, ModelConfig
+from freescale.model_config import ModelConfig
+from freescale.pipeline.cost import CostModel
 from freescale.trainer.calibrate import calibrate, fit
 from freescale.trainer.calibrate import main as calibrate_main
 from freescale.trainer.config import ModelExtraConfig

@@ -18,10 +18,10 @@ from s3_upload import upload_tree
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.config import PrepareConfig, SampleConfig
+from freescale.pipeline.dataset.manifest import ManifestError
+from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.integrity import IntegrityError
-from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.prepare import prepare
-from freescale.pipeline.reader import PreparedDataset
 from freescale.tools.cli import main as cli_main
 
 

@@ -1,4 +1,4 @@
-"""The public loader (``freescale.pipeline.loader``): placement, epoch order, outputs, exact resume.
+"""The public loader (``freescale.pipeline.dataset.loader``): placement, epoch order, outputs, exact resume.
 
 Every loader here runs with 2 worker processes prefetching unless a test says otherwise, so a resume
 test checks what matters: batches prefetched but not consumed before ``state_dict()`` come again.
@@ -15,8 +15,10 @@ import torch
 from s3_upload import upload_tree
 from train_cli import prepare_tiny
 
-from freescale.pipeline.loader import Config, KJTBatch, Loader, default_collate, kjt_batch
-from freescale.pipeline.reader import PreparedDataset
+from freescale.pipeline.dataset.kjt import KJTBatch, kjt_batch
+from freescale.pipeline.dataset.loader import Config, Loader
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import default_collate
 from freescale.trainer.data import collate
 
 
@@ -148,7 +150,7 @@ def test_outputs_agree_with_the_trainers_collation(tiny) -> None:
 
 
 def test_kjt_of_an_empty_micro_batch() -> None:
-    from freescale.trainer.data import CollateConfig
+    from freescale.pipeline.dataset.samples import CollateConfig
 
     cfg = CollateConfig(num_items=10, num_actions=2, max_len=8, num_negatives=0, inbatch_negatives=0)
     batch = kjt_batch([], cfg, step=4)
@@ -196,7 +198,7 @@ def test_s3_dataset_through_workers_reads_like_local(tiny, s3_bucket, tmp_path) 
 
 ORPHAN_SCRIPT = """
 import sys, time, psutil
-from freescale.pipeline.loader import Config, Loader
+from freescale.pipeline.dataset.loader import Config, Loader
 loader = Loader(Config(path=sys.argv[1], output="batch", epochs=200.0, num_workers=2, prefetch_factor=64))
 batches = iter(loader)
 next(batches)
@@ -232,3 +234,14 @@ def test_workers_exit_when_the_process_reading_them_is_killed(tiny) -> None:
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"loader workers {alive} outlived their killed parent by 15 s"
+
+
+def test_the_old_loader_import_path_warns_and_is_the_same_loader() -> None:
+    """``freescale.pipeline.loader`` (documented before ``pipeline/dataset/``) still imports, with a warning."""
+    import importlib
+    import sys
+
+    sys.modules.pop("freescale.pipeline.loader", None)
+    with pytest.warns(DeprecationWarning, match="freescale.pipeline.dataset"):
+        old = importlib.import_module("freescale.pipeline.loader")
+    assert (old.Config, old.Loader, old.KJTBatch) == (Config, Loader, KJTBatch)

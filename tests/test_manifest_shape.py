@@ -17,9 +17,9 @@ from prepare_configs import make_config
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.cost import CostModel
-from freescale.pipeline.manifest import ManifestError
+from freescale.pipeline.dataset.manifest import ManifestError
+from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.prepare import prepare
-from freescale.pipeline.reader import PreparedDataset
 from freescale.tools.cli import main as cli_main
 
 

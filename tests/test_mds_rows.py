@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freescale.pipeline.mds_rows import SCALARS, RowDecoder, row_decoder
+from freescale.pipeline.dataset.mds_rows import SCALARS, RowDecoder, row_decoder
 
 
 @st.composite

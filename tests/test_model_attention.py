@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from freescale.kernels.hstu_attention import hstu_attention
-from freescale.pipeline.cost import ModelConfig
+from freescale.model_config import ModelConfig
 from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.jagged import build_layout
 from freescale.trainer.model import SequentialTransducer, resolve_attention

@@ -82,7 +82,7 @@ def test_a_rank_asked_for_torchrec_fails_in_one_line(tmp_path: Path) -> None:
 
 def test_kjt_loader_output_without_torchrec_is_one_line(prepared: str, tmp_path: Path) -> None:
     code = (
-        "from freescale.pipeline.loader import Config, Loader\n"
+        "from freescale.pipeline.dataset.loader import Config, Loader\n"
         f"batches = list(Loader(Config(path={prepared!r}, output='batch', num_steps=2, num_workers=0)))\n"
         "assert len(batches) == 2\n"
         "try:\n"

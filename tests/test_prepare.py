@@ -22,8 +22,8 @@ from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import SampleConfig
+from freescale.pipeline.dataset.reader import PreparedDataset, RankReader
 from freescale.pipeline.prepare import PrepareError, prepare
-from freescale.pipeline.reader import PreparedDataset, RankReader
 
 FREESCALE = str(Path(sys.executable).parent / "freescale")
 

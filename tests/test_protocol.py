@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.reader import PreparedDataset
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import CollateConfig
+from freescale.pipeline.dataset.vocabulary import Vocabulary
 from freescale.pipeline.steps.sequences import _window_bounds
-from freescale.pipeline.vocabulary import Vocabulary
 from freescale.trainer.config import RunConfig
-from freescale.trainer.data import CollateConfig, collate, split_query
+from freescale.trainer.data import collate, split_query
 from freescale.trainer.evaluate import evaluate
 from freescale.trainer.launch import check_table_sizes
 from freescale.trainer.protocol import BestTracker, TableSizeError, resolve_tables
@@ -107,7 +108,7 @@ def test_table_sizes_come_from_the_vocabulary_and_too_small_ones_are_refused():
     with pytest.raises(TableSizeError, match="num_items = 100 is smaller than the 770 item ids"):
         resolve_tables(_cfg(num_items=100), _FakeDataset(770))
     with pytest.raises(ValueError, match="num_items = 100 is smaller than the 770 item ids"):
-        check_table_sizes(_cfg(num_items=100), {"tables": {"item": {"size": 770}}})
+        check_table_sizes(_cfg(num_items=100), {"item": 770})
     with pytest.raises(TableSizeError, match="no id vocabulary"):
         resolve_tables(_cfg(), _FakeDataset(None))
     hashed = resolve_tables(_cfg(ids="hashed", num_items=500), _FakeDataset(770))
@@ -286,7 +287,7 @@ def test_most_popular_scores_every_evaluated_users_held_out_items(tmp_path: Path
     training frequency, where the held-out items themselves are not training events."""
     from train_cli import prepare_tiny
 
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
     from freescale.trainer.evaluate import most_popular
 
     dataset = PreparedDataset(prepare_tiny(tmp_path))

@@ -18,10 +18,10 @@ from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
+from freescale.pipeline.dataset.manifest import ManifestError
+from freescale.pipeline.dataset.reader import CacheDirError, PreparedDataset, default_cache_dir
 from freescale.pipeline.integrity import safe_relative_path
-from freescale.pipeline.manifest import ManifestError
 from freescale.pipeline.prepare import prepare
-from freescale.pipeline.reader import CacheDirError, PreparedDataset, default_cache_dir
 
 ESCAPE = "../../escape.mds"
 

@@ -18,9 +18,9 @@ from train_cli import FREESCALE
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
-from freescale.pipeline.loader import Config, Loader
-from freescale.pipeline.reader import PreparedDataset
-from freescale.pipeline.shard_files import DatasetChangedError
+from freescale.pipeline.dataset.loader import Config, Loader
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.shard_files import DatasetChangedError
 
 OPTIONS = ["--group-size", "4", "--micro-batch-size", "4", "--workers", "1", "--memory-limit", "512MB",
            "--shard-size-limit", "64KB", "--quiet"]  # fmt: skip

@@ -16,8 +16,8 @@ from prepare_configs import make_config
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.balance import BalanceConfig, plan_bin_costs, plan_step_groups, predict_straggler_pct
+from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.prepare import prepare
-from freescale.pipeline.reader import PreparedDataset
 from freescale.tools.cli import main as cli_main
 from freescale.trainer.sim_config import (
     PROFILE_DIR,

@@ -147,7 +147,7 @@ def test_zipf_exponent_of_the_generator(tmp_path) -> None:
 def test_agrees_with_prepare_and_brute_force(tiny, prepared) -> None:
     """Predictions at W = G equal prepare's own report; overlap equals sets built by hand, for the
     random batching of raw sources and for the step groups of the prepared dataset."""
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     out, manifest = prepared
     sizes = (8, 12, 32)
@@ -383,7 +383,7 @@ def test_sampled_lengths_are_the_sampled_users_exact_lengths(tiny, prepared) -> 
     built): the figures are the exact figures of those users' samples (checked against the prepared
     dataset's rows), totals still cover every user, and the rows left out are accounted for."""
     from freescale.datasets.ids import selected
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     out, manifest = prepared
     base = {"input": tiny, "world_sizes": (2,), "micro_batch_size": 4, "samples": SampleConfig(max_uih_len=2048)}

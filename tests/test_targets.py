@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.reader import PreparedDataset
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import CollateConfig
+from freescale.pipeline.steps.coverage import target_coverage
 from freescale.pipeline.steps.sequences import planned_windows
-from freescale.pipeline.targets import target_coverage
 from freescale.tools.cli import main as cli_main
-from freescale.trainer.data import CollateConfig, collate
+from freescale.trainer.data import collate
 
 ITEMS_PER_USER = 1000  # event k of user u has item id u * 1000 + k
 

@@ -17,7 +17,7 @@ import torch
 from s3_upload import upload_tree
 from train_cli import STEPS, losses, prepare_tiny, run_toml, train
 
-from freescale.pipeline.reader import PreparedDataset, RankReader
+from freescale.pipeline.dataset.reader import PreparedDataset, RankReader
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from freescale.trainer.data import CollateConfig
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.evaluate import evaluate
 
 NUM_ITEMS = 50

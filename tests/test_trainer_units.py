@@ -14,12 +14,13 @@ from collate_reference import per_sample_arrays, torch_build_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freescale.pipeline.cost import ModelConfig
-from freescale.pipeline.vocabulary import Vocabulary
+from freescale.model_config import ModelConfig
+from freescale.pipeline.dataset.samples import CollateConfig, sequence_arrays
+from freescale.pipeline.dataset.vocabulary import Vocabulary
 from freescale.tools.cli import main as cli_main
 from freescale.trainer.bubbles import RankStep, analyze, balancer_metrics, step_metrics, summarize, summary_table
 from freescale.trainer.config import ModelExtraConfig, RunConfig
-from freescale.trainer.data import CollateConfig, collate, sequence_arrays
+from freescale.trainer.data import collate
 from freescale.trainer.engine import batch_features, batch_loss
 from freescale.trainer.evaluate import metrics_from_ranks, popularity_metrics
 from freescale.trainer.instrument import CommRecord, StageSpan, StepRecord

@@ -1,4 +1,4 @@
-"""Exact id tables (pipeline/vocabulary.py): every reader format round-trips raw id -> row -> raw id,
+"""Exact id tables (pipeline/dataset/vocabulary.py): every reader format round-trips raw id -> row -> raw id,
 vocabularies are deterministic and hash-checked, and the manifest records each table's size."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from freescale.datasets.ids import stable_id
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.vocabulary import UnknownIdError, Vocabulary, hash_collision_rate
 from freescale.pipeline.integrity import IntegrityError
 from freescale.pipeline.prepare import prepare
-from freescale.pipeline.reader import PreparedDataset
-from freescale.pipeline.vocabulary import UnknownIdError, Vocabulary, hash_collision_rate
 from tests.prepare_configs import make_config
 
 USERS, EVENTS = 6, 7  # 6 users of 7 events each
@@ -160,7 +160,7 @@ def test_user_profile_features_get_a_vocabulary_each(tmp_path: Path):
 
 @pytest.mark.parametrize("span", [10, 2**40])
 def test_distinct_matches_numpy_unique_for_narrow_and_wide_id_ranges(span: int):
-    from freescale.pipeline.vocabulary import distinct
+    from freescale.pipeline.steps.vocabularies import distinct
 
     rng = np.random.default_rng(span % 97)
     for n in (0, 1, 5, 3000):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
+from freescale.model_config import ModelConfig
 from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
-from freescale.pipeline.cost import ModelConfig
 from freescale.pipeline.prepare import prepare
 from freescale.trainer.config import write_run_toml
 

@@ -82,8 +82,8 @@ def _add_sample_options(p: argparse.ArgumentParser) -> None:
 
 def _sample_options(args: argparse.Namespace) -> dict:
     """The config fields ``_add_sample_options`` sets, for ``PrepareConfig`` and ``StatsConfig``."""
+    from freescale.model_config import ModelConfig
     from freescale.pipeline.config import parse_size, sample_config
-    from freescale.pipeline.cost import ModelConfig
 
     model = ModelConfig.from_toml(args.model_config) if args.model_config else None
     return {
@@ -437,30 +437,33 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     pool = _early_pool(args, writer=True)
     try:
         with imports_without_gc():
+            from freescale import storage
+            from freescale.pipeline.dataset.manifest import MANIFEST_NAME, parse_manifest
             from freescale.pipeline.prepare import prepare
             from freescale.tools.report import print_prepare_summary
 
-        manifest = prepare(prepare_config_from_args(args), pool)
+        config = prepare_config_from_args(args)
+        manifest = parse_manifest(prepare(config, pool), storage.join(config.output, MANIFEST_NAME))
     finally:
         # Also when the options or the sources are refused before the job owns the pool: a pool left
         # to interpreter exit can race its own wake-up pipe there (CPython 3.11: "Bad file descriptor").
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     print_prepare_summary(manifest)
-    print(f"dataset: {args.output} (manifest.json, {manifest['rows']['samples']:,} samples)")
+    print(f"dataset: {args.output} (manifest.json, {manifest.rows.samples:,} samples)")
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from freescale.pipeline.manifest import read_manifest
+    from freescale.pipeline.dataset.manifest import load_manifest
     from freescale.tools.report import print_prepare_summary
 
-    manifest = read_manifest(args.dataset)
+    manifest = load_manifest(args.dataset)
     print_prepare_summary(manifest)
     if args.verify:
         from freescale.pipeline.integrity import files_by_path, verify_all
 
-        files = files_by_path(manifest, args.dataset)
+        files = files_by_path(manifest)
         if files is None:
             raise ValueError(
                 f"{args.dataset}: the manifest has no file table (prepared by an older FreeScale); "

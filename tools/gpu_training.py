@@ -63,9 +63,9 @@ def run_overrides(ranks: int) -> list[str]:
 def data_configs(work: Path) -> tuple[Any, Any]:
     """(generator config, prepare config) of the check's dataset."""
     from freescale.datasets.presets import preset
+    from freescale.model_config import ModelConfig
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, SampleConfig
-    from freescale.pipeline.cost import ModelConfig
 
     generator = preset("demo", sessions=True)
     prepare = PrepareConfig(
@@ -84,6 +84,7 @@ def data_configs(work: Path) -> tuple[Any, Any]:
 
 def cmd_data(args: argparse.Namespace) -> dict[str, Any]:
     from freescale.datasets.synthetic import generate
+    from freescale.pipeline.dataset.manifest import load_manifest
     from freescale.pipeline.prepare import prepare
 
     work = Path(args.work)
@@ -95,12 +96,13 @@ def cmd_data(args: argparse.Namespace) -> dict[str, Any]:
     generate(generator, str(work / "src"))
     figures["generate_s"] = time.perf_counter() - started
     started = time.perf_counter()
-    manifest = prepare(config)
+    prepare(config)
     figures["prepare_s"] = time.perf_counter() - started
-    rows, balance = manifest["rows"], manifest["balance"]
+    manifest = load_manifest(config.output)
+    rows, balance = manifest.rows, manifest.balance
     figures.update(
-        events=rows["events_used"], samples=rows["samples"], micro_batches=balance["n_micro_batches"],
-        step_groups=balance["n_step_groups"], items=manifest["tables"]["item"]["size"],
+        events=rows.events_used, samples=rows.samples, micro_batches=balance.n_micro_batches,
+        step_groups=balance.n_step_groups, items=manifest.tables["item"].size,
     )  # fmt: skip
     return {"status": "ok", "figures": figures, "target_met": {"prepared": True}, "notes": []}
 

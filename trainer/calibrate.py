@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from freescale.pipeline.cost import CostModel, ModelConfig
+from freescale.model_config import ModelConfig
+from freescale.pipeline.cost import CostModel
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.calibrate_options import HELP, add_arguments
 from freescale.trainer.config import ModelExtraConfig
-from freescale.trainer.data import Batch, CollateConfig, collate
+from freescale.trainer.data import Batch, collate
 from freescale.trainer.engine import batch_loss
 from freescale.trainer.jagged import padded_sum_of_squares
 from freescale.trainer.model import SequentialTransducer, resolve_attention

@@ -28,9 +28,12 @@ import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from freescale.trainer.config import RunConfig
+
+if TYPE_CHECKING:
+    from freescale.pipeline.dataset.manifest import Manifest
 
 RECORD_NAME = "freescale-checkpoint.json"
 RECORD_VERSION = 1
@@ -50,14 +53,14 @@ class DataIdentity:
     vocabularies: dict[str, str]  # table -> xxh64 of vocab/<table>.npy ("" before vocabularies existed)
 
     @classmethod
-    def of(cls, path: str, manifest: dict[str, Any]) -> DataIdentity:
-        files = {entry.get("path"): entry for entry in manifest.get("files") or []}
+    def of(cls, path: str, manifest: Manifest) -> DataIdentity:
+        files = {entry.path: entry for entry in manifest.files or ()}
         vocabularies = {}
         for table in MODEL_TABLES:
-            entry = manifest.get("tables", {}).get(table)
-            listed = files.get(entry.get("file")) if entry else None
-            vocabularies[table] = str(listed.get("xxh64", "")) if listed else ""
-        return cls(path, str(manifest.get("fingerprint", "")), vocabularies)
+            entry = manifest.tables.get(table)
+            listed = files.get(entry.file) if entry else None
+            vocabularies[table] = listed.xxh64 if listed else ""
+        return cls(path, manifest.fingerprint or "", vocabularies)
 
     def other_ids(self, other: DataIdentity) -> list[str]:
         """The model tables whose vocabulary differs from ``other``'s (rows mean other ids)."""

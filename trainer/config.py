@@ -1,6 +1,6 @@
 """The trainer's run config: one TOML file, validated on load, errors that name the option.
 
-Tables: ``[model]`` is ``freescale.pipeline.cost.ModelConfig`` unchanged, so the same file can be
+Tables: ``[model]`` is ``freescale.model_config.ModelConfig`` unchanged, so the same file can be
 passed to ``freescale prepare --model-config`` and the planner costs samples with the dimensions the
 trainer runs. Options only the trainer needs live in ``[model_extra]`` (a separate dataclass, so
 ``ModelConfig.from_dict`` keeps reading ``[model]``). ``[data]``, ``[optimizer]``, ``[engine]``,
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from freescale.model_config import ModelConfig
 from freescale.overrides import apply_overrides
-from freescale.pipeline.cost import ModelConfig
 
 ARCHITECTURES = ("hstu", "sasrec")
 ENGINES = ("freescale", "torchrec")

@@ -1,17 +1,16 @@
 """From prepared micro-batches to model-ready jagged batches (the trainer's collation).
 
-The public loader (``pipeline/loader.py``) calls ``collate`` in its worker processes, so it stays off
-the critical path. The loader position is the step counter: ``PreparedDataset.micro_batch_index``
-maps (step, rank, world size) to a micro-batch, so resuming is "start at step k" and nothing else
-needs saving. Random choices that belong to a step (negatives) are drawn from
+The public loader (``pipeline/dataset/loader.py``) calls ``collate`` (its ``collate_fn``) in its worker
+processes, so it stays off the critical path. The loader position is the step counter:
+``PreparedDataset.micro_batch_index`` maps (step, rank, world size) to a micro-batch, so resuming
+is "start at step k" and nothing else needs saving. Random choices that belong to a step (negatives) are drawn from
 ``numpy.random.default_rng([seed, step, rank])`` for the same reason: a resumed run draws exactly
 what the uninterrupted run drew, and the single-process reference can reproduce any rank's step.
 
-Collation: raw ids become table rows
-(exactly, through the dataset's vocabularies; or folded modulo the table size in ``hashed`` mode),
-the user's evaluation items are held out (``held_out``: the validation and test items never become
-training targets), sequences keep their most recent ``max_uih_len`` events (the count of events
-this drops is kept per batch, for the run summary), and the jagged layout (length groups) is built.
+Collation: the samples are read as the dataset defines them (``pipeline.dataset.samples``: raw ids
+to table rows, the user's evaluation items held out, the most recent ``max_uih_len`` events kept, the
+count of events this drops kept per batch for the run summary), then the negatives are drawn and the
+jagged layout (length groups) is built.
 """
 
 from __future__ import annotations
@@ -22,61 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from freescale.pipeline.reader import PreparedDataset
-from freescale.pipeline.targets import held_out
-from freescale.pipeline.vocabulary import Vocabulary
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import CollateConfig, sequence_arrays
 from freescale.trainer.jagged import JaggedLayout, build_layout
-
-
-@dataclass
-class CollateConfig:
-    """What collation needs from the run config (kept small so tests can build one directly)."""
-
-    num_items: int
-    num_actions: int
-    max_len: int
-    num_negatives: int
-    inbatch_negatives: int
-    length_group_ratio: float = 1.25
-    holdout_last: bool = True
-    seed: int = 0
-    holdout_events: int = 2  # a user's last events kept from training: 2 = validation + test items
-    window_stride: int = 0  # prepare's --window-stride: where older windows end relative to the last event
-    item_vocab: Vocabulary | None = None  # exact rows; None: raw id modulo num_items (hashed)
-    action_vocab: Vocabulary | None = None
-    full_softmax: bool = False  # negatives = every item row (model_extra.loss = "full_softmax")
-
-    def __post_init__(self) -> None:
-        if self.max_len < 2:
-            raise ValueError(f"model.max_uih_len must be >= 2 for next-item training, got {self.max_len}")
-        if self.holdout_events not in (1, 2):
-            raise ValueError(f"holdout_events must be 1 (test) or 2 (validation + test), got {self.holdout_events}")
-
-    @classmethod
-    def for_model(
-        cls, model: Any, extra: Any, holdout_last: bool = True, seed: int = 0, **tables: Any
-    ) -> CollateConfig:
-        """From the run config's ``[model]`` (``ModelConfig``) and ``[model_extra]`` tables: the trainer
-        and ``calibrate`` collate the same way. ``tables``: ``item_vocab``/``action_vocab``,
-        ``holdout_events``, ``window_stride`` (``runner.collate_config``)."""
-        return cls(
-            num_items=extra.num_items,
-            num_actions=extra.num_actions,
-            max_len=model.max_uih_len,
-            num_negatives=model.num_negatives,
-            inbatch_negatives=extra.inbatch_negatives,
-            length_group_ratio=extra.length_group_ratio,
-            holdout_last=holdout_last,
-            seed=seed,
-            full_softmax=getattr(extra, "loss", "sampled_softmax") == "full_softmax",
-            **tables,
-        )
-
-    def item_rows(self, raw: np.ndarray) -> np.ndarray:
-        return self.item_vocab.rows(raw) if self.item_vocab is not None else raw % self.num_items
-
-    def action_rows(self, raw: np.ndarray) -> np.ndarray:
-        return self.action_vocab.rows(raw) if self.action_vocab is not None else raw % self.num_actions
 
 
 @dataclass
@@ -127,53 +74,6 @@ class Batch:
     def last_input_rows(self) -> torch.Tensor:
         """Row (within the M inputs) of each sample's last input: its query for evaluation."""
         return self.layout.offsets[1:] - 1
-
-
-@dataclass
-class SequenceArrays:
-    """A micro-batch's events after holdout and truncation, samples of at least two events only."""
-
-    items: np.ndarray  # [T] item rows, sample after sample
-    actions: np.ndarray  # [T] action rows
-    times: np.ndarray  # [T] seconds
-    lengths: np.ndarray  # [B] int64 events per kept sample
-    kept: list[int]  # which of the given samples these are
-    truncated: int  # events of the kept samples cut off at max_len
-
-    def input_rows(self) -> np.ndarray:
-        """Rows of every input event (all but each sample's last); the target of row r is r + 1."""
-        last = np.cumsum(self.lengths) - 1
-        inputs = np.ones(len(self.items), dtype=bool)
-        inputs[last] = False
-        return np.flatnonzero(inputs).astype(np.int64)
-
-
-def sequence_arrays(samples: list[dict[str, Any]], cfg: CollateConfig, holdout: bool) -> SequenceArrays:
-    """Each sample's events after holdout and truncation, ids mapped to rows, samples under two events
-    dropped. Ids are mapped once per table for the whole micro-batch (every sample's, kept or not, so
-    an unknown id fails the same way): per-sample mapping was most of collation's cost in the
-    loader's worker, which shares the rank's core."""
-    columns: list[list[np.ndarray]] = [[], [], []]
-    sizes, cuts = [], []
-    for sample in samples:
-        arrays = [np.asarray(sample[name], dtype=np.int64) for name in ("item_ids", "actions", "timestamps")]
-        end = max(0, len(arrays[0]) - (held_out(sample, cfg.holdout_events, cfg.window_stride) if holdout else 0))
-        start = max(0, end - cfg.max_len)
-        for column, array in zip(columns, arrays):
-            column.append(array[start:end])
-        sizes.append(end - start)
-        cuts.append(start)
-    raw = [np.concatenate(column) if column else np.zeros(0, np.int64) for column in columns]
-    kept = [i for i, n in enumerate(sizes) if n >= 2]
-    rows = np.repeat(np.array([n >= 2 for n in sizes], dtype=bool), sizes)
-    return SequenceArrays(
-        items=cfg.item_rows(raw[0])[rows],
-        actions=cfg.action_rows(raw[1])[rows],
-        times=raw[2][rows],
-        lengths=np.array([sizes[i] for i in kept], dtype=np.int64),
-        kept=kept,
-        truncated=sum(cuts[i] for i in kept),
-    )
 
 
 def draw_negatives(targets: np.ndarray, cfg: CollateConfig, step: int, rank: int) -> np.ndarray:

@@ -63,7 +63,7 @@ def quality_table(model: dict[str, Any], popular: dict[str, dict[str, Any]]) -> 
 
 def report_quality(dataset: Path, logs: Path) -> dict[str, Any]:
     """Print and save (``quality.json`` beside the logs) the model's and most-popular's figures."""
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
     from freescale.trainer.evaluate import most_popular
 
     protocol = json.loads((logs / "bubbles.json").read_text())["protocol"]
@@ -78,9 +78,9 @@ def report_quality(dataset: Path, logs: Path) -> dict[str, Any]:
 def demo_train(sources: str, out: str, seconds: float = 60.0, nproc: int = 2, num_items: int = 0) -> int:
     """Prepare a training dataset from ``sources`` with the demo model's dims, train ``nproc`` ranks,
     then compare the model with most-popular."""
+    from freescale.model_config import ModelConfig
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, SampleConfig
-    from freescale.pipeline.cost import ModelConfig
     from freescale.pipeline.prepare import prepare
     from freescale.trainer.launch import launch
 

@@ -33,6 +33,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from freescale.pipeline.dataset.kjt import ENGINE_KEYS
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
 from freescale.trainer.comm import TimedHandle, TimedTransport, build_transport
 from freescale.trainer.config import RunConfig
@@ -41,8 +42,6 @@ from freescale.trainer.instrument import StepTimer
 from freescale.trainer.model import SequentialTransducer, sampled_softmax_loss
 from freescale.trainer.sharded import DistContext, JaggedIds, PendingInputDist, RowWiseShardedTables, TableSpec
 from freescale.trainer.sparse_optim import make_dense_optimizer
-
-FEATURES = ("item", "action", "neg")
 
 
 class Checkpointer(Protocol):
@@ -102,7 +101,7 @@ def batch_features(batch: Batch) -> JaggedIds:
     """The batch's sparse features, keyed like the TorchRec ``KeyedJaggedTensor`` of ``kjt.py``."""
     values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids])
     return JaggedIds(
-        list(FEATURES), values, [batch.item_ids.numel(), batch.action_ids.numel(), batch.negative_ids.numel()]
+        list(ENGINE_KEYS), values, [batch.item_ids.numel(), batch.action_ids.numel(), batch.negative_ids.numel()]
     )
 
 

@@ -32,8 +32,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from freescale.pipeline.reader import PreparedDataset
-from freescale.trainer.data import CollateConfig, collate, held_out
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import CollateConfig
+from freescale.pipeline.dataset.targets import held_out
+from freescale.trainer.data import collate
 
 EVAL_CHUNK = 64
 SCORE_CHUNK_ROWS = 65_536
@@ -200,7 +202,7 @@ def most_popular(dataset: PreparedDataset, k: int) -> dict[str, dict[str, Any]]:
     vocab = dataset.vocabulary("item")
     if vocab is None:
         raise ValueError(f"{dataset.uri}: no item vocabulary (prepared by an older FreeScale); re-run prepare")
-    stride = int(dataset.manifest.get("config", {}).get("samples", {}).get("window_stride") or 0)
+    stride = dataset.info.window_stride
     train, validation, test = [], [], []
     for index in range(dataset.n_micro_batches):
         for sample in dataset.micro_batch(index):

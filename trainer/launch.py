@@ -25,6 +25,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from freescale.endpoints import host_port
 from freescale.trainer.checkpoint_record import CheckpointRecord
@@ -32,6 +33,9 @@ from freescale.trainer.config import RunConfig
 from freescale.trainer.lifetime import die_with_parent, run_group
 from freescale.trainer.rendezvous import check_endpoint
 from freescale.trainer.run_dir import RunFolders, claim_checkpoint_dir
+
+if TYPE_CHECKING:
+    from freescale.pipeline.dataset.manifest import Manifest
 
 
 def rank_parser() -> argparse.ArgumentParser:
@@ -60,7 +64,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"freescale train: error: {error}", file=sys.stderr)
         return 2
-    from freescale.pipeline.manifest import ManifestError
+    from freescale.pipeline.dataset.manifest import ManifestError
     from freescale.trainer.runner import TrainingError, main
 
     try:
@@ -136,24 +140,24 @@ def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str
     """What every rank would trip over, checked once here: a one-line error instead of N tracebacks.
     Returns the record of the checkpoint the ranks will load (resume or ``evaluate_checkpoint``), if any."""
     from freescale.optional import torchrec_unavailable
-    from freescale.pipeline.manifest import read_manifest
+    from freescale.pipeline.dataset.manifest import load_manifest
 
     if cfg.engine.name == "torchrec" and (reason := torchrec_unavailable("engine.name 'torchrec'")):
         raise ValueError(f"{reason}; engine.name = 'freescale' needs neither")
-    manifest = read_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
-    group = int(manifest["layout"]["group_size"])
+    manifest = load_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
+    group = manifest.layout.group_size
     if group % world_size:
         divisors = [w for w in range(1, group + 1) if group % w == 0]
         raise ValueError(
             f"the world size {world_size} (--nproc x --nnodes) does not divide the group size {group} of "
             f"{cfg.data.path} (balanced world sizes: {divisors}; or prepare again with --group-size)"
         )
-    check_table_sizes(cfg, manifest)
+    check_table_sizes(cfg, manifest.table_sizes())
     return check_checkpoint(cfg, manifest, world_size, evaluate_checkpoint)
 
 
 def check_checkpoint(
-    cfg: RunConfig, manifest: dict, world_size: int, evaluate_checkpoint: str = ""
+    cfg: RunConfig, manifest: Manifest, world_size: int, evaluate_checkpoint: str = ""
 ) -> CheckpointRecord | None:
     """The checkpoint the ranks will load, from its record: finished and trusted, of this model's shapes,
     of this data (unless ``checkpoint.allow_other_data``) and, for a resume, of this world size."""
@@ -182,8 +186,7 @@ def check_checkpoint(
         check_world_size(record, world_size, where)
     data = DataIdentity.of(cfg.data.path, manifest)
     check_data(run, data, where, cfg.checkpoint.allow_other_data, whole=not evaluate_checkpoint)
-    sizes = {table: int(entry["size"]) for table, entry in manifest.get("tables", {}).items()}
-    check_model(run, model_options(cfg, table_rows(cfg.model_extra, sizes)), where)
+    check_model(run, model_options(cfg, table_rows(cfg.model_extra, manifest.table_sizes())), where)
     return record
 
 
@@ -199,14 +202,14 @@ def check_cuda_devices(cfg: RunConfig, nproc: int, visible: int) -> None:
         )
 
 
-def check_table_sizes(cfg: RunConfig, manifest: dict) -> None:
-    """A configured table smaller than the dataset's vocabulary (``protocol.resolve_tables`` on every
-    rank says the same; this says it once, before any rank starts)."""
+def check_table_sizes(cfg: RunConfig, table_sizes: dict[str, int]) -> None:
+    """A configured table smaller than the dataset's vocabulary (``table_sizes``: the manifest's rows
+    per table; ``protocol.resolve_tables`` on every rank says the same; this says it once, before any
+    rank starts)."""
     if cfg.model_extra.ids != "exact":
         return
-    tables = manifest.get("tables", {})
     for table, option in (("item", "num_items"), ("action", "num_actions")):
-        size, configured = tables.get(table, {}).get("size"), getattr(cfg.model_extra, option)
+        size, configured = table_sizes.get(table), getattr(cfg.model_extra, option)
         if size is not None and configured and configured < size:
             raise ValueError(
                 f"model_extra.{option} = {configured} is smaller than the {size} {table} ids of {cfg.data.path}; "

@@ -44,7 +44,7 @@ from torch import nn
 from freescale.kernels.hstu_attention import hstu_attention
 from freescale.kernels.hstu_attention_ref import time_bucket
 from freescale.kernels.triton_support import triton_unavailable_reason
-from freescale.pipeline.cost import ModelConfig
+from freescale.model_config import ModelConfig
 from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.jagged import JaggedLayout, from_groups, pad_source, to_padded
 

@@ -2,7 +2,7 @@
 test split, best-validation selection and early stopping.
 
 Id tables (``resolve_tables``): a prepared dataset publishes an exact vocabulary per table
-(``pipeline/vocabulary.py``), so the trainer takes each table's size from the manifest and maps raw
+(``pipeline/dataset/vocabulary.py``), so the trainer takes each table's size from the manifest and maps raw
 ids to rows through it; ``model_extra.num_items`` only needs setting to reserve *more* rows, and a
 size below the vocabulary is refused (it would fold ids together). ``model_extra.ids = "hashed"`` is
 for open-ended id spaces: raw id modulo ``num_items``, with the resulting ``hash_collision_rate``
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from freescale.pipeline.reader import PreparedDataset
-from freescale.pipeline.vocabulary import Vocabulary, hash_collision_rate
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.vocabulary import Vocabulary, hash_collision_rate
 from freescale.trainer.config import ModelExtraConfig, RunConfig
 
 

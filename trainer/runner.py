@@ -35,13 +35,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from freescale.pipeline import loader
-from freescale.pipeline.reader import PreparedDataset
+from freescale.pipeline.dataset import loader
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer import bubbles
 from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
 from freescale.trainer.config import RunConfig
-from freescale.trainer.data import CollateConfig, eval_samples, split_query
+from freescale.trainer.data import collate, eval_samples, split_query
 from freescale.trainer.engine import Engine
 from freescale.trainer.errors import TrainingError
 from freescale.trainer.evaluate import evaluate
@@ -70,16 +71,7 @@ def run_tables(cfg: RunConfig, dataset: PreparedDataset) -> tuple[RunConfig, IdT
     every rank (and a reference that replays a rank's step) derives from the config and the data."""
     tables = resolve_tables(cfg, dataset)
     cfg = sized_config(cfg, tables)  # engines size their tables from model_extra
-    return cfg, tables, collate_config(cfg, tables, prepared_window_stride(dataset))
-
-
-def prepared_window_stride(dataset: PreparedDataset) -> int:
-    return int(dataset.manifest.get("config", {}).get("samples", {}).get("window_stride", 0) or 0)
-
-
-def prepared_max_uih_len(dataset: PreparedDataset) -> int | None:
-    value = dataset.manifest.get("config", {}).get("samples", {}).get("max_uih_len")
-    return int(value) if value is not None else None
+    return cfg, tables, collate_config(cfg, tables, dataset.info.window_stride)
 
 
 def overlap_choice(requested: str, device_type: str, cores_per_rank: int, threads: int) -> str:
@@ -170,6 +162,7 @@ def make_loader(
         num_workers=cfg.data.workers,
         prefetch_factor=cfg.data.prefetch,
         collate=collate_cfg,
+        collate_fn=collate,
     )
     return loader.Loader(config, dataset)
 
@@ -223,7 +216,7 @@ class Trainer:
         self._eval_samples: list[dict[str, Any]] | None = None
         self.metrics_file = self.out / "metrics.jsonl"
         self.run_id = new_run_id()  # a resumed run takes its checkpoint's (``_resume``)
-        self.data_identity = DataIdentity.of(cfg.data.path, self.dataset.manifest)
+        self.data_identity = DataIdentity.of(cfg.data.path, self.dataset.info)
         self.model_options = model_options(cfg, (self.tables.num_items, self.tables.num_actions))
 
     # the loop ------------------------------------------------------------------------------
@@ -301,7 +294,7 @@ class Trainer:
     def _announce(self) -> None:
         """What a reader of the log needs before the first step: id tables, loss, sequence length."""
         lines = [self.tables.describe(), f"loss {self.cfg.model_extra.loss}"]
-        prepared = prepared_max_uih_len(self.dataset)
+        prepared = self.dataset.info.samples.max_uih_len
         if prepared is not None and prepared > self.cfg.model.max_uih_len:
             lines.append(
                 f"model.max_uih_len {self.cfg.model.max_uih_len} < prepare --max-uih-len {prepared}: samples keep "

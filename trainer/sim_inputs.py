@@ -108,7 +108,7 @@ def read_prepared(uri: str, verify: bool = True, progress: bool = False) -> Leng
     """Lengths of a prepared dataset in plan order, with its plan (offsets, G, strategy)."""
     from tqdm import tqdm
 
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     dataset = PreparedDataset(uri, verify=verify)
     n = int(dataset.offsets[-1])
@@ -118,7 +118,7 @@ def read_prepared(uri: str, verify: bool = True, progress: bool = False) -> Leng
         lengths[i] = int(dataset.row(i)["length"])
     if n == 0:
         raise ValueError(f"{uri}: the prepared dataset holds no samples")
-    strategy = str(dataset.manifest.get("layout", {}).get("strategy") or "planned")
+    strategy = dataset.info.layout.strategy or "planned"
     layout = OwnLayout(lengths, dataset.offsets.astype(np.int64), dataset.group_size, strategy)
     return LengthSource(origin=uri, kind="data", values=lengths, layout=layout)
 

@@ -72,8 +72,8 @@ def build_config(args: argparse.Namespace) -> Any:
     """``SimConfig`` from the profile, the model config, the options and ``--set`` overrides."""
     from dataclasses import asdict
 
+    from freescale.model_config import ModelConfig
     from freescale.pipeline.config import parse_int_list
-    from freescale.pipeline.cost import ModelConfig
     from freescale.trainer.sim_config import (
         ComputeConfig,
         HardwareProfile,

@@ -51,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from freescale.model_config import ModelConfig
 from freescale.pipeline.balance import BalanceConfig, plan_step_groups
-from freescale.pipeline.cost import CostModel, ModelConfig
+from freescale.pipeline.cost import CostModel
 from freescale.trainer.balancer import place_samples
 from freescale.trainer.sim_config import ComputeConfig, JitterConfig, NetworkConfig, SimConfig, WorkloadConfig
 from freescale.trainer.sim_inputs import LengthSource, OwnLayout

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.streamable import Pipelineable
 
+from freescale.pipeline.dataset.kjt import KJTBatch, register_pipelineable
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data import Batch
 from freescale.trainer.engine import batch_loss, batch_queries, table_specs
@@ -48,23 +47,6 @@ from freescale.trainer.kjt import batch_to_kjt
 from freescale.trainer.model import SequentialTransducer
 from freescale.trainer.sharded import init_rows
 from freescale.trainer.sparse_optim import make_dense_optimizer
-
-
-@dataclass
-class TorchRecBatch(Pipelineable):
-    """A ``Pipelineable`` batch: the KJT TorchRec distributes plus our dense-side ``Batch``."""
-
-    features: Any  # KeyedJaggedTensor
-    batch: Batch
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> TorchRecBatch:
-        return TorchRecBatch(self.features.to(device, non_blocking=non_blocking), self.batch.to(device))
-
-    def record_stream(self, stream: Any) -> None:
-        self.features.record_stream(stream)
-
-    def pin_memory(self) -> TorchRecBatch:
-        return TorchRecBatch(self.features.pin_memory(), self.batch)
 
 
 class DenseHead(nn.Module):
@@ -101,15 +83,15 @@ class TorchRecModel(nn.Module):
         self.head = DenseHead(cfg)
         self.timer = timer
 
-    def forward(self, batch: TorchRecBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: KJTBatch) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.timer.now()
         jagged = self.ec(batch.features)
-        loss = self.head(batch.batch, jagged["item"].values(), jagged["action"].values(), jagged["neg"].values())
+        loss = self.head(batch.dense, jagged["item"].values(), jagged["action"].values(), jagged["neg"].values())
         record = self.timer.current
         if record is not None:
             record.stages.append(StageSpan("forward", "compute", start, self.timer.now()))
-            record.samples, record.positions = batch.batch.num_samples, batch.batch.num_positions
-            record.cost = batch.batch.cost
+            record.samples, record.positions = batch.dense.num_samples, batch.dense.num_positions
+            record.cost = batch.dense.cost
         return loss, loss.detach()
 
 
@@ -278,8 +260,9 @@ class TorchRecEngine:
 
         dense_params = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.optimizer = _TimedOptimizer(make_dense_optimizer(cfg.optimizer, dense_params), self.timer)
+        register_pipelineable()  # the pipelines move ``KJTBatch`` to the device themselves
         self.pipeline, self.pipeline_name = self._make_pipeline()
-        self._batches: Iterator[TorchRecBatch] | None = None
+        self._batches: Iterator[KJTBatch] | None = None
 
     def _copy_initial_rows(self) -> None:
         """Start from the same rows as ``FreeScaleEngine`` (same per-chunk generators)."""
@@ -317,14 +300,14 @@ class TorchRecEngine:
         raise ValueError("checkpoint.dir must be empty with engine.name 'torchrec'")
 
     # the step ----------------------------------------------------------------------------------
-    def _timed_batches(self, batches: Iterator[Batch]) -> Iterator[TorchRecBatch]:
+    def _timed_batches(self, batches: Iterator[Batch]) -> Iterator[KJTBatch]:
         for _ in iter(int, 1):  # until the loader is exhausted
             start = self.timer.now()
             try:
                 batch = next(batches)
             except StopIteration:
                 return
-            item = TorchRecBatch(batch_to_kjt(batch), batch)
+            item = KJTBatch(batch.step, batch_to_kjt(batch), dense=batch)
             if self.timer.current is not None:
                 self.timer.current.stages.append(StageSpan("data", "data", start, self.timer.now()))
             yield item

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from freescale import storage
+from freescale.model_config import ModelConfig
 from freescale.pipeline.config import SampleConfig
-from freescale.pipeline.cost import ModelConfig
-from freescale.pipeline.manifest import MANIFEST_NAME, ManifestError, read_manifest
+from freescale.pipeline.dataset.manifest import MANIFEST_NAME, ManifestError, load_manifest
 
 SOURCES_CONFIG_NAME = "sources.toml"
 DEFAULT_WORLD_SIZES = (8, 64, 256)
@@ -115,5 +115,5 @@ def input_kind(uri: str) -> tuple[str, str]:
         return "prepared", uri
     if storage.exists(storage.join(uri, SOURCES_CONFIG_NAME)):
         return "sources", storage.join(uri, SOURCES_CONFIG_NAME)
-    read_manifest(uri)  # raises ManifestError: "manifest.json is missing: not a finished prepare output"
-    raise ManifestError(f"{uri}: not a prepared dataset")  # pragma: no cover - read_manifest raised
+    load_manifest(uri)  # raises ManifestError: "manifest.json is missing: not a finished prepare output"
+    raise ManifestError(f"{uri}: not a prepared dataset")  # pragma: no cover - load_manifest raised

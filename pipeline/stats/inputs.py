@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,9 @@ from freescale.datasets.ids import selected
 from freescale.pipeline import memory
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.stats import ids as stats_ids
+
+if TYPE_CHECKING:
+    from freescale.pipeline.dataset.manifest import Manifest
 
 RANDOM_ORDER_STREAM = 7  # rng stream of the random batching order (seeded by --seed)
 PREPARED_CHUNK_EVENTS = 2_000_000
@@ -164,37 +167,35 @@ def _serially(progress: bool) -> Callable[[Callable, list[tuple]], list]:
 
 
 # ------------------------------------------------------------------------------------------ prepared
-def _source_names(manifest: dict[str, Any]) -> list[str]:
+def _source_names(manifest: Manifest) -> list[str]:
     """Source names in index order: the manifest lists source files in (source, file) order."""
     names: list[str] = []
-    for entry in manifest.get("sources", []):
-        if entry["source"] != "users" and entry["source"] not in names:
-            names.append(entry["source"])
-    return names or sorted(manifest["rows"].get("events_read_by_source", {}))
+    for source in manifest.source_names:
+        if source != "users" and source not in names:
+            names.append(source)
+    return names or sorted(manifest.rows.events_read_by_source)
 
 
 def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[list[int], str]]) -> Collected:
     """A prepared dataset, read once in plan order (rows of micro-batch m are [o[m], o[m+1]))."""
-    from freescale.pipeline.reader import PreparedDataset
+    from freescale.pipeline.dataset.reader import PreparedDataset
 
     dataset = PreparedDataset(config.input, cache_dir=config.cache_dir, verify=config.verify)
-    manifest = dataset.manifest
+    manifest = dataset.info
     names = _source_names(manifest)
-    features = list(manifest["layout"].get("user_features", []))
+    features = list(manifest.layout.user_features)
     g = dataset.group_size
     offsets = dataset.offsets.astype(np.int64)
     n_rows = int(offsets[-1])
     micro_batch = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    mean_len = max(float(manifest.get("lengths", {}).get("mean", 1.0)), 1.0)
+    mean_len = max(manifest.lengths.mean, 1.0)
     chunk_rows = max(1, int(PREPARED_CHUNK_EVENTS / mean_len))
     # Selection is by user hash, known per row as rows arrive; positions count selected rows in plan
     # order, so one sequential pass suffices. Batch sizes are fixed up front from the expected count.
     sizes, headline = sizes_for(int(n_rows * min(config.sample_fraction, 1.0)))
     tracker = stats_ids.FineTracker(sizes)
     # The bucket count must be fixed before spilling: size it from the manifest's event count.
-    n_buckets = memory.stats_bucket_count(
-        int(manifest["rows"].get("events_used", n_rows)) + n_rows * (1 + len(features)), config.memory_limit
-    )
+    n_buckets = memory.stats_bucket_count(manifest.rows.events_used + n_rows * (1 + len(features)), config.memory_limit)
     bits = stats_ids.fine_bits(n_rows)  # a fine batch starts at most once per row
     spill_dir = work / "spill"
     remove(spill_dir)  # records of an interrupted run would be counted twice
@@ -223,8 +224,8 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     lengths_a, costs_a, keep_a = np.concatenate(lengths), np.concatenate(costs), np.concatenate(keep_all)
     counts_a = np.concatenate(counts)
     n_groups = (len(offsets) - 1) // g
-    layout_cfg = manifest["layout"]
-    group_batch = g * int(layout_cfg["micro_batch_size"]) if layout_cfg.get("mode") == "equal_count" else None
+    layout = manifest.layout
+    group_batch = g * layout.micro_batch_size if layout.mode == "equal_count" else None
     layouts = tracker.layouts(position, n_groups, group_batch)
     reducer = stats_ids.IdReducer(stats_ids.table_names(features), config.table_sizes, layouts, bits)
     reduce_spills(str(spill_dir), n_buckets, reducer, _serially(config.progress))
@@ -232,11 +233,11 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
     mb_costs = np.bincount(micro_batch, weights=costs_a, minlength=len(offsets) - 1)
     return Collected(
         kind="prepared",
-        dataset=str(manifest.get("dataset", "")),
+        dataset=manifest.dataset,
         source_names=names,
         features=features,
-        cost_model=CostModel(**manifest["cost_model"]),
-        rows=manifest["rows"],
+        cost_model=manifest.cost_model,
+        rows=manifest.rows.to_dict(),
         samples_total=n_rows,
         users_total=int(np.unique(users_a).size),
         users_selected=int(np.unique(users_a[keep_a]).size),
@@ -251,11 +252,11 @@ def collect_prepared(config: Any, work: Path, sizes_for: Callable[[int], tuple[l
             "offsets": offsets,
             "micro_batch_costs": mb_costs,
             "group_size": g,
-            "micro_batch_size": int(layout_cfg["micro_batch_size"]),
-            "mode": layout_cfg.get("mode"),
-            "strategy": layout_cfg.get("strategy"),
-            "seed": manifest["config"]["balance"].get("seed", 0),
-            "fingerprint": manifest.get("fingerprint"),
+            "micro_batch_size": layout.micro_batch_size,
+            "mode": layout.mode,
+            "strategy": layout.strategy,
+            "seed": manifest.balance_seed,
+            "fingerprint": manifest.fingerprint,
             "n_step_groups": n_groups,
         },
     )

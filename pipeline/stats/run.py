@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from freescale import storage
-from freescale.pipeline.manifest import read_manifest
+from freescale.pipeline.dataset.manifest import load_manifest
 from freescale.pipeline.stats.build import batch_sizes, build_report
 from freescale.pipeline.stats.config import DEFAULT_K, DEFAULT_WORLD_SIZES, StatsConfig, StatsError, input_kind
 from freescale.pipeline.stats.inputs import collect_prepared, remove
@@ -56,9 +56,9 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
         else:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-            manifest = read_manifest(uri)
-            k = config.micro_batch_size or int(manifest["layout"]["micro_batch_size"])
-            g = int(manifest["layout"]["group_size"])
+            layout = load_manifest(uri).layout
+            k = config.micro_batch_size or layout.micro_batch_size
+            g = layout.group_size
             config = replace(config, world_sizes=config.world_sizes or tuple(sorted({*DEFAULT_WORLD_SIZES, g})))
 
             def sizes_for(n: int) -> tuple[list[int], str]:

@@ -24,7 +24,7 @@ import pyarrow.ipc as ipc
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.records import PartitionRecord
 from freescale.pipeline.steps.scan import read_partition, read_user_partition, remove_partition
-from freescale.pipeline.vocabulary import save_partition_ids
+from freescale.pipeline.steps.vocabularies import save_partition_ids
 
 SORT_KEYS = ["user_id", "ts", "source", "file_index", "row"]  # the canonical event order
 MISSING_FEATURE = -1
@@ -347,7 +347,7 @@ def run_partition(
     file, ``write_sample_file``; ``prepare`` encodes them into plan-order buckets instead, ``stats``
     counts their ids). ``users``: the partition's sorted user ids when known (saves finding them).
     The record JSON in ``samples_dir``, written last, is the completion marker; before it, the
-    partition's distinct ids per table (``vocabulary.save_partition_ids``). The partition's spill
+    partition's distinct ids per table (``vocabularies.save_partition_ids``). The partition's spill
     files are then deleted unless ``keep_input`` (``stats --work-dir``: a later run rebuilds from
     them with other options instead of scanning again)."""
     removed = np.load(removed_items_path) if removed_items_path else None

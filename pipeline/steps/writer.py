@@ -26,8 +26,8 @@ import pyarrow.ipc as ipc
 import xxhash
 
 from freescale import storage
+from freescale.pipeline.dataset.manifest import ManifestError
 from freescale.pipeline.integrity import HASH_ALGO, check_index, file_hash
-from freescale.pipeline.manifest_schema import ManifestError
 from freescale.pipeline.steps.mds_encode import LIST_COLUMNS, SCALAR_COLUMNS, encode_samples, mds_columns
 from freescale.pipeline.steps.mds_shards import ShardWriter
 

@@ -34,6 +34,10 @@ from typing import Any
 import numpy as np
 
 from freescale import storage
+from freescale.pipeline.dataset.manifest import INDEX_NAME, ManifestError, load_manifest
+from freescale.pipeline.dataset.mds_rows import row_decoder
+from freescale.pipeline.dataset.shard_files import DatasetIdentity, ShardFiles, read_at
+from freescale.pipeline.dataset.vocabulary import Vocabulary
 from freescale.pipeline.integrity import (
     IntegrityError,
     check_bytes,
@@ -42,13 +46,7 @@ from freescale.pipeline.integrity import (
     files_by_path,
     safe_relative_path,
 )
-from freescale.pipeline.manifest import ManifestError, load_manifest
-from freescale.pipeline.mds_rows import row_decoder
-from freescale.pipeline.shard_files import DatasetIdentity, ShardFiles, read_at
 from freescale.pipeline.streaming_modules import import_streaming_module, streaming_dataset_class
-from freescale.pipeline.vocabulary import Vocabulary
-
-INDEX_NAME = "index.json"
 
 
 class CacheDirError(ValueError):
@@ -110,10 +108,9 @@ class PreparedDataset:
         self.uri = uri
         self.verify = verify
         self._identity = DatasetIdentity.of(uri)  # first: what is read next must belong to it
-        self.info = load_manifest(uri)  # typed: shape and types checked, errors name the field
-        self.manifest = self.info.raw
+        self.info = load_manifest(uri)  # the typed manifest: shape and types checked, errors name the field
         self.group_size: int = self.info.layout.group_size
-        self.files = files_by_path(self.manifest, uri)
+        self.files = files_by_path(self.info)
         if self.files is None:
             warnings.warn(
                 f"{uri}: the manifest has no file table (prepared by an older FreeScale), so damaged "
@@ -158,7 +155,7 @@ class PreparedDataset:
 
     def table_sizes(self) -> dict[str, int]:
         """Rows of each exact id table (``{}`` for a dataset prepared before vocabularies existed)."""
-        return {table: entry.size for table, entry in self.info.tables.items()}
+        return self.info.table_sizes()
 
     def vocabulary(self, table: str) -> Vocabulary | None:
         """A table's exact vocabulary (``vocab/<table>.npy``, hash-checked), or None for a dataset

@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from freescale import storage
+from freescale.pipeline.dataset.manifest import MANIFEST_NAME, FileEntry
 from freescale.pipeline.integrity import IntegrityError, check_shard
-from freescale.pipeline.manifest import MANIFEST_NAME
 
 MAX_HELD = 256  # shard files one process holds open (a shard is 64 MB by default: 16 GB of data)
 
@@ -78,7 +78,7 @@ class ShardFiles:
         self,
         identity: DatasetIdentity,
         shards: list[dict[str, Any]],
-        files: dict[str, dict[str, Any]] | None,
+        files: dict[str, FileEntry] | None,
         verify: bool,
         cache_dir: str | None,
     ) -> None:
