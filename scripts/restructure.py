@@ -33,8 +33,10 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -508,7 +510,7 @@ def ensure_packages(root: Path, report: Report, write: bool) -> None:
         if not init.exists():
             report.created.append(f"{folder}/__init__.py")
             if write:
-                init.write_text(f'"""{role}"""\n')
+                init.write_text('"""' + "\n".join(textwrap.wrap(role, 110)) + '\n"""\n')
                 subprocess.run(["git", "add", str(init)], cwd=root, check=True)
     for folder in [*PACKAGE_ROLES, *DATA_ONLY_PACKAGES]:
         dotted = module_name(folder + "/__init__.py")
@@ -554,6 +556,21 @@ def sibling_warnings(root: Path, renames: dict[str, str], report: Report) -> Non
         for name in re.findall(r'with_name\("([^"]+)"\)', (root / old).read_text()):
             if name not in HELPERS and f"{new.rsplit('/', 1)[0]}/{name}" not in after:
                 report.warnings.append(f"{new}: with_name({name!r}) names no file beside it")
+
+
+def tidy(root: Path, report: Report) -> None:
+    """Sort the rewritten imports and re-wrap long lines with the repository's ruff, where there is one."""
+    ruff = next((str(p) for p in (Path(sys.executable).parent / "ruff", root / ".venv/bin/ruff") if p.exists()), None)
+    ruff = ruff or shutil.which("ruff")
+    touched = [f for f in [*report.rewrites, *report.created] if f.endswith(".py") and (root / f).exists()]
+    if ruff is None:
+        report.warnings.append(
+            "ruff not found: run `ruff check --select I --fix` and `ruff format` on the rewritten files"
+        )
+        return
+    if touched:
+        subprocess.run([ruff, "check", "-q", "--select", "I", "--fix", *touched], cwd=root, check=False)
+        subprocess.run([ruff, "format", "-q", *touched], cwd=root, check=False)
 
 
 def git_mv(root: Path, moves: list[Move]) -> None:
@@ -608,6 +625,8 @@ def run(root: Path, write: bool) -> Report:
         git_mv(root, report.moves)
     ensure_packages(root, report, write)
     apply_fixups(root, report, write)
+    if write:
+        tidy(root, report)
     return report
 
 
