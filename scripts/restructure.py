@@ -329,6 +329,12 @@ def dotted_rules(
     return rules
 
 
+def helper_rules() -> list[tuple[re.Pattern[str], str]]:
+    """``from tests.train_cli import ...`` -> ``from train_cli import ...``: helpers by their bare name."""
+    names = [h.removesuffix(".py") for h in HELPERS if h.endswith(".py")]
+    return [(re.compile(r"(?<![\w.])tests\.(" + "|".join(names) + r")(?!\w)"), r"\1")]
+
+
 def top_level_names(root: Path, renames: dict[str, str], dotted: str) -> set[str]:
     """Names a module defines or imports at its top level (read from wherever it is now)."""
     for old, new in renames.items():
@@ -472,6 +478,7 @@ def rewrite(
     """Apply every rewrite rule to every text file (read at its old path, written at its new one)."""
     files_after = {renames.get(f, f) for f in files}
     dotted, paths = dotted_rules(root, renames, folders, files_after, report), path_rules(renames, folders)
+    dotted += helper_rules()
     helpers = {h.rstrip("/") for h in HELPERS}
     moved_tests = {n for o, n in renames.items() if n.startswith("tests/") and "/test_" in n}
     for f in files:
@@ -571,6 +578,14 @@ def tidy(root: Path, report: Report) -> None:
     if touched:
         subprocess.run([ruff, "check", "-q", "--select", "I", "--fix", *touched], cwd=root, check=False)
         subprocess.run([ruff, "format", "-q", *touched], cwd=root, check=False)
+        long = subprocess.run(
+            [ruff, "check", "-q", "--select", "E501", "--output-format", "concise", *touched],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.splitlines()
+        report.warnings += [f"too long after the rewrite (wrap by hand): {x}" for x in long if "E501" in x]
 
 
 def git_mv(root: Path, moves: list[Move]) -> None:
