@@ -540,6 +540,33 @@ def ensure_packages(root: Path, report: Report, write: bool) -> None:
         pyproject.write_text(text)
 
 
+def shared_test_modules(root: Path, report: Report, write: bool) -> None:
+    """A test module other tests import by bare name (``from test_datasets_sources import ...``) needs its
+    folder on pytest's ``pythonpath``: added to pyproject.toml and reported (better: move the shared part
+    into tests/helpers/)."""
+    tests = {p.stem: p.parent.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")}
+    needed = set()
+    for path in (root / "tests").rglob("*.py"):
+        for name in re.findall(r"^\s*(?:from|import) (test_\w+)", path.read_text(), re.M):
+            if name in tests and tests[name] not in ("tests", HELPER_DIR):
+                needed.add(tests[name])
+                report.warnings.append(
+                    f"{path.relative_to(root)} imports {name} by bare name: {tests[name]} on pythonpath"
+                )
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text()
+    m = re.search(r"^pythonpath = \[([^\]]*)\]", text, re.M)
+    if m is None or not needed:
+        return
+    have = re.findall(r'"([^"]+)"', m.group(1))
+    missing = sorted(needed - set(have))
+    if missing:
+        report.fixups.append(f"pyproject.toml: pythonpath += {missing}")
+        if write:
+            listed = ", ".join(f'"{p}"' for p in [*have, *missing])
+            pyproject.write_text(text[: m.start(1)] + listed + text[m.end(1) :])
+
+
 def apply_fixups(root: Path, report: Report, write: bool) -> None:
     """The exact replacements in ``FIXUPS`` whose old text is still there."""
     for path, old, new in FIXUPS:
@@ -640,6 +667,7 @@ def run(root: Path, write: bool) -> Report:
         git_mv(root, report.moves)
     ensure_packages(root, report, write)
     apply_fixups(root, report, write)
+    shared_test_modules(root, report, write)
     if write:
         tidy(root, report)
     return report
