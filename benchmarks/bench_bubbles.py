@@ -4,7 +4,7 @@ One run, same data: heavy-tailed synthetic UIH (lognormal lengths, paper-like sh
 and cap scaled down so a CPU run takes minutes: median 64, σ 1.5, cap 1536; the paper's cap is 70×
 its median, ours 24×) is prepared twice from the same sources with the
 same micro-batch size — ``--strategy random`` (the baseline) and ``planned`` (our step groups) —
-with a cost model calibrated on this machine (``freescale.trainer.calibrate``). Each dataset is
+with a cost model calibrated on this machine (``freescale.trainer.simulate.calibrate``). Each dataset is
 trained for one epoch by ``freescale train --nproc 2`` with one thread per rank, each rank pinned to
 its own core (``engine.pin_cpus``: on this 2-core host it took the identical-batches noise floor from
 ~6% to ~4.7%), once with our engine
@@ -21,7 +21,7 @@ machine's load hits every variant alike; a variant's figures are time-weighted o
 The JSON keeps the per-step values and the median so a reader can judge it.
 
 Target (issue 18): our ``data`` share (the rank's wait for its next batch from the loader's worker,
-``trainer/instrument.py``'s ``data`` stages) ≤ 2% of step time on random and on planned data.
+``trainer/metrics/instrument.py``'s ``data`` stages) ≤ 2% of step time on random and on planned data.
 
 This host's cores drift in speed by ~10% over seconds (one pinned process timing identical matmul
 loops varies 32–44 ms per 42 ms round), which puts the noise floor at ~4–6%. With a cap of 768
@@ -113,8 +113,8 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
     from freescale.pipeline.config import PrepareConfig, SampleConfig
     from freescale.pipeline.dataset.manifest import load_manifest
     from freescale.pipeline.prepare import prepare
-    from freescale.trainer.calibrate import calibrate
     from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.simulate.calibrate import calibrate
 
     generate(
         preset("demo", n_users=s.users, n_items=s.items, median=s.median, sigma=s.sigma, max_len=s.cap, seed=s.seed),

@@ -121,8 +121,8 @@ class Inputs:
     """One workload's tensors, an HSTU layer holding the biases, and both attentions' contexts."""
 
     def __init__(self, s: Settings, work: Workload, dtype: torch.dtype) -> None:
-        from freescale.trainer.jagged import build_layout
-        from freescale.trainer.model import HSTULayer, JaggedContext, attention_contexts
+        from freescale.trainer.data.jagged import build_layout
+        from freescale.trainer.model.transducer import HSTULayer, JaggedContext, attention_contexts
 
         dev = torch.device(s.device)
         gen = torch.Generator().manual_seed(s.seed + 1)

@@ -34,8 +34,8 @@ from typing import Any
 
 from measure import FREESCALE, Points
 
-from freescale.trainer.bubbles import mean_embedding_comm, part_shares
 from freescale.trainer.config import write_run_toml
+from freescale.trainer.metrics.bubbles import mean_embedding_comm, part_shares
 
 PER_STEP = ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")
 

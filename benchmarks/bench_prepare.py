@@ -19,7 +19,7 @@ two ways:
   sees). Its whole tree (the runtime's processes included) must stay under ``--memory-limit``.
 - ``ray (attached to a running cluster)``: a one-node cluster (``ray start --head`` on 127.0.0.1
   with ``--workers`` CPUs and the object store a started runtime would get) is started before the
-  run, untimed, and stopped after it (``tests/ray_cluster.py``: private ports, temp dir and token;
+  run, untimed, and stopped after it (``tests/helpers/ray_cluster.py``: private ports, temp dir and token;
   teardown by process group); the job joins it with ``--ray-address``. This is what a cluster user
   sees: the cluster is up before the job. Peak RSS counts the cluster's processes with the driver,
   for information: with ``--ray-address`` the limit bounds the job's partitions and buckets only.
@@ -52,7 +52,7 @@ from pathlib import Path
 from measure import FREESCALE, Points, ensure_preset, run_measured
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # the attached arm's cluster: the Ray tests' helper
+sys.path.insert(0, str(REPO / "tests" / "helpers"))  # the attached arm's cluster: the Ray tests' helper
 from ray_cluster import RayCluster, start_cluster  # noqa: E402
 
 WORKERS = 2  # task processes of either executor (the Ray runtime's CPUs)

@@ -9,7 +9,7 @@ action and the history, not only on the previous item (the older Markov option d
 apart: every sequence model learns it). Both models get the same inputs per event (item + action
 embeddings, learned absolute positions), dims, tables, budget and early stopping; HSTU adds what its
 paper adds, the relative position/time bias (the time bias reads the predicted event's timestamp, the
-request time). Protocol (``trainer/protocol.py``): leave-one-out by time, each user's
+request time). Protocol (``trainer/eval/protocol.py``): leave-one-out by time, each user's
 second-to-last event is the validation item and the last the test item, neither ever a training
 target; full ranking over the exact item vocabulary; validation every epoch, early stopping after
 ``patience`` epochs without a better validation NDCG@10, and the test figures are the best-validation
@@ -158,7 +158,7 @@ def dense_params(s: Settings, architecture: str) -> int:
     """Dense parameters of the transducer (embedding tables excluded: both use the same ones)."""
     from freescale.model_config import ModelConfig
     from freescale.trainer.config import ModelExtraConfig
-    from freescale.trainer.model import SequentialTransducer
+    from freescale.trainer.model.transducer import SequentialTransducer
 
     model = ModelConfig(d_model=s.d_model, num_layers=s.num_layers, num_heads=s.num_heads, max_uih_len=s.cap)
     transducer = SequentialTransducer(model, ModelExtraConfig(architecture=architecture))
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         data = make_data(s, work)
         from freescale.pipeline.dataset.reader import PreparedDataset
-        from freescale.trainer.evaluate import most_popular
+        from freescale.trainer.eval.evaluate import most_popular
 
         steps_per_epoch = PreparedDataset(data).steps_per_epoch(2)
         popular = most_popular(PreparedDataset(data), s.k)

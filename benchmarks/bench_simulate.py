@@ -4,7 +4,7 @@ One run, on this host:
 
 1. **Calibrate** (inputs the simulator is allowed to see): the data and cost model of
    ``bench_bubbles`` (heavy-tailed lognormal lengths, a cost model fitted here by
-   ``freescale.trainer.calibrate``); gloo all-to-all and all-reduce times between two pinned
+   ``freescale.trainer.simulate.calibrate``); gloo all-to-all and all-reduce times between two pinned
    processes at several sizes, fitted to latency + bytes / bandwidth; the *noise-floor* run (every
    rank trains rank 0's micro-batch, ``bench_bubbles``' ``identical`` variant): its
    ``straggler_pct`` sets the jitter, its forward+backward time against the cost model's prediction
@@ -191,7 +191,7 @@ def dense_params(model_table: dict[str, Any], items: int) -> int:
     """Data-parallel parameters of the model (what the dense all-reduce carries)."""
     from freescale.model_config import ModelConfig
     from freescale.trainer.config import ModelExtraConfig
-    from freescale.trainer.model import SequentialTransducer
+    from freescale.trainer.model.transducer import SequentialTransducer
 
     model = SequentialTransducer(ModelConfig(**model_table), ModelExtraConfig(num_items=items, num_actions=8))
     return int(sum(p.numel() for p in model.parameters()))
@@ -201,7 +201,7 @@ def dense_params(model_table: dict[str, Any], items: int) -> int:
 def own_source(path: str, steps: int, skip: int = SKIP_STEPS):
     """The dataset's own layout over the measured window of a ``steps``-step run: ``steady_figures``'
     (warm-up and the run's last, drain step left out)."""
-    from freescale.trainer.sim_inputs import OwnLayout, read_prepared
+    from freescale.trainer.simulate.sim_inputs import OwnLayout, read_prepared
 
     source = read_prepared(path)
     layout = source.layout
@@ -265,8 +265,14 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
             arm: str, overlap: str, ranks_per_node: int = 2) -> dict[str, Any]:  # fmt: skip
     """The simulator's figures for one measured 2-rank run (``net``: latency, bandwidth and all-reduce
     latency of the link between the ranks; ``source``: the run's own layout, ``own_source``)."""
-    from freescale.trainer.sim_config import ComputeConfig, JitterConfig, NetworkConfig, SimConfig, WorkloadConfig
-    from freescale.trainer.simulate import find, simulate
+    from freescale.trainer.simulate.sim_config import (
+        ComputeConfig,
+        JitterConfig,
+        NetworkConfig,
+        SimConfig,
+        WorkloadConfig,
+    )
+    from freescale.trainer.simulate.simulator import find, simulate
 
     lat, bw = net["latency_us"], net["bandwidth_gbytes_s"]
     cfg = SimConfig(
@@ -311,9 +317,9 @@ def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params:
 
 def project(rate: float) -> dict[str, Any]:
     """The paper's setting on the shipped H100 profile (see the module docstring)."""
-    from freescale.trainer.sim_config import HardwareProfile, SimConfig, WorkloadConfig
-    from freescale.trainer.sim_inputs import parse_distribution
-    from freescale.trainer.simulate import simulate
+    from freescale.trainer.simulate.sim_config import HardwareProfile, SimConfig, WorkloadConfig
+    from freescale.trainer.simulate.sim_inputs import parse_distribution
+    from freescale.trainer.simulate.simulator import simulate
 
     profile = HardwareProfile.load("h100_nvlink_ib400")  # the default profile, named to say so
     cfg = SimConfig(
@@ -516,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:18} straggler {v['straggler_pct']:6.2f}%  exposed comm {v['exposed_comm_pct']:6.2f}%  "
               f"bubble {v['bubble_pct']:6.2f}%  {v['samples_per_s']:12.0f} samples/s")  # fmt: skip
     if out is not None:
-        from freescale.trainer.sim_report import write_plot
+        from freescale.trainer.simulate.sim_report import write_plot
 
         write_plot(projection, out.with_suffix(".png"))  # the projection: bubbles against W per arm
         print(f"wrote {out} and {out.with_suffix('.png')}")

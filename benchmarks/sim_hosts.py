@@ -5,7 +5,7 @@ Two network namespaces joined by a veth pair (``freescale.tools.hosts``), one gl
 micro-batch, Zipf 0.5 over 2M hashed rows) with ``overlap = none`` and ``pec`` at each link cap.
 The simulator sees only what a user could measure before renting the cluster:
 
-* **compute**: a cost model ``freescale.trainer.calibrate`` fits for this model on this host, scaled
+* **compute**: a cost model ``freescale.trainer.simulate.calibrate`` fits for this model on this host, scaled
   by the *uncapped* ``none`` run (its forward+backward against the cost model's prediction for the
   same micro-batches, and the rest of its busy time as per-step overhead); that run's
   ``straggler_pct`` as the noise floor (its data are planned, its lengths narrow: what is left is
@@ -192,9 +192,9 @@ def contention_rank(argv: list[str]) -> int:
 
     from freescale.model_config import ModelConfig
     from freescale.pipeline.dataset.samples import CollateConfig
-    from freescale.trainer.calibrate import CALIBRATION_ITEMS, MicroBatchTimer, synthetic_samples
     from freescale.trainer.config import ModelExtraConfig
-    from freescale.trainer.data import collate
+    from freescale.trainer.data.batches import collate
+    from freescale.trainer.simulate.calibrate import CALIBRATION_ITEMS, MicroBatchTimer, synthetic_samples
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
@@ -308,8 +308,8 @@ def fit_cost_model(s: Any, work: Path) -> str:
     from bench_pec import model_table
 
     from freescale.model_config import ModelConfig
-    from freescale.trainer.calibrate import calibrate
     from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.simulate.calibrate import calibrate
 
     path = work / "cost-hosts.json"
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """Optional packages: TorchRec and fbgemm are needed only by what talks to TorchRec.
 
 The FreeScale engine, the loader's ``batch``/``samples`` outputs, the model and the kernels never
-import ``torchrec`` or ``fbgemm_gpu`` (``tests/test_optional_deps.py`` trains in an interpreter where
+import ``torchrec`` or ``fbgemm_gpu`` (``tests/freescale/test_optional_deps.py`` trains in an interpreter where
 both imports fail). Two features do need them: ``engine.name = "torchrec"`` (the baseline) and the
 loader's ``output = "kjt"``. Where they are missing (a GPU host with no TorchRec CUDA build), asking
 for either fails up front with one line naming the missing module and what to install, instead of a

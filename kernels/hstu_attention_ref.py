@@ -10,7 +10,7 @@ time of the event position ``i`` predicts (the model module says why the bias re
 are shared by the heads. ``bucket`` is GR's log bucketing of the gap in seconds (``time_bucket``).
 
 Simple on purpose: it is the oracle, not a production path (the model's own PyTorch attention pads
-samples of similar length together; ``trainer/model.py``). Autograd gives every gradient.
+samples of similar length together; ``trainer/model/transducer.py``). Autograd gives every gradient.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class WorkHandle(TransportHandle):
 class TorchDistTransport(Transport):
     """All-to-all through ``torch.distributed``: gloo on CPU, NCCL on GPU (SM-based kernels).
 
-    gloo implements uneven ``all_to_all_single`` (verified by tests/test_transport.py for bf16,
+    gloo implements uneven ``all_to_all_single`` (verified by tests/kernels/test_transport.py for bf16,
     multi-dim rows and zero-row splits), so the default is one collective; ``p2p=True`` uses
     isend/irecv pairs instead, for backends that lack it.
     """

@@ -10,7 +10,7 @@ imported, ``streaming`` and ``streaming.base`` are stand-in packages whose ``__p
 real folders, so Python finds every submodule where ``import streaming`` would but does not run the
 two ``__init__`` files. The stand-ins are removed right after, so a later ``import streaming`` runs
 the real ``__init__`` files, which pick up the already-loaded submodules
-(``streaming.StreamingDataset is streaming_dataset_class()`` holds; ``tests/test_writer.py`` checks
+(``streaming.StreamingDataset is streaming_dataset_class()`` holds; ``tests/pipeline/steps/test_writer.py`` checks
 it). If the package's layout ever changes so that this fails, the plain ``import streaming`` is used
 instead.
 """

@@ -136,6 +136,8 @@ TEST_PLACES = {
     "test_reprepare_under_reader.py": "tests/pipeline",  # prepare --overwrite under an open reader
     "test_sim_contention.py": "tests/trainer/simulate",  # the simulator's overlap slowdown
     "test_triton_compile.py": "tests/kernels",  # every Triton kernel compiles for sm_90
+    "test_loader.py": "tests/pipeline/dataset",  # the public loader (pipeline/dataset/loader.py)
+    "test_manifest_shape.py": "tests/pipeline/dataset",  # the typed manifest parse of bad shapes
 }
 # ``test_<prefix>_...`` names a folder rather than a module.
 TEST_PREFIXES = {"bench": "tests/benchmarks"}

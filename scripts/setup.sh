@@ -46,7 +46,7 @@ echo "setup: installing the pinned stack into $VENV ($FBGEMM); first run takes a
 "${PIP[@]}" tensordict pyre-extensions iopath tqdm torchmetrics==1.0.3
 "${PIP[@]}" -e ".[test]"
 # The Triton of the GPU image (KINDS: torch 2.11 + Triton 3.6), beside the venv's own: the compile check
-# (tests/test_triton_compile.py) builds every kernel for sm_90 with both, on hosts without a GPU.
+# (tests/kernels/test_triton_compile.py) builds every kernel for sm_90 with both, on hosts without a GPU.
 [ -d "$VENV/triton-gpu-image/triton" ] ||
   "$VENV/bin/python" -m pip install --quiet --no-deps --target "$VENV/triton-gpu-image" triton==3.6.0
 compile_project

@@ -47,7 +47,9 @@ def test_a_built_wheel_ships_the_hardware_profiles_without_a_packaging_warning(t
     assert "absent from the `packages` configuration" not in log, log[-3000:]
     (wheel,) = (tmp_path / "w").glob("freescale-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    profiles = sorted(p.name for p in (REPO / "trainer" / "profiles").iterdir() if p.suffix in (".toml", ".json"))
-    assert profiles, "no profiles in trainer/profiles"
+    profiles = sorted(
+        p.name for p in (REPO / "trainer" / "simulate" / "profiles").iterdir() if p.suffix in (".toml", ".json")
+    )
+    assert profiles, "no profiles in trainer/simulate/profiles"
     for name in profiles:
-        assert f"freescale/trainer/profiles/{name}" in names, sorted(n for n in names if "trainer/" in n)
+        assert f"freescale/trainer/simulate/profiles/{name}" in names, sorted(n for n in names if "trainer/" in n)

@@ -180,7 +180,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from freescale.trainer.calibrate import run
+    from freescale.trainer.simulate.calibrate import run
 
     return run(args)
 
@@ -260,7 +260,7 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
-    from freescale.trainer.sim_report import add_arguments
+    from freescale.trainer.simulate.sim_report import add_arguments
 
     add_arguments(
         sub.add_parser(
@@ -275,7 +275,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from freescale.trainer.sim_report import run
+    from freescale.trainer.simulate.sim_report import run
 
     return run(args)
 
@@ -483,7 +483,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from freescale.trainer.demo import MARKOV_PROB, demo_train
+    from freescale.tools.demo import MARKOV_PROB, demo_train
 
     out = Path(args.out)
     data = out / "sources"

@@ -50,8 +50,8 @@ DRY_DEADLINE_S = 300.0
 MIN_PART_S = 10.0  # a part with less time left than this is skipped, not started
 BENCHES = ("bench_hstu_attention", "bench_dispatch", "bench_sm_contention")
 SMOKE_IMPORTS = (  # what the parts import beyond the image: a missing wheel fails here, in one place
-    "freescale.trainer.runner, freescale.trainer.pec, freescale.pipeline.prepare, freescale.pipeline.dataset.loader, "
-    "freescale.kernels, freescale.datasets.synthetic, polars, torchdata.stateful_dataloader"
+    "freescale.trainer.runner, freescale.trainer.engines.pec, freescale.pipeline.prepare, "
+    "freescale.pipeline.dataset.loader, freescale.kernels, freescale.datasets.synthetic, polars, torchdata.stateful_dataloader"
 )
 
 
@@ -184,7 +184,7 @@ def link_checkout(repo: Path, site: Path) -> None:
 def gpu_test_files(repo: Path) -> list[Path]:
     """Test files holding a ``gpu`` mark (collecting every test file would import moto, ray, ...)."""
     mark = re.compile(r"pytest\.mark\.gpu\b")
-    return sorted(p for p in (repo / "tests").glob("test_*.py") if mark.search(p.read_text(errors="replace")))
+    return sorted(p for p in (repo / "tests").rglob("test_*.py") if mark.search(p.read_text(errors="replace")))
 
 
 def part_tests(check: Check, part: Part, timeout: float) -> dict[str, Any]:
@@ -252,7 +252,7 @@ def part_calibrate(check: Check, part: Part, timeout: float) -> dict[str, Any]:
         config.write_text(CALIBRATION_MODEL + f'[model_extra]\nattention = "{attention}"\nprecision = "bf16"\n')
         result = check.out / f"calibrate_{attention}.result.json"
         if check.dry:
-            probe = f"from freescale.trainer.calibrate import read_config; read_config({str(config)!r})"
+            probe = f"from freescale.trainer.simulate.calibrate import read_config; read_config({str(config)!r})"
             outcome = check.command(part, [check.python, "-P", "-c", probe], end - time.monotonic(), cwd=check.out)
         else:
             argv = check.python_m("freescale.tools.cli", "calibrate", "--config", str(config), "--out", str(result),

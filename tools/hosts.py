@@ -9,7 +9,7 @@ separate machines do not share CPUs either; with both hosts' processes free to r
 rank's forward pass of a micro-batch took 27 to 152 ms, as the peer host's compute and network work
 landed on its core or not). ``cap_bandwidth`` puts a token-bucket (``tc ... tbf``) on both ends, so
 each direction is limited to the rate (this kernel has no ``netem``: latency comes only from the cap
-and its queue). Used by ``tests/test_multinode.py`` and ``benchmarks/bench_network.py``.
+and its queue). Used by ``tests/trainer/test_multinode.py`` and ``benchmarks/bench_network.py``.
 
 Building namespaces needs root, iproute2 (``ip netns``, veth, ``tc``) and util-linux's ``unshare`` and ``taskset``;
 ``unavailable_reason`` says what is missing. Namespaces (and with them the veth pair and its

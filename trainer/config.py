@@ -199,7 +199,7 @@ class EngineConfig:
     max_nonfinite_skips: int = 0  # steps with a NaN/inf loss or gradient skipped (no update) before the run stops
     collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
     transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
-    balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/online.py)
+    balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/engines/online.py)
     balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
     balancer_min_gain: float = 0.02  # online balancer: move samples only if the step's max rank cost drops > 2%
     # CUDA: let ranks of a node share GPUs (local rank r on cuda:(r % GPUs)). NCCL refuses two ranks on one
@@ -262,7 +262,7 @@ class EngineConfig:
 class EvalConfig:
     """Leave-one-out by time: each user's last event is the test item, the one before the validation
     item; HR@k and NDCG@k by full ranking. Periodic evaluations score validation; the run's final
-    figures are validation and test of the best-validation model (``trainer/protocol.py``)."""
+    figures are validation and test of the best-validation model (``trainer/eval/protocol.py``)."""
 
     every: int = 0  # steps between evaluations; 0: only at the end
     at_end: bool = True

@@ -170,7 +170,7 @@ def check_checkpoint(
         model_options,
         run_record_of,
     )
-    from freescale.trainer.protocol import table_rows
+    from freescale.trainer.eval.protocol import table_rows
 
     if evaluate_checkpoint:
         if cfg.engine.name != "freescale":

@@ -38,17 +38,17 @@ import torch.distributed as dist
 from freescale.pipeline.dataset import loader
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.dataset.samples import CollateConfig
-from freescale.trainer import bubbles
 from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
 from freescale.trainer.config import RunConfig
-from freescale.trainer.data import collate, eval_samples, split_query
-from freescale.trainer.engine import Engine
+from freescale.trainer.data.batches import collate, eval_samples, split_query
+from freescale.trainer.engines.engine import Engine
 from freescale.trainer.errors import TrainingError
-from freescale.trainer.evaluate import evaluate
-from freescale.trainer.instrument import StepRecord, clock_offsets, gather_records
-from freescale.trainer.protocol import BestTracker, IdTables, resolve_tables, sized_config
-from freescale.trainer.trace import plot_timeline, write_trace
+from freescale.trainer.eval.evaluate import evaluate
+from freescale.trainer.eval.protocol import BestTracker, IdTables, resolve_tables, sized_config
+from freescale.trainer.metrics import bubbles
+from freescale.trainer.metrics.instrument import StepRecord, clock_offsets, gather_records
+from freescale.trainer.metrics.trace import plot_timeline, write_trace
 
 
 def collate_config(cfg: RunConfig, tables: IdTables | None = None, window_stride: int = 0) -> CollateConfig:
@@ -113,19 +113,19 @@ def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device
         reason = torchrec_unavailable("engine.name 'torchrec'")
         if reason:  # the launcher says so first; a rank started by torchrun directly says it in one line too
             raise TrainingError(reason)
-        from freescale.trainer.torchrec_engine import TorchRecEngine
+        from freescale.trainer.engines.torchrec_engine import TorchRecEngine
 
         return TorchRecEngine(cfg, rank, world_size, device)
     if cfg.engine.balancer == "online":
-        from freescale.trainer.online import OnlineEngine, OnlinePECEngine
+        from freescale.trainer.engines.online import OnlineEngine, OnlinePECEngine
 
         online = OnlinePECEngine if overlap == "pec" else OnlineEngine
         return online(cfg, rank, world_size, device)
     if overlap == "pec":
-        from freescale.trainer.pec import PECEngine
+        from freescale.trainer.engines.pec import PECEngine
 
         return PECEngine(cfg, rank, world_size, device)
-    from freescale.trainer.engine import FreeScaleEngine
+    from freescale.trainer.engines.engine import FreeScaleEngine
 
     return FreeScaleEngine(cfg, rank, world_size, device)
 
@@ -639,7 +639,7 @@ def release_process_groups() -> None:
     TorchRec rank aborted there after its run had finished ("terminate called without an active
     exception", about 1 bench_pec run in 12). With the cycles collected first, the last reference
     goes with the registry's and the group is destroyed inside ``destroy_process_group``
-    (``tests/test_rank_exit.py`` checks that no gloo thread reaches interpreter exit).
+    (``tests/trainer/test_rank_exit.py`` checks that no gloo thread reaches interpreter exit).
     """
     gc.collect()
     dist.destroy_process_group()

@@ -50,7 +50,7 @@ from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.dataset.samples import CollateConfig, CollateFn, default_collate
 
 OUTPUTS = ("samples", "batch", "kjt")
-TRAINER_COLLATE = ("freescale.trainer.data", "collate")  # output "batch": the FreeScale trainer's collation
+TRAINER_COLLATE = ("freescale.trainer.data.batches", "collate")  # output "batch": the FreeScale trainer's collation
 
 
 @dataclass

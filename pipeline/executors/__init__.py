@@ -14,7 +14,7 @@ marker yet and hands them to an executor. Two executors implement ``Executor``:
   runtime is up (a runtime started for the job: it runs the first calls while that starts).
 
 The output depends only on the calls, never on where or in which order they ran: both executors write
-byte-identical datasets (``tests/test_prepare_ray.py``).
+byte-identical datasets (``tests/pipeline/test_prepare_ray.py``).
 """
 
 from __future__ import annotations

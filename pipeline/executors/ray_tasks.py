@@ -54,7 +54,7 @@ from freescale.pipeline.memory import RaySizing, ray_sizing
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 TASK_RETRIES = 3  # attempts after a worker died (node lost, OOM-killed, SIGKILL)
 FORWARDED_ENV_PREFIXES = ("AWS_", "S3_ENDPOINT_URL", "FREESCALE_")
-# Fault injection for the retry tests (tests/test_prepare_ray.py): "<step function>:<marker path>".
+# Fault injection for the retry tests (tests/pipeline/test_prepare_ray.py): "<step function>:<marker path>".
 # The first task of that step to create the marker SIGKILLs its own worker process; Ray retries it.
 KILL_ONCE_ENV = "FREESCALE_KILL_TASK_ONCE"
 # Profiling: a file to which the driver appends one JSON line per finished task (step, node, seconds,

@@ -9,7 +9,7 @@ the writer only hands finished byte strings to ``MDSWriter.write``.
 An encoded sample is, for the columns in sorted name order (MDSWriter's order):
 ``uint32 size of each variable-size column`` then each column's datum, where a 1-D ``ndarray:<dtype>``
 datum is ``[ndim << 2 | shape-dtype code: 1 byte][length: smallest unsigned dtype][raw values]``
-and a scalar (``int64``, ``int32``, ``float64``) is its raw native bytes. ``tests/test_writer.py``
+and a scalar (``int64``, ``int32``, ``float64``) is its raw native bytes. ``tests/pipeline/steps/test_writer.py``
 checks the result against ``MDSWriter.encode_sample`` byte for byte.
 """
 

@@ -7,7 +7,7 @@ put a started runtime at ~3 GB against a 2 GB ``--memory-limit``). The write ste
 shard framing, a hash and a JSON index, so this module writes them itself.
 
 The bytes are ``MDSWriter``'s (``columns``, ``hashes``, ``size_limit``, no compression), file for
-file: ``tests/test_writer.py`` writes the same samples with both and compares every file, and reads
+file: ``tests/pipeline/steps/test_writer.py`` writes the same samples with both and compares every file, and reads
 ours back with ``StreamingDataset``. A shard is
 
     uint32 sample count | uint32 offsets (count + 1, from the file start) | config JSON | samples

@@ -1,0 +1,1 @@
+"""From prepared micro-batches to model-ready jagged batches."""

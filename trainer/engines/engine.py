@@ -1,0 +1,326 @@
+"""The FreeScale engine: one training step as seven explicit, separately timed stages.
+
+    input_dist → embedding_lookup → embedding_comm → forward → backward → gradient_comm
+    → sparse_update → dense_update
+
+Each stage is a method-sized piece so the next issues can move them: prioritized embedding
+communication (docs/design.md#pec) splits ``input_dist``/``embedding_comm`` into overlapped and non-overlapped
+ids and defers part of ``sparse_update``; the online balancer inserts dispatch/combine after
+``embedding_comm`` and before ``gradient_comm``. Every all-to-all goes through one transport
+(``comm.TimedTransport``, ``engine.transport``): torch.distributed collectives or SM-free copy engines.
+
+``Engine`` declares what the runner calls; the FreeScale, PEC and TorchRec engines implement it.
+
+Dense parameters are data parallel with DDP semantics (identical initial weights broadcast from
+rank 0, gradients averaged over ranks before the update), but the all-reduce is an explicit stage —
+one flat buffer after backward — instead of DDP's hooks inside backward, so it can be timed and
+reordered. Embedding gradients are *summed* over ranks (each rank's loss is a mean over its own
+positions), which is what TorchRec does; the single-process reference in the tests replays exactly
+this rule.
+
+Non-finite steps: a NaN or inf loss or gradient on any rank must not reach a parameter or optimizer
+state. Each rank's verdict rides in the dense all-reduce as one extra element (no extra collective),
+so every rank learns the same answer at the same point and all of them skip the sparse and dense
+updates together (``self.nonfinite``); the runner then stops the run or counts a skip
+(``engine.max_nonfinite_skips``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from freescale.pipeline.dataset.kjt import ENGINE_KEYS
+from freescale.trainer.checkpoint import FreeScaleCheckpointer
+from freescale.trainer.config import RunConfig
+from freescale.trainer.data.batches import Batch
+from freescale.trainer.engines.comm import TimedHandle, TimedTransport, build_transport
+from freescale.trainer.engines.sharded import DistContext, JaggedIds, PendingInputDist, RowWiseShardedTables, TableSpec
+from freescale.trainer.engines.sparse_optim import make_dense_optimizer
+from freescale.trainer.metrics.instrument import StepTimer
+from freescale.trainer.model.transducer import SequentialTransducer, sampled_softmax_loss
+
+
+class Checkpointer(Protocol):
+    """Saves and restores an engine's whole training state (``checkpoint.py``, ``torchrec_engine.py``)."""
+
+    def save(self, root: str, step: int) -> str: ...
+
+    def load(self, path: str) -> int: ...
+
+
+class Engine(Protocol):
+    """What the runner (and evaluation) call on an engine; every method is collective across ranks."""
+
+    name: str  # engine.name
+    transport: str  # what moves the all-to-alls' bytes: torch | copy_engine | torchrec
+    timer: StepTimer
+
+    def step(self, batches: Iterator[Batch]) -> None:
+        """Read this rank's next micro-batch from ``batches`` and train on it (one step)."""
+
+    def describe(self) -> str:
+        """One line naming how the step communicates (run summary, plots)."""
+
+    def checkpointer(self) -> Checkpointer:
+        """The object that saves and restores this engine's state."""
+
+    def settle(self) -> None:
+        """Apply every pending (deferred) update, so tables are final for evaluation or a checkpoint."""
+
+    def finish_training(self) -> None:
+        """End of training: finish the work in flight (a read-ahead routing, deferred updates,
+        background threads). Evaluation still runs afterwards; idempotent."""
+
+    def close(self) -> None:
+        """Release the transport and its buffers (collective); the engine's last call."""
+
+    def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Evaluation: each sample's query, its target's row and target id (no update)."""
+
+    def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
+        """Evaluation: rows of arbitrary item ids (sampled candidates)."""
+
+    def local_item_rows(self) -> tuple[int, torch.Tensor]:
+        """Evaluation: (first global row, rows) of this rank's item-table shard."""
+
+
+def table_specs(cfg: RunConfig) -> list[TableSpec]:
+    """The item table (history, targets and negatives read it) and the action table."""
+    d = cfg.model.d_model
+    return [
+        TableSpec("item", cfg.model_extra.num_items, d, ("item", "neg")),
+        TableSpec("action", cfg.model_extra.num_actions, d, ("action",)),
+    ]
+
+
+def batch_features(batch: Batch) -> JaggedIds:
+    """The batch's sparse features, keyed like the TorchRec ``KeyedJaggedTensor`` of ``kjt.py``."""
+    values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids])
+    return JaggedIds(
+        list(ENGINE_KEYS), values, [batch.item_ids.numel(), batch.action_ids.numel(), batch.negative_ids.numel()]
+    )
+
+
+def batch_loss(
+    model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor], temperature: float
+) -> torch.Tensor:
+    """Autoregressive sampled-softmax loss of one micro-batch given its features' embedding rows."""
+    items, actions = rows["item"], rows["action"]
+    inputs = batch.input_index
+    outputs = model(items[inputs], actions[inputs], batch.layout, *batch.attention_times())
+    targets = batch.target_index
+    return sampled_softmax_loss(
+        outputs, items[targets], rows["neg"], batch.item_ids[targets], batch.negative_ids, temperature
+    )
+
+
+def batch_queries(
+    model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sample's query (output at its last input), its target's row and target id (evaluation)."""
+    items, actions = rows["item"], rows["action"]
+    inputs = batch.input_index
+    outputs = model(items[inputs], actions[inputs], batch.layout, *batch.attention_times())
+    last = batch.last_input_rows()
+    target_rows = batch.target_index[last]
+    return outputs[last], items[target_rows], batch.item_ids[target_rows]
+
+
+def has_nonfinite(loss: torch.Tensor, grads: list[torch.Tensor | None]) -> bool:
+    """Whether this rank's loss or any of its embedding-row gradients is NaN or infinite."""
+    if not bool(torch.isfinite(loss.detach()).all()):
+        return True
+    return any(g is not None and not bool(torch.isfinite(g).all()) for g in grads)
+
+
+def broadcast_parameters(module: torch.nn.Module) -> None:
+    """Rank 0's initial dense weights everywhere (what DDP does at construction)."""
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+class FreeScaleEngine:
+    """Row-wise sharded tables + data-parallel dense model, every step stage explicit."""
+
+    name = "freescale"
+
+    def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.timer = StepTimer(rank, device, cfg.engine.instrument)
+        self.comm = build_transport(cfg.engine.transport, self.timer, device)
+        self.transport = self.comm.kind
+        torch.manual_seed(cfg.engine.seed)
+        self.model = SequentialTransducer(cfg.model, cfg.model_extra).to(device)
+        broadcast_parameters(self.model)
+        self.tables = RowWiseShardedTables(
+            table_specs(cfg), rank, world_size, device, cfg.engine.seed, cfg.optimizer, self.comm
+        )
+        self.dense_optimizer = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
+        self.nonfinite = False  # the last step had a NaN/inf loss or gradient on some rank: nothing was updated
+        self._routing: tuple[Batch, PendingInputDist] | None = None  # next micro-batch, its routing in flight
+
+    # the step ----------------------------------------------------------------------------------
+    def step(self, batches: Iterator[Batch]) -> None:
+        """Read this rank's next micro-batch (the ``data`` stage) and train on it.
+
+        TorchRec's pipeline schedule (``TrainPipelineSparseDist``), where the transport allows two
+        exchanges in flight: the following micro-batch is read now, its ids counts all-to-all runs
+        during this step's forward and backward and its ids all-to-all during this step's gradient
+        communication, so the next step starts with its routing done. Routing is pure bookkeeping
+        of ids: the math is the synchronous step's, bit for bit.
+        """
+        with self.timer.stage("data", "data"):
+            if self._routing is None:
+                batch, pending = next(batches).to(self.device), None
+            else:
+                (batch, pending), self._routing = self._routing, None
+            following = next(batches, None) if self.comm.concurrent else None
+            following = following.to(self.device) if following is not None else None
+        self.train_step(batch, pending, following)
+
+    def describe(self) -> str:
+        return "row-wise sharded tables, explicit all-to-alls, flat dense all-reduce"
+
+    def checkpointer(self) -> FreeScaleCheckpointer:
+        return FreeScaleCheckpointer(self)
+
+    def train_step(
+        self, batch: Batch, pending: PendingInputDist | None = None, following: Batch | None = None
+    ) -> float:
+        """One step on this rank's micro-batch (already on the device); returns the local loss.
+
+        ``pending``: this batch's input distribution, started during the previous step; ``following``:
+        the next micro-batch, whose input distribution this step starts (see ``step``).
+        """
+        stage = self.timer.stage
+        with stage("input_dist", "comm"):
+            ctx = (pending or self.start_routing(batch)).finish()
+        with stage("embedding_lookup", "compute"):
+            owned_rows = self.tables.lookup(ctx)
+        with stage("embedding_comm", "comm"):
+            unique_rows = self.tables.output_dist(ctx, owned_rows)
+        if following is not None:
+            with stage("input_dist", "comm"):
+                ahead = self.start_routing(following)
+            self._routing = (following, ahead)
+        loss, unique_grads = self.forward_backward(batch, ctx, unique_rows)
+        local_bad = has_nonfinite(loss, unique_grads)
+        with stage("gradient_comm", "comm"):
+            if following is not None:
+                ahead.route()
+            in_flight = self.tables.start_grad_dist(ctx, unique_grads)
+            reduced = self._start_dense_all_reduce(local_bad)
+            owner_grads = in_flight.wait()
+            self._finish_dense_all_reduce(*reduced)
+        if self.nonfinite:
+            self.dense_optimizer.zero_grad(set_to_none=True)
+            return self.finish_record(batch, loss)
+        with stage("sparse_update", "compute"):
+            self.tables.sparse_update(ctx, owner_grads)
+        with stage("dense_update", "compute"):
+            self.dense_update()
+        return self.finish_record(batch, loss)
+
+    def start_routing(self, batch: Batch, comm: TimedTransport | None = None) -> PendingInputDist:
+        """Start ``batch``'s input distribution (on ``comm``, default the engine's transport), with
+        the note ``routing_note`` gives riding along."""
+        return self.tables.start_input_dist(batch_features(batch), comm, self.routing_note(batch))
+
+    def routing_note(self, batch: Batch) -> torch.Tensor | None:
+        """What every rank should learn about ``batch`` with its routing (the online balancer's lengths)."""
+        return None
+
+    def forward_backward(
+        self, batch: Batch, ctx: DistContext, unique_rows: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The ``forward`` and ``backward`` stages; returns the loss and each unique row's gradient."""
+        self.model.train()
+        leaves = [rows.requires_grad_() for rows in unique_rows]
+        with self.timer.stage("forward", "compute"):
+            rows = self.tables.feature_rows(ctx, leaves)
+            loss = batch_loss(self.model, batch, rows, self.cfg.model_extra.temperature)
+        with self.timer.stage("backward", "compute"):
+            loss.backward()
+        return loss, [leaf.grad for leaf in leaves]
+
+    def dense_update(self) -> None:
+        self.dense_optimizer.step()
+        self.dense_optimizer.zero_grad(set_to_none=True)
+
+    def finish_record(self, batch: Batch, loss: torch.Tensor) -> float:
+        """Put the step's loss and sizes in the timer's record; returns the loss."""
+        value = float(loss.detach())
+        if self.timer.current is not None:
+            record = self.timer.current
+            record.loss, record.samples, record.positions = value, batch.num_samples, batch.num_positions
+            record.cost = batch.cost
+            if self.nonfinite:
+                record.extra["nonfinite"] = 1.0
+        return value
+
+    def settle(self) -> None:
+        """Apply every pending update (synchronous engine: none are ever pending)."""
+
+    def finish_training(self) -> None:
+        """Finish a routing still in flight (the read-ahead of a batch that will not be trained)."""
+        if self._routing is not None:
+            self._routing[1].finish()
+            self._routing = None
+
+    def close(self) -> None:
+        """``finish_training``, then release the transport (collective for copy engines)."""
+        self.finish_training()
+        self.comm.close()
+
+    def _all_reduce_dense_grads(self, local_bad: bool = False) -> None:
+        """Average dense gradients over ranks in one flat buffer (missing grads count as zero).
+
+        The last element carries this rank's non-finite verdict; afterwards every rank sets the same
+        ``self.nonfinite`` (some rank said so, or a summed dense gradient is NaN/inf).
+        """
+        self._finish_dense_all_reduce(*self._start_dense_all_reduce(local_bad))
+
+    def _start_dense_all_reduce(self, local_bad: bool) -> tuple[TimedHandle, list[torch.nn.Parameter]]:
+        params = list(self.model.parameters())
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        verdict = torch.tensor([1.0 if local_bad else 0.0], dtype=grads[0].dtype, device=grads[0].device)
+        flat = torch.cat([*grads, verdict])
+        return self.comm.start_all_reduce("gradient_comm.dense", flat), params
+
+    def _finish_dense_all_reduce(self, handle: TimedHandle, params: list[torch.nn.Parameter]) -> None:
+        flat = handle.wait()
+        self.nonfinite = bool(flat[-1] > 0) or not bool(torch.isfinite(flat[:-1]).all())
+        flat = flat[:-1] / self.world_size
+        offset = 0
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    # evaluation hooks (collective: every rank calls them the same number of times) ---------------
+    @torch.no_grad()
+    def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, target rows and target ids of ``batch`` (no timing, no update)."""
+        self.settle()
+        batch = batch.to(self.device)
+        self.model.eval()
+        ctx = self.tables.input_dist(batch_features(batch))
+        unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
+        return batch_queries(self.model, batch, self.tables.feature_rows(ctx, unique_rows))
+
+    @torch.no_grad()
+    def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of arbitrary item ids through the sharded lookup (sampled evaluation)."""
+        self.settle()
+        features = JaggedIds(["item"], ids.to(self.device), [ids.numel()])
+        ctx = self.tables.input_dist(features)
+        unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
+        return self.tables.feature_rows(ctx, unique_rows)["item"]
+
+    def local_item_rows(self) -> tuple[int, torch.Tensor]:
+        """(first global row, rows) of this rank's item-table shard (full-catalogue ranking)."""
+        self.settle()
+        return self.tables.bounds[0][0], self.tables.weights[0]

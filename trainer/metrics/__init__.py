@@ -1,0 +1,1 @@
+"""Step timings, bubble analysis and Chrome traces of a training run."""

@@ -1,0 +1,1 @@
+"""The dense model (HSTU / SASRec sequential transducer) and its loss."""

@@ -1,0 +1,1 @@
+"""The bubble simulator, its hardware profiles and the cost-model calibration (never imported by training)."""
