@@ -51,7 +51,8 @@ MIN_PART_S = 10.0  # a part with less time left than this is skipped, not starte
 BENCHES = ("bench_hstu_attention", "bench_dispatch", "bench_sm_contention")
 SMOKE_IMPORTS = (  # what the parts import beyond the image: a missing wheel fails here, in one place
     "freescale.trainer.runner, freescale.trainer.engines.pec, freescale.pipeline.prepare, "
-    "freescale.pipeline.dataset.loader, freescale.kernels, freescale.datasets.synthetic, polars, torchdata.stateful_dataloader"
+    "freescale.pipeline.dataset.loader, freescale.kernels, freescale.datasets.synthetic, polars, "
+    "torchdata.stateful_dataloader"
 )
 
 

@@ -42,7 +42,7 @@ from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import collate, eval_samples, split_query
-from freescale.trainer.engines.engine import Engine
+from freescale.trainer.engines.registry import make_engine
 from freescale.trainer.errors import TrainingError
 from freescale.trainer.eval.evaluate import evaluate
 from freescale.trainer.eval.protocol import BestTracker, IdTables, resolve_tables, sized_config
@@ -102,32 +102,6 @@ def resolve_overlap(cfg: RunConfig, device: torch.device) -> str:
     vote = torch.tensor([1 if mine == "pec" else 0], device=device)
     dist.all_reduce(vote, op=dist.ReduceOp.MIN)
     return "pec" if int(vote.item()) else "none"
-
-
-def make_engine(cfg: RunConfig, rank: int, world_size: int, device: torch.device, overlap: str) -> Engine:
-    """The engine ``engine.name`` (and the resolved ``engine.overlap``) selects; TorchRec is imported only
-    for ``torchrec``."""
-    if cfg.engine.name == "torchrec":
-        from freescale.optional import torchrec_unavailable
-
-        reason = torchrec_unavailable("engine.name 'torchrec'")
-        if reason:  # the launcher says so first; a rank started by torchrun directly says it in one line too
-            raise TrainingError(reason)
-        from freescale.trainer.engines.torchrec_engine import TorchRecEngine
-
-        return TorchRecEngine(cfg, rank, world_size, device)
-    if cfg.engine.balancer == "online":
-        from freescale.trainer.engines.online import OnlineEngine, OnlinePECEngine
-
-        online = OnlinePECEngine if overlap == "pec" else OnlineEngine
-        return online(cfg, rank, world_size, device)
-    if overlap == "pec":
-        from freescale.trainer.engines.pec import PECEngine
-
-        return PECEngine(cfg, rank, world_size, device)
-    from freescale.trainer.engines.engine import FreeScaleEngine
-
-    return FreeScaleEngine(cfg, rank, world_size, device)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:

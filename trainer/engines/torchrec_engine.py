@@ -24,7 +24,7 @@ which includes the sharded lookup and embedding all-to-all waits), ``backward``,
 (optimizer step), and ``pipeline`` (everything else inside ``progress``: input-dist launches, batch
 bookkeeping); waits inside any stage are split out as comm/idle by ``bubbles.analyze``.
 
-This module imports TorchRec at the top: ``runner.make_engine`` imports it only for
+This module imports TorchRec at the top: ``engines.registry.make_engine`` imports it only for
 ``engine.name = "torchrec"``, so the FreeScale engine never needs TorchRec or fbgemm.
 """
 
