@@ -17,7 +17,7 @@ PACKAGES = {"freescale": 0, "kernels": 1, "datasets": 1, "pipeline": 2, "trainer
 
 # trainer/ layer of a module: its folder, or for modules at the top of trainer/ "base" or "top".
 TRAINER_BASE = {"config", "errors", "checkpoint", "checkpoint_dirs", "checkpoint_record", "run_dir", "rendezvous",
-                "lifetime"}  # fmt: skip
+                "lifetime", "cpus", "peers"}  # fmt: skip
 TRAINER_LAYERS = {
     "base": {"base"},
     "data": {"base", "data"},

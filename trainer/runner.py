@@ -17,12 +17,10 @@ followed by a barrier so rank 0's log writing is not charged to the next step as
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -41,6 +39,7 @@ from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
 from freescale.trainer.config import RunConfig
+from freescale.trainer.cpus import cores_per_rank, pin_to_cpus
 from freescale.trainer.data.batches import collate, eval_samples, split_query
 from freescale.trainer.engines.registry import make_engine
 from freescale.trainer.errors import TrainingError
@@ -49,6 +48,7 @@ from freescale.trainer.eval.protocol import BestTracker, IdTables, resolve_table
 from freescale.trainer.metrics import bubbles
 from freescale.trainer.metrics.instrument import StepRecord, clock_offsets, gather_records
 from freescale.trainer.metrics.trace import plot_timeline, write_trace
+from freescale.trainer.peers import end_stopped_peers
 
 
 def collate_config(cfg: RunConfig, tables: IdTables | None = None, window_stride: int = 0) -> CollateConfig:
@@ -86,12 +86,6 @@ def overlap_choice(requested: str, device_type: str, cores_per_rank: int, thread
     if requested != "auto":
         return requested
     return "pec" if device_type == "cuda" or cores_per_rank > threads else "none"
-
-
-def cores_per_rank(pinned: bool) -> int:
-    """CPUs this rank can run on: its own slice when pinned, else a share of the host's with the local ranks."""
-    cpus = len(os.sched_getaffinity(0))
-    return cpus if pinned else max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def resolve_overlap(cfg: RunConfig, device: torch.device) -> str:
@@ -549,19 +543,6 @@ def use_deterministic(enabled: bool) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-def pin_to_cpus(local_rank: int, local_world_size: int) -> list[int]:
-    """Give each rank of this host its own slice of the allowed CPUs (threads started later inherit it).
-
-    Why: ranks that migrate between cores, or share one, finish identical work at different times;
-    on a small CPU host that jitter is most of the straggling left after balancing.
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cpus) // max(1, local_world_size))
-    mine = cpus[local_rank * share : (local_rank + 1) * share] or cpus
-    os.sched_setaffinity(0, mine)
-    return mine
-
-
 def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, Any] | None:
     """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*);
     with ``evaluate_checkpoint`` the rank scores that checkpoint instead of training."""
@@ -618,26 +599,3 @@ def release_process_groups() -> None:
     gc.collect()
     dist.destroy_process_group()
     gc.collect()  # anything that held a group only through the registry's cycles
-
-
-def process_state(pid: int) -> str:
-    """The state letter of ``/proc/<pid>/stat`` ('R', 'S', 'T' stopped, ...), '' when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def end_stopped_peers(pids: list[tuple[str, int]]) -> list[str]:
-    """Ranks of this host whose process is stopped (SIGSTOP, a debugger): named, then killed.
-
-    Why kill: torchrun ends the other ranks with SIGTERM and waits 30 s for them, and a stopped
-    process never handles SIGTERM; these are this job's own rank processes, and the job is ending.
-    """
-    host, named = socket.gethostname(), []
-    for rank, (rank_host, pid) in enumerate(pids):
-        if rank_host == host and pid != os.getpid() and process_state(pid) in ("T", "t"):
-            named.append(f"rank {rank} (pid {pid}, stopped)")
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-    return named

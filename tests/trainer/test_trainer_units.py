@@ -502,7 +502,7 @@ def test_torchrec_engine_close_waits_for_the_read_ahead_exchanges(monkeypatch: p
 def test_pin_to_cpus_gives_each_local_rank_its_own_cores() -> None:
     import os
 
-    from freescale.trainer.runner import pin_to_cpus
+    from freescale.trainer.cpus import pin_to_cpus
 
     allowed = os.sched_getaffinity(0)
     try:
