@@ -29,12 +29,6 @@ TRAINER_LAYERS = {
     "top": {"base", "data", "model", "metrics", "engines", "eval", "top"},
 }
 
-# Edges that exist today and are being removed; each must still exist (delete the entry when it goes).
-KNOWN_EXCEPTIONS = {
-    ("pipeline/loader.py", "freescale.trainer.data.batches"): "issue 32 item 1: the loader takes a collate_fn",
-    ("trainer/simulate/calibrate.py", "freescale.tools.cli"): "calibrate's `python -m` entry calls the CLI back",
-}
-
 
 def source_modules() -> list[Path]:
     """Every module of the installed packages."""
@@ -111,7 +105,7 @@ def violations() -> list[str]:
     for path in source_modules():
         me, rel = dotted(path), path.relative_to(REPO).as_posix()
         for line, target in imports(path):
-            why = None if (rel, target) in KNOWN_EXCEPTIONS else judge(me, target)
+            why = judge(me, target)
             if why:
                 found.append(f"{rel}:{line}: {me} imports {target} ({why})")
     return found
@@ -125,15 +119,6 @@ def test_every_trainer_folder_has_a_declared_layer() -> None:
 def test_no_module_imports_a_layer_above_it() -> None:
     found = violations()
     assert not found, "imports against the layering:\n" + "\n".join(found)
-
-
-def test_known_exceptions_still_exist() -> None:
-    stale = [
-        f"{path} no longer imports {target}: delete it from KNOWN_EXCEPTIONS"
-        for path, target in KNOWN_EXCEPTIONS
-        if not (REPO / path).exists() or target not in {name for _, name in imports(REPO / path)}
-    ]
-    assert not stale, "\n".join(stale)
 
 
 def test_the_rules_catch_upward_imports() -> None:

@@ -174,7 +174,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    from freescale.trainer.calibrate_options import HELP, add_arguments
+    from freescale.trainer.simulate.calibrate_options import HELP, add_arguments
 
     add_arguments(sub.add_parser("calibrate", help=HELP))
 
