@@ -80,7 +80,7 @@ def test_bad_typed_values_name_the_key(item: str, needle: str) -> None:
 def test_every_command_uses_this_parser() -> None:
     from freescale.tools.cli import generator_overrides
     from freescale.trainer import config
-    from freescale.trainer.simulate.simulator import sim_report
+    from freescale.trainer.simulate import sim_report
 
     assert config.apply_overrides is apply_overrides and sim_report.apply_overrides is apply_overrides
     assert generator_overrides(["n_users=10", "sessions=true", "zipf=1.3"]) == {
