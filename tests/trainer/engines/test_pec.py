@@ -5,7 +5,7 @@ and requires per-step losses and every piece of training state (table shards, ro
 state, dense weights and Adam moments) to be *bitwise* equal: PEC changes when rows are written,
 never the arithmetic. Batches come from ``overlap_batches`` with an exact ``batch_overlap_rate``.
 The end-to-end run through ``freescale train`` (checkpoint + resume under PEC) is in
-test_trainer_dist.py; the CLI comparison with ``--set engine.overlap=none`` is further down. At the
+test_dist.py; the CLI comparison with ``--set engine.overlap=none`` is further down. At the
 bottom, unit tests of ``PECEngine`` itself on a gloo world of one (in this process, not marked slow).
 """
 
