@@ -213,7 +213,7 @@ def _clean_signed_ints(arr: pa.Array) -> np.ndarray | None:
 
     Typed id and epoch columns (Parquet, Arrow, JSON numbers) are nearly always this: every value is
     an exact integer, so ``parse_numbers``' masks and float copy (a dozen passes over the column, a
-    tenth of a Parquet scan) decide nothing. ``tests/datasets/test_datasets_fastpaths.py`` checks the results
+    tenth of a Parquet scan) decide nothing. ``tests/datasets/test_fastpaths.py`` checks the results
     against the general path.
     """
     if arr.null_count or not pa.types.is_signed_integer(arr.type):

@@ -14,8 +14,8 @@ What it does, in order, re-scanning the tree every time it runs (so it can be re
 2. Tests: ``HELPER_MOVES`` put non-test helpers into ``tests/helpers/`` (they stay importable by their bare
    module name: ``pythonpath`` in pyproject.toml names ``tests/helpers``); every ``tests/test_*.py`` at the
    top of ``tests/`` goes to the folder that mirrors its module (``TEST_PLACES`` first, then the rule
-   "``test_<module>[_<anything>].py`` goes to ``tests/<folder of module>/``"). Files the rule cannot place
-   stay where they are and are listed.
+   "``test_<module>[_<anything>].py`` goes to ``tests/<folder of module>/``"; ``TEST_RENAMES`` then drops a
+   name's repetition of its folder). Files the rule cannot place stay where they are and are listed.
 3. Rewrites, in every tracked or unignored text file (``benchmarks/results/`` is a record and is left alone):
    dotted module names (``freescale.trainer.engine`` in imports, ``-m`` runs, ``"module:func"`` strings,
    docs), ``from freescale.trainer import engine`` forms, relative imports of moved modules, repository
@@ -142,6 +142,29 @@ TEST_PLACES = {
 # ``test_<prefix>_...`` names a folder rather than a module.
 TEST_PREFIXES = {"bench": "tests/benchmarks"}
 
+# Mirrored test files whose name repeated their folder (``tests/kernels/test_kernels_dispatch.py``): renamed
+# after the module alone, both when a top-level test is placed and when the old mirrored name is found.
+TEST_RENAMES = {
+    "tests/datasets/test_datasets_fastpaths.py": "tests/datasets/test_fastpaths.py",
+    "tests/datasets/test_datasets_sampling.py": "tests/datasets/test_sampling.py",
+    "tests/datasets/test_datasets_sessions.py": "tests/datasets/test_sessions.py",
+    "tests/datasets/test_datasets_sources.py": "tests/datasets/test_sources.py",
+    "tests/datasets/test_datasets_synthetic.py": "tests/datasets/test_synthetic.py",
+    "tests/kernels/test_kernels_autograd.py": "tests/kernels/test_autograd.py",
+    "tests/kernels/test_kernels_dispatch.py": "tests/kernels/test_dispatch.py",
+    "tests/kernels/test_kernels_dispatch_gpu.py": "tests/kernels/test_dispatch_gpu.py",
+    "tests/kernels/test_kernels_hstu_attention.py": "tests/kernels/test_hstu_attention.py",
+    "tests/kernels/test_kernels_hstu_attention_gpu.py": "tests/kernels/test_hstu_attention_gpu.py",
+    "tests/pipeline/balance/test_balance_algos.py": "tests/pipeline/balance/test_algos.py",
+    "tests/pipeline/balance/test_balance_windows.py": "tests/pipeline/balance/test_windows.py",
+    "tests/pipeline/dataset/test_dataset_manifest.py": "tests/pipeline/dataset/test_manifest.py",
+    "tests/pipeline/stats/test_stats_figures.py": "tests/pipeline/stats/test_figures.py",
+    "tests/trainer/model/test_model_attention.py": "tests/trainer/model/test_attention.py",
+    "tests/trainer/test_trainer_dist.py": "tests/trainer/test_dist.py",
+    "tests/trainer/test_trainer_faults.py": "tests/trainer/test_faults.py",
+    "tests/trainer/test_trainer_runs.py": "tests/trainer/test_runs.py",
+}
+
 # Exact replacements the generic rules cannot express: (file, old, new). Applied when ``old`` is present.
 FIXUPS: list[tuple[str, str, str]] = [
     (
@@ -155,6 +178,9 @@ FIXUPS: list[tuple[str, str, str]] = [
         'sys.path.insert(0, str(REPO / "tests"))',
         'sys.path.insert(0, str(REPO / "tests" / "helpers"))',
     ),
+    # a replay on a tree whose source tests still import the renamed module by bare name
+    ("tests/datasets/test_fastpaths.py", "from test_datasets_sources import", "from test_sources import"),
+    ("tests/datasets/test_sampling.py", "from test_datasets_sources import", "from test_sources import"),
 ]
 
 SKIP_PREFIXES = ("benchmarks/results/", ".venv/", "scripts/restructure.py")  # records, and this table
@@ -291,8 +317,13 @@ def plan_tests(root: Path, files: list[str], report: Report, taken: set[str]) ->
         if folder is None:
             report.unplaced_tests.append(f"{f}: {why}")
         elif folder != "tests":
-            moves.append(plan_move(root, f, f"{folder}/{name}", taken))
+            target = f"{folder}/{name}"
+            moves.append(plan_move(root, f, TEST_RENAMES.get(target, target), taken))
             moves[-1].reason = why
+    for old, new in TEST_RENAMES.items():
+        if old in files:
+            moves.append(plan_move(root, old, new, taken))
+            moves[-1].reason = "TEST_RENAMES"
     return moves
 
 

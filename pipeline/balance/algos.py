@@ -67,7 +67,7 @@ def _lpt_free_row(x: list[float], g: int) -> list[int]:
     Why: the trainer's online balancer places one small step (tens of samples) per training step,
     where ``_lpt``'s ~20 numpy calls per batch cost ~0.5 ms; this runs the identical rule (free bins
     sorted by (load, index); the next items take bins 0, 1, … of that order while every bin served
-    stays at or above the next one) in ~20 µs. tests/pipeline/balance/test_balance_algos.py checks it equals ``_lpt``.
+    stays at or above the next one) in ~20 µs. tests/pipeline/balance/test_algos.py checks it equals ``_lpt``.
     """
     loads, bins, nxt, n = [0.0] * g, [0] * len(x), 0, len(x)
     while nxt < n:

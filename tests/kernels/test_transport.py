@@ -90,7 +90,7 @@ def _check_round_trip(transport: TorchDistTransport, rank: int, world: int) -> N
                        torch.randn(n, 3, generator=gen), torch.arange(n) + 1000 * rank)  # fmt: skip
     dest = torch.randint(0, world, (n,), generator=gen)
     # kernel="naive" is plain PyTorch: the custom ops' first call imports torch._dynamo (~7 s per
-    # process on this host); all kernels produce the same layout (tests/kernels/test_kernels_dispatch.py)
+    # process on this host); all kernels produce the same layout (tests/kernels/test_dispatch.py)
     res = dispatch_jagged(batch, dest, world, kernel="naive")
     plan, buf = res.plan, res.buffer
     got_vals = transport.start(buf.values, plan.value_counts)

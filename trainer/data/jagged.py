@@ -137,7 +137,7 @@ def build_layout(lengths: torch.Tensor, ratio: float = 1.25, overhead: float = G
     Built with numpy and wrapped with ``torch.from_numpy``: it runs once per micro-batch in the
     loader's worker, which shares the rank's core (``engine.pin_cpus``), and a numpy call on arrays
     this small costs a fraction of a torch op's dispatch (a bench_bubbles micro-batch: 0.52 -> 0.27 ms
-    warm on the 2-core host). Same tensors bit for bit: ``tests/trainer/test_trainer_units.py`` compares them
+    warm on the 2-core host). Same tensors bit for bit: ``tests/trainer/data/test_jagged.py`` compares them
     with the torch construction (``tests/helpers/collate_reference.py``).
     """
     lengths = lengths.to(torch.int64).cpu()

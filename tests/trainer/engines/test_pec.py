@@ -5,21 +5,33 @@ and requires per-step losses and every piece of training state (table shards, ro
 state, dense weights and Adam moments) to be *bitwise* equal: PEC changes when rows are written,
 never the arithmetic. Batches come from ``overlap_batches`` with an exact ``batch_overlap_rate``.
 The end-to-end run through ``freescale train`` (checkpoint + resume under PEC) is in
-test_trainer_dist.py; the CLI comparison with ``--set engine.overlap=none`` is at the bottom here.
+test_dist.py; the CLI comparison with ``--set engine.overlap=none`` is further down. At the
+bottom, unit tests of ``PECEngine`` itself on a gloo world of one (in this process, not marked slow).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from pec_check import OverlapCase, RankPool, global_id_sets, mismatches
+from pec_check import (
+    OverlapCase,
+    RankPool,
+    global_id_sets,
+    mismatches,
+    overlap_batches,
+    train_case,
+    training_state,
+)
 from train_cli import losses, prepare_tiny, run_toml, train
 
-pytestmark = pytest.mark.slow
+from freescale.trainer.engines.pec import MAX_RANKS, PECEngine
+from freescale.trainer.runner import make_engine, step_seed
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +53,7 @@ def assert_exact(results: list[dict]) -> None:
     assert not problems, "\n".join(problems[:10])
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     overlap=st.floats(0.0, 1.0),
@@ -71,6 +84,7 @@ def test_pec_equals_synchronous_for_any_overlap_and_shape(
     assert_exact(pool2.run(case))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_pec_equals_synchronous_over_fifty_steps(world_size: int, pool2, pool4) -> None:
     pool = pool2 if world_size == 2 else pool4
@@ -80,6 +94,7 @@ def test_pec_equals_synchronous_over_fifty_steps(world_size: int, pool2, pool4) 
     assert len(results[0]["pec"]["losses"]) == 50
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "changes"),
     [
@@ -98,6 +113,7 @@ def test_edge_cases_stay_exact(pool2, name: str, changes: dict) -> None:
     assert_exact(pool2.run(case))
 
 
+@pytest.mark.slow
 def test_instrumentation_measures_the_planted_overlap_rate(pool2) -> None:
     case = OverlapCase(steps=6, overlap=0.25, ids_per_rank=20, seed=5)
     results = pool2.run(case, overlaps=("pec",))
@@ -112,6 +128,7 @@ def test_instrumentation_measures_the_planted_overlap_rate(pool2) -> None:
     assert "next_unique.item" not in results[0]["pec"]["extras"][-1]  # no batch after the last one
 
 
+@pytest.mark.slow
 def test_cli_runs_with_and_without_pec_learn_bitwise_the_same(tmp_path: Path) -> None:
     """``freescale train`` end to end: 2 ranks, 50 steps, ``engine.overlap=pec`` vs ``none``."""
     prepared = prepare_tiny(tmp_path, seed=4)
@@ -134,3 +151,63 @@ def test_cli_runs_with_and_without_pec_learn_bitwise_the_same(tmp_path: Path) ->
     assert 0.0 < pec_summary["batch_overlap_rate"]["item"] < 1.0
     assert "nol_hidden_pct" in pec_summary and "nol_hidden_pct" not in reports["none"][1]["summary"]["embedding_comm"]
     assert "prioritized" in reports["pec"][1]["pipeline"]
+
+
+# PECEngine itself, one rank in this process ----------------------------------------------------------
+
+
+def test_pec_refuses_more_ranks_than_its_reader_bitmask_holds() -> None:
+    cfg = OverlapCase(world_size=1).run_config("pec")
+    with pytest.raises(ValueError, match=rf"supports up to {MAX_RANKS} ranks; use 'none' for {MAX_RANKS + 1}"):
+        PECEngine(cfg, 0, MAX_RANKS + 1, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("overlap", "sparse"), [(0.0, "rowwise_adagrad"), (0.5, "adam"), (1.0, "rowwise_adagrad")])
+def test_pec_on_one_rank_trains_bitwise_like_the_synchronous_engine(
+    gloo_world_of_one, overlap: float, sparse: str
+) -> None:
+    """Prefetch, the hot one-hop update, the OL refresh and the deferred cold update on a single rank
+    (every row's owner and reader is this rank): losses and state bitwise the synchronous engine's."""
+    case = OverlapCase(world_size=1, steps=4, overlap=overlap, sparse=sparse, ids_per_rank=16, seed=3)
+    results = [{mode: train_case(case, mode, 0) for mode in ("none", "pec")}]
+    assert not mismatches(results), mismatches(results)[:5]
+    sets, extras = global_id_sets(case), results[0]["pec"]["extras"]
+    for step in range(case.steps - 1):
+        planted = len(set(sets[step]) & set(sets[step + 1]))
+        assert extras[step]["ol_unique.item"] == extras[step]["ol_unique.action"] == planted
+        assert extras[step]["next_unique.item"] == 16 and extras[step]["prefetch_comm_s"] >= 0
+    assert "next_unique.item" not in extras[-1]
+
+
+def test_settle_applies_the_deferred_cold_gradients(gloo_world_of_one) -> None:
+    """After one step with a batch prefetched, ``settle`` leaves the tables as the synchronous step's."""
+    case = OverlapCase(world_size=1, steps=2, overlap=0.5, ids_per_rank=16, seed=4)
+    synchronous = train_case(replace(case, steps=1), "none", 0)["state"]
+    engine = make_engine(case.run_config("pec"), 0, 1, torch.device("cpu"), "pec")
+    try:
+        torch.manual_seed(step_seed(case.seed, 0, 0))
+        engine.timer.begin_step(0)
+        engine.step(iter(overlap_batches(case, 0)))
+        engine.timer.end_step()
+        engine.timer.begin_step(1)
+        engine.settle()
+        engine.settle()  # nothing left to wait for
+        waits = [comm.name for comm in engine.timer.end_step().comms]
+        assert waits == ["gradient_comm.nol_wait"]
+        state = training_state(engine)
+    finally:
+        engine.close()
+    assert state.keys() == synchronous.keys()
+    assert [key for key in state if not torch.equal(state[key], synchronous[key])] == []
+
+
+def test_finish_training_stops_the_worker_once(gloo_world_of_one) -> None:
+    engine = make_engine(OverlapCase(world_size=1).run_config("pec"), 0, 1, torch.device("cpu"), "pec")
+    try:
+        assert engine.worker.submit(lambda: "alive").result(timeout=30) == "alive"
+        engine.finish_training()
+        engine.finish_training()  # idempotent (the runner calls it, then close does)
+        with pytest.raises(RuntimeError):
+            engine.worker.submit(lambda: "late")
+    finally:
+        engine.close()

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_datasets_sources import BAD_CSV, BAD_JSONL, one_source, read_all, reject_list
+from source_cases import BAD_CSV, BAD_JSONL, one_source, read_all, reject_list
 
 from freescale.datasets import jsonl
 from freescale.datasets.ids import selected

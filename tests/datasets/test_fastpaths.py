@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_datasets_sources import one_source, read_all, reject_list
+from source_cases import one_source, read_all, reject_list
 
 from freescale.datasets import ids
 from freescale.datasets.convert import parse_numbers

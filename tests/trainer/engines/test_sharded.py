@@ -1,0 +1,40 @@
+"""Sharded tables (trainer/engines/sharded.py): shards concatenate to the whole table, routing notes
+travel with the ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freescale.trainer.engines.sharded import append_notes, init_rows, shard_bounds, split_notes
+
+
+def test_table_shards_concatenate_to_the_whole_table() -> None:
+    rows, world = 10_000, 3
+    whole = init_rows(7, 1, rows, 0, rows, 4)
+    pieces = [init_rows(7, 1, rows, *shard_bounds(rows, world, r), 4) for r in range(world)]
+    assert torch.equal(torch.cat(pieces), whole)
+    assert shard_bounds(rows, world, 2) == (6668, 10_000)
+    assert whole.abs().max() <= (1 / rows) ** 0.5
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("note_length", [0, 1, 4])
+def test_routing_notes_travel_with_the_ids_and_come_apart_again(world: int, note_length: int) -> None:
+    """``append_notes`` / ``split_notes`` across an emulated all-to-all: every destination gets its ids
+    in source order and every source's note, whatever the (possibly empty) splits."""
+    rng = np.random.default_rng(world * 10 + note_length)
+    splits = [rng.integers(0, 4, world).tolist() for _ in range(world)]  # splits[s][d]: ids s sends d
+    ids = [torch.from_numpy(rng.integers(0, 1000, sum(sp))) for sp in splits]
+    notes = [torch.arange(note_length, dtype=torch.int64) + 100 * s for s in range(world)]
+    sent = [append_notes(ids[s], splits[s], notes[s]) for s in range(world)]
+    for d in range(world):
+        chunks = []
+        for s in range(world):
+            start = sum(splits[s][:d]) + d * note_length
+            chunks.append(sent[s][start : start + splits[s][d] + note_length])
+        got_ids, got_notes = split_notes(torch.cat(chunks), [sp[d] for sp in splits], [note_length] * world)
+        expected = [ids[s][sum(splits[s][:d]) : sum(splits[s][: d + 1])] for s in range(world)]
+        assert torch.equal(got_ids, torch.cat(expected))
+        assert len(got_notes) == world and all(torch.equal(a, b) for a, b in zip(got_notes, notes))

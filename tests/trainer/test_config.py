@@ -1,0 +1,71 @@
+"""The run config (trainer/config.py): errors name the option, TOML round trip and overrides."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from run_toml import write_config
+
+from freescale.model_config import ModelConfig
+from freescale.trainer.config import RunConfig
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"model": {"d_model": 30, "num_heads": 4}}, "model.d_model"),
+        ({"model": {"layers": 2}}, r"unknown option\(s\) \['layers'\] in \[model\]"),
+        ({"model_extra": {"architecture": "bert"}}, "model_extra.architecture"),
+        ({"model_extra": {"temperature": 0}}, "model_extra.temperature"),
+        ({"optimizer": {"sparse": "sgd"}}, "optimizer.sparse"),
+        ({"optimizer": {"dense_lr": -1}}, "optimizer.dense_lr"),
+        ({"engine": {"name": "megatron"}}, "engine.name"),
+        ({"engine": {"backend": "nccl"}}, "engine.backend"),
+        ({"data": {"path": ""}}, "data.path"),
+        ({"data": {"path": "x", "max_steps": -2}}, "data.max_steps"),
+        ({"checkpoint": {"every": 5}}, "checkpoint.dir"),
+        ({"engine": {"name": "torchrec"}, "checkpoint": {"dir": "/tmp/c"}}, "checkpoint.dir must be empty"),
+        ({"logging": {"log_every": 0}}, "logging.log_every"),
+        ({"eval": {"k": 0}}, "eval.k"),
+        ({"trainer": {"x": 1}}, r"unknown table\(s\) \['trainer'\]"),
+        ({"optimizer": {"dense_lr": math.inf}}, "optimizer.dense_lr must be finite"),
+        ({"optimizer": {"sparse_lr": math.inf}}, "optimizer.sparse_lr must be finite"),
+        ({"optimizer": {"weight_decay": math.inf}}, "optimizer.weight_decay must be finite"),
+        ({"optimizer": {"betas": [0.9, math.nan]}}, "optimizer.betas must be finite"),
+        ({"model_extra": {"length_group_ratio": math.inf}}, "model_extra.length_group_ratio must be finite"),
+        ({"data": {"path": "x", "max_seconds": math.inf}}, "data.max_seconds must be finite"),
+        ({"data": {"path": "x", "max_steps": 1.5}}, "data.max_steps must be an integer, got 1.5"),
+        ({"engine": {"threads": 2.0}}, "engine.threads must be an integer"),
+        ({"engine": {"collective_timeout_s": 0}}, "engine.collective_timeout_s"),
+        ({"engine": {"max_nonfinite_skips": -1}}, "engine.max_nonfinite_skips"),
+        ({"engine": {"name": "torchrec", "max_nonfinite_skips": 2}}, "engine.max_nonfinite_skips must be 0"),
+        ({"engine": {"transport": "nvlink"}}, "engine.transport"),
+        ({"engine": {"balancer": "online", "balancer_min_gain": 1.0}}, "engine.balancer_min_gain must be in"),
+        ({"engine": {"transport": "copy_engine"}}, "engine.transport 'copy_engine' needs engine.device 'cuda'"),
+        ({"engine": {"name": "torchrec", "transport": "torch"}}, "engine.transport 'torch' applies to the freescale"),
+    ],
+)
+def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
+    path = write_config(tmp_path / "run.toml", **tables)
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_toml(path)
+
+
+def test_config_round_trip_overrides_and_model_table(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.toml", model={"d_model": 32, "num_heads": 2, "max_uih_len": 128})
+    cfg = RunConfig.from_toml(path, ["engine.name=torchrec", "data.max_steps=7", 'data.path="s3://b/p"'])
+    assert (cfg.engine.name, cfg.data.max_steps, cfg.data.path) == ("torchrec", 7, "s3://b/p")
+    assert ModelConfig.from_toml(path).d_model == 32  # [model] stays readable by `prepare --model-config`
+    (tmp_path / "resolved.toml").write_text(cfg.to_toml())
+    assert RunConfig.from_toml(str(tmp_path / "resolved.toml")) == cfg
+    with pytest.raises(ValueError, match=r"table\.option=value"):
+        RunConfig.from_toml(path, ["max_steps=3"])
+
+
+def test_configs_built_in_code_refuse_non_finite_floats() -> None:
+    from freescale.trainer.config import DataConfig, OptimizerConfig
+
+    with pytest.raises(ValueError, match=r"optimizer\.sparse_lr must be finite"):
+        RunConfig(data=DataConfig(path="x"), optimizer=OptimizerConfig(sparse_lr=math.inf))
