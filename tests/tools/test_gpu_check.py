@@ -177,4 +177,4 @@ def test_the_linked_checkout_imports_as_the_installed_package(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     module, trainer = result.stdout.split()
     assert module == str(tmp_path / "freescale" / "tools" / "gpu_check.py")
-    assert (Path(trainer) / "profiles").is_dir() and Path(trainer).resolve() == REPO / "trainer"
+    assert (Path(trainer) / "simulate" / "profiles").is_dir() and Path(trainer).resolve() == REPO / "trainer"
