@@ -88,11 +88,24 @@ def stop_part(process: subprocess.Popen, token: str, quiet: bool = False) -> Non
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=GRACE_S)
                 break
-    for pid in processes_with_token(token):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    kill_token_holders(token)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=GRACE_S)
+
+
+def kill_token_holders(token: str, quiet_scans: int = 3, interval: float = 0.05) -> None:
+    """SIGKILL every process carrying ``token`` until ``quiet_scans`` scans in a row, ``interval``
+    apart, find none (at most ``GRACE_S``). One scan is not enough: a process caught inside ``exec``
+    shows an empty environment for that moment (a part's ``setsid sleep &`` outlived a single sweep
+    under load), and a process may fork between the scan and the kill."""
+    deadline, quiet = time.monotonic() + GRACE_S, 0
+    while quiet < quiet_scans and time.monotonic() < deadline:
+        found = processes_with_token(token)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        quiet = 0 if found else quiet + 1
+        time.sleep(interval)
 
 
 def processes_with_token(token: str) -> list[int]:
