@@ -275,3 +275,26 @@ def test_lfu_breaks_count_ties_by_age_then_distance() -> None:
     assert table.lookup(torch.tensor([r])).reassigned.tolist() == [1]  # equal counts: the older goes
     table.lookup(torch.tensor([q, q]))  # q: count 3
     assert table.lookup(torch.tensor([p])).reassigned.tolist() == [1]  # r (count 1) goes, not q
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
+def test_cuda_table_equals_reference(policy: str) -> None:
+    """The same torch code on a GPU: same hash bits, same rows and state as the CPU reference."""
+    generator = torch.Generator().manual_seed(11)
+    config = ZchConfig(
+        zch_size=64,
+        bucket_size=8,
+        max_probe=4,
+        policy=policy,
+        ttl=5 if policy == "ttl" else None,
+        admission_threshold=2 if policy == "lfu" else 1,
+    )
+    pool = torch.randint(0, 2**62, (200,), generator=generator)
+    calls = []
+    for step in range(20):
+        picks = (torch.rand(40, generator=generator) ** 2 * pool.numel()).long()
+        calls.append((pool[picks].tolist(), [step * 2] * 40, step % 5 != 4))
+    run_both(config, calls, device="cuda")
+    ids = torch.tensor([0, 1, 2**63 - 1], dtype=torch.int64)
+    assert mix64(ids.cuda()).tolist() == mix64(ids).tolist()
