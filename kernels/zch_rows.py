@@ -1,0 +1,79 @@
+"""The embedding side of a zero-collision table: a row given to a new id starts over.
+
+When ``ZchTable.lookup`` hands a row to a new id (an empty slot or an evicted id's), the row still
+holds what the previous id learned, and so does its optimizer state: Adagrad's accumulator keeps the
+old id's squared gradients (a re-used row would barely move, the "rows go to zero" report against
+TorchRec's managed-collision tables), Adam's moments and step count its old direction and bias
+correction. ``reset_rows`` re-initialises the rows and zeroes every per-row optimizer tensor in the
+same step, so the new id trains exactly like a never-used row.
+
+The new values come from ``hashed_uniform``: a function of (seed, table, row, step) through the same
+fixed hash as the ids, so the owner of a row and every rank holding a prefetched copy of it (PEC)
+compute the same bits without sending them, on CPU and CUDA alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from .zch_hash import GOLDEN, as_signed, logical_shift_right, mix64
+
+
+def hashed_uniform(
+    rows: torch.Tensor, dim: int, *, bound: float, seed: int = 0, table: int = 0, step: int = 0
+) -> torch.Tensor:
+    """[len(rows), dim] float32 uniform in [-bound, bound), a pure function of (seed, table, row, step, column).
+
+    24 bits of ``mix64`` per element, scaled exactly in float32, so every device gets the same values.
+    """
+    rows = rows.reshape(-1).to(torch.int64)
+    salt = torch.tensor(seed, dtype=torch.int64, device=rows.device)
+    for part in (table, step):
+        salt = mix64(mix64(salt) + part)
+    columns = torch.arange(dim, dtype=torch.int64, device=rows.device)
+    h = mix64(mix64(rows[:, None] * as_signed(GOLDEN) + salt) + columns)
+    unit = logical_shift_right(h, 40).to(torch.float32) * (1.0 / (1 << 24))  # [0, 1), exact
+    return unit * (2 * bound) - bound
+
+
+@torch.no_grad()
+def reset_rows(
+    weight: torch.Tensor | torch.nn.Embedding,
+    rows: torch.Tensor,
+    *states: Mapping[str, torch.Tensor],
+    values: torch.Tensor | None = None,
+    bound: float | None = None,
+    seed: int = 0,
+    table: int = 0,
+    step: int = 0,
+) -> None:
+    """Give ``rows`` fresh embeddings and zero their optimizer state, in place.
+
+    ``weight``: the table (or this rank's shard, ``rows`` then local); ``states``: optimizer state per
+    row, name -> tensor whose first dimension is the table's rows, such as ``RowWiseAdagrad.state``
+    (``momentum``) and ``LazyAdam.state`` (``exp_avg``, ``exp_avg_sq``, ``steps``). A state tensor
+    without one entry per row (torch.optim.Adam's shared scalar ``step``) cannot be reset per row and is
+    refused. ``values`` default: ``hashed_uniform`` with ``bound`` (default sqrt(1/rows), the tables'
+    initial range) keyed by ``seed``, ``table`` and ``step``.
+    """
+    if isinstance(weight, torch.nn.Embedding):
+        weight = weight.weight
+    rows = rows.reshape(-1).to(device=weight.device, dtype=torch.int64)
+    for state in states:
+        for name, tensor in state.items():
+            if tensor.dim() == 0 or tensor.shape[0] != weight.shape[0]:
+                raise ValueError(
+                    f"optimizer state {name!r} has shape {tuple(tensor.shape)}, not one entry per row of the "
+                    f"{weight.shape[0]}-row table: its rows cannot be reset"
+                )
+    if rows.numel() == 0:
+        return
+    if values is None:
+        bound = (1.0 / weight.shape[0]) ** 0.5 if bound is None else bound
+        values = hashed_uniform(rows, weight.shape[1], bound=bound, seed=seed, table=table, step=step)
+    weight[rows] = values.to(device=weight.device, dtype=weight.dtype)
+    for state in states:
+        for tensor in state.values():
+            tensor[rows] = 0
