@@ -7,9 +7,10 @@ runtime's object store. The per-item byte figures are measurements (where and ho
 The floor, as users measure it (the process tree's RSS): each local task process costs
 ``LOCAL_PROCESS_BYTES`` (~170 MB between tasks, allocators released after each task) before its
 data, so 256 MB holds one process with ~86 MB of task data; a scan task's Parquet read keeps ~75 MB
-that does not shrink with its chunks. On the demo preset (12.4M events) 256 MB is kept with little
-margin (peaks 230-269 MB measured, the higher ones in the end-of-job phase); 512 MB and up with
-a wide one. Below that the chunks and partitions stop shrinking (``MIN_TASK_BUDGET``, the
+that does not shrink with its chunks. The job's processes run without transparent huge pages
+(``processes.no_transparent_huge_pages``), without which the same job peaked 40-85 MB higher,
+depending on the machine's setting. On the demo preset with 10,000 users (2.5M events) a 256 MB
+job peaks at 175-188 MB, with one process; 512 MB and up keep a wide margin. Below that the chunks and partitions stop shrinking (``MIN_TASK_BUDGET``, the
 ``MIN_READ_CHUNK_*`` floors) and the job would overshoot.
 """
 

@@ -411,7 +411,12 @@ def _early_pool(args: argparse.Namespace, writer: bool) -> Any:
     process runs tasks too (one worker fewer), with the workers' settings. As many as the job's
     executor will use: ``--workers`` within ``--memory-limit`` (``memory.local_sizing``; ``writer``:
     the job reserves the writer process's memory). None: one process, or Ray."""
-    from freescale.pipeline.executors.processes import PREPARE_WORKER_MODULES, configure_task_process, start_pool
+    from freescale.pipeline.executors.processes import (
+        PREPARE_WORKER_MODULES,
+        configure_task_process,
+        no_transparent_huge_pages,
+        start_pool,
+    )
     from freescale.pipeline.memory import (  # no polars/pyarrow import
         allocator_purge_delay_ms,
         local_sizing,
@@ -419,6 +424,7 @@ def _early_pool(args: argparse.Namespace, writer: bool) -> Any:
         preload_writer,
     )
 
+    no_transparent_huge_pages()  # before any process starts: they all inherit it (Ray's included)
     pool = None
     if args.executor == "local":
         limit = parse_size(args.memory_limit, "--memory-limit")

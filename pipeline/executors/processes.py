@@ -75,6 +75,7 @@ def configure_task_process() -> None:
     for name, value in ALLOCATOR_SETTINGS.items():
         os.environ.setdefault(name, value)
     keep_freed_memory()
+    no_transparent_huge_pages()
 
 
 def run_calls(
@@ -249,6 +250,25 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
         libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+
+
+PR_SET_THP_DISABLE = 41  # prctl option (Linux 3.15+)
+
+
+def no_transparent_huge_pages() -> None:
+    """Back this process's memory, and that of every process it starts later (the flag is inherited
+    through fork and kept across exec), with 4 KB pages only.
+
+    With transparent huge pages the kernel maps 2 MB at a time wherever an allocator asks for it
+    (``madvise``: polars' and pyarrow's allocators do) or everywhere (``always``, many distributions'
+    default): a region of which a task touched a few KB counts 2 MB resident. The demo preset at
+    ``--memory-limit 256MB`` (one process) peaked at 214-228 MB with ``madvise`` (45 MB of it in
+    huge pages), 233-244 MB with ``always`` and 262-272 MB on another machine; with the flag set,
+    175-188 MB under either setting, in the same time. No effect where the kernel lacks the option.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
 
 
 def release_freed_memory() -> None:

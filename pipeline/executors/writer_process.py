@@ -17,7 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from freescale.pipeline.executors.processes import exit_with_parent, imports_without_gc, skip_interpreter_teardown
+from freescale.pipeline.executors.processes import (
+    exit_with_parent,
+    imports_without_gc,
+    no_transparent_huge_pages,
+    skip_interpreter_teardown,
+)
 
 WRITER_NICE = 5  # below the workers, so its start yields to them, yet done by the write phase
 WRITER_MODULE = "freescale.pipeline.steps.writer"
@@ -27,6 +32,7 @@ def _import_writer() -> None:
     """Pool initializer: lower this process's priority and import the writer (errors resurface on use)."""
     exit_with_parent()
     skip_interpreter_teardown()
+    no_transparent_huge_pages()
     with contextlib.suppress(OSError, AttributeError):
         os.nice(WRITER_NICE)
     with imports_without_gc(), contextlib.suppress(Exception):  # the writer's own import raises it again
