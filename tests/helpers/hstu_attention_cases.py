@@ -67,6 +67,17 @@ def run(case: AttentionCase, kernel: str, grad_seed: int = 7) -> list[torch.Tens
     return [out.detach().clone(), *(g.clone() for g in grads)]
 
 
+def run_tiles(case: AttentionCase, config: object, grad_seed: int = 7) -> list[torch.Tensor]:
+    """``run(case, "triton")`` through the kernels themselves with the tile ``config``
+    (``hstu_attention_triton.AttentionKernelConfig``): output and the same gradients."""
+    from freescale.kernels import hstu_attention_triton as tri
+
+    args = case.args()
+    out = tri.forward(*args, config)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed)).to(out.dtype).to(out.device)
+    return [out, *tri.backward(grad, *args, config)]
+
+
 NAMES = ("out", "dq", "dk", "dv", "dpos", "dtime")
 
 
