@@ -10,8 +10,9 @@ data, so 256 MB holds one process with ~86 MB of task data; a scan task's Parque
 that does not shrink with its chunks. The job's processes run without transparent huge pages
 (``processes.no_transparent_huge_pages``), without which the same job peaked 40-85 MB higher,
 depending on the machine's setting. On the demo preset with 10,000 users (2.5M events) a 256 MB
-job peaks at 175-188 MB, with one process; 512 MB and up keep a wide margin. Below that the chunks and partitions stop shrinking (``MIN_TASK_BUDGET``, the
-``MIN_READ_CHUNK_*`` floors) and the job would overshoot.
+job peaks at 175-188 MB, with one process; 512 MB and up keep a wide margin. Below 256 MB the
+chunks and partitions stop shrinking (``MIN_TASK_BUDGET``, the ``MIN_READ_CHUNK_*`` floors) and the
+job would overshoot.
 """
 
 from __future__ import annotations
