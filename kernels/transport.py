@@ -18,7 +18,8 @@ dtype (bf16 included) and any trailing shape works on every backend.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from .transport_base import (
     counts_list,
     row_bytes,
 )
+from .transport_hierarchical import HierarchicalTransport, NodeLayout, node_layout
 
 TRANSPORTS = ("torch", "copy_engine", "auto")
 
@@ -49,19 +51,25 @@ class TransportConfig:
     ``all_to_all_single`` (for backends without uneven all-to-all). ``capacity_bytes``: initial
     receive staging per rank for the copy-engine transport (it grows collectively when exceeded).
     ``copy_out``: copy-engine ``wait()`` returns a fresh tensor instead of a view of the staging
-    buffer (a view is only valid until the next ``start``).
+    buffer (a view is only valid until the next ``start``). ``ranks_per_node``: 0 for one flat
+    all-to-all; else the group's ranks form nodes of this many consecutive ranks and every exchange
+    goes through the node first (``transport_hierarchical``: ``transport`` within a node, torch
+    across nodes when ``transport`` is ``copy_engine``).
     """
 
     transport: str = "auto"
     p2p: bool = False
     capacity_bytes: int = 64 << 20
     copy_out: bool = True
+    ranks_per_node: int = 0
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"TransportConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0:
             raise ValueError(f"TransportConfig.capacity_bytes must be a positive int, got {self.capacity_bytes!r}")
+        if not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 0:
+            raise ValueError(f"TransportConfig.ranks_per_node must be an int >= 0, got {self.ranks_per_node!r}")
         for name in ("p2p", "copy_out"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransportConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -162,14 +170,17 @@ def _offsets(counts: list[int]) -> list[int]:
 
 
 def make_transport(config: TransportConfig | None = None, group: dist.ProcessGroup | None = None,
-                   device: torch.device | None = None) -> Transport:  # fmt: skip
+                   device: torch.device | None = None, timeout: timedelta | None = None) -> Transport:  # fmt: skip
     """Build the configured transport; collective over ``group`` (every rank must call it).
 
     ``"copy_engine"`` raises ``TransportUnavailableError`` naming the reason (no CUDA, ranks on
     several nodes, no peer access between their GPUs); ``"auto"`` falls back to torch on the same
-    condition, decided identically on every rank.
+    condition, decided identically on every rank. With ``ranks_per_node`` the transport is
+    hierarchical; its node and cross process groups get ``timeout`` (torch's default otherwise).
     """
     cfg = config if config is not None else TransportConfig()
+    if cfg.ranks_per_node:
+        return _make_hierarchical(cfg, group, device, timeout)
     if cfg.transport == "torch":
         return TorchDistTransport(group, p2p=cfg.p2p)
     from .transport_copy_engine import CopyEngineTransport, copy_engine_unavailable_reason
@@ -181,3 +192,35 @@ def make_transport(config: TransportConfig | None = None, group: dist.ProcessGro
     if cfg.transport == "copy_engine":
         raise TransportUnavailableError(f"copy_engine is unavailable: {reason}; use 'torch' or 'auto'")
     return TorchDistTransport(group, p2p=cfg.p2p)
+
+
+def _make_hierarchical(
+    config: TransportConfig,
+    group: dist.ProcessGroup | None,
+    device: torch.device | None,
+    timeout: timedelta | None,
+) -> HierarchicalTransport:
+    """Collective over ``group``: every rank creates every node group and every cross group, in the
+    same order (``dist.new_group``'s rule), then the two levels' flat transports. Within a node:
+    ``config.transport``; across nodes the copy engines cannot reach, so ``copy_engine`` becomes
+    ``torch`` there (``auto`` finds that out by itself)."""
+    layout = node_layout(dist.get_world_size(group), config.ranks_per_node, dist.get_rank(group))
+    node_group, cross_group = _level_groups(layout, group, timeout)
+    within = replace(config, ranks_per_node=0)
+    across = replace(within, transport="torch" if config.transport == "copy_engine" else config.transport)
+    return HierarchicalTransport(
+        layout, make_transport(within, node_group, device), make_transport(across, cross_group, device)
+    )
+
+
+def _level_groups(layout: NodeLayout, group: dist.ProcessGroup | None,
+                  timeout: timedelta | None) -> tuple[Any, Any]:  # fmt: skip
+    """This rank's node group and cross group (global ranks of ``group``'s members)."""
+
+    def new_group(members: list[int]) -> Any:
+        ranks = [dist.get_global_rank(group, r) if group is not None else r for r in members]
+        return dist.new_group(ranks, timeout=timeout, backend=dist.get_backend(group))
+
+    node_groups = [new_group(layout.node_ranks(n)) for n in range(layout.nodes)]
+    cross_groups = [new_group(layout.peer_ranks(local)) for local in range(layout.ranks_per_node)]
+    return node_groups[layout.node], cross_groups[layout.local]

@@ -32,6 +32,7 @@ TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
 OVERLAPS = ("auto", "pec", "none")
 BALANCERS = ("none", "online")
 TRANSPORTS = ("auto", "torch", "copy_engine")
+ALL_TO_ALLS = ("flat", "hierarchical")
 ID_MODES = ("exact", "hashed")
 LOSSES = ("sampled_softmax", "full_softmax")
 ATTENTIONS = ("auto", "triton", "torch")
@@ -199,6 +200,10 @@ class EngineConfig:
     max_nonfinite_skips: int = 0  # steps with a NaN/inf loss or gradient skipped (no update) before the run stops
     collective_timeout_s: float = 300.0  # a collective waiting this long for a rank ends the job (torch: 30 min)
     transport: str = "auto"  # freescale engine's all-to-alls: auto | torch | copy_engine (SM-free, one CUDA node)
+    # flat: one all-to-all over every rank | hierarchical: within the node first, then one exchange per
+    # pair of nodes (engine.transport inside a node; kernels/transport_hierarchical.py)
+    all_to_all: str = "flat"
+    ranks_per_node: int = 0  # hierarchical all-to-all: ranks per node; 0 = the launcher's LOCAL_WORLD_SIZE
     balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/engines/online.py)
     balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
     balancer_min_gain: float = 0.02  # online balancer: move samples only if the step's max rank cost drops > 2%
@@ -215,6 +220,13 @@ class EngineConfig:
         _choice("engine.torchrec_pipeline", self.torchrec_pipeline, TORCHREC_PIPELINES)
         _choice("engine.overlap", self.overlap, OVERLAPS)
         _choice("engine.transport", self.transport, TRANSPORTS)
+        _choice("engine.all_to_all", self.all_to_all, ALL_TO_ALLS)
+        _check(self.ranks_per_node >= 0, "engine.ranks_per_node", "must be >= 0 (0: the launcher's ranks per node)",
+               self.ranks_per_node)  # fmt: skip
+        if self.ranks_per_node and self.all_to_all != "hierarchical":
+            raise ValueError(
+                f"engine.ranks_per_node is used only with engine.all_to_all 'hierarchical', got {self.all_to_all!r}"
+            )
         _choice("engine.balancer", self.balancer, BALANCERS)
         _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
         _check(self.seed >= 0, "engine.seed", "must be >= 0", self.seed)

@@ -52,6 +52,8 @@ class OverlapCase:
     seed: int = 0
     stop_early: bool = False  # the loader holds one more batch than is trained (a time limit stopped the run)
     settle_every: int = 0  # > 0: settle() every that many steps, as evaluation and checkpoints do
+    all_to_all: str = "flat"  # engine.all_to_all
+    ranks_per_node: int = 0  # engine.ranks_per_node (emulated nodes of a hierarchical all-to-all)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -67,7 +69,9 @@ class OverlapCase:
             model_extra=ModelExtraConfig(num_items=self.num_items, num_actions=self.num_items, inbatch_negatives=4),
             data=DataConfig(path="unused"),
             optimizer=OptimizerConfig(sparse=self.sparse, sparse_lr=0.1, dense_lr=0.01),
-            engine=EngineConfig(seed=self.seed, overlap=overlap),
+            engine=EngineConfig(
+                seed=self.seed, overlap=overlap, all_to_all=self.all_to_all, ranks_per_node=self.ranks_per_node
+            ),
         )
 
 

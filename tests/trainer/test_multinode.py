@@ -52,20 +52,24 @@ def test_two_hosts_train_bitwise_like_one_host(two_hosts: list[Host], tmp_path: 
 
 
 def test_two_hosts_of_two_ranks_train_like_four_ranks_on_one_host(two_hosts: list[Host], tmp_path: Path) -> None:
-    """W = 4 as 2 hosts x 2 ranks: every all-to-all mixes peers on the same host and across the link,
-    torchrun numbers the ranks of both nodes, and the bubble analysis aligns two ranks per host.
-    The 4 ranks share this machine's cores, so only correctness is checked, not speed."""
+    """W = 4 as 2 hosts x 2 ranks: torchrun numbers the ranks of both nodes, and the bubble analysis
+    aligns two ranks per host. The hosts' run routes every all-to-all through the host first
+    (``engine.all_to_all = "hierarchical"``, nodes from the launcher's LOCAL_WORLD_SIZE) and must
+    train bitwise like the flat all-to-all of 4 ranks on one host. The 4 ranks share this machine's
+    cores, so only correctness is checked, not speed."""
     prepared = prepare_tiny(tmp_path)
     common = {"data": {"max_steps": 12}, "eval": {"max_users": 0}, "engine": {"overlap": "pec"}}
     one_host = run_toml(tmp_path / "one.toml", prepared, tmp_path / "one", **common)
     done = run_train(one_host, tmp_path, nproc=4)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    two = run_toml(tmp_path / "two.toml", prepared, tmp_path / "two", **common)
+    hierarchical = {**common, "engine": {**common["engine"], "all_to_all": "hierarchical"}}
+    two = run_toml(tmp_path / "two.toml", prepared, tmp_path / "two", **hierarchical)
     results = train_on_hosts(two_hosts, [FREESCALE], two, str(tmp_path), "twobytwo", timeout_s=300, nproc=2)
     assert [code for code, _ in results] == [0, 0], "\n---\n".join(out[-3000:] for _, out in results)
     expected, got = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(got) == 12 and list(got.values()) == list(expected.values())  # bitwise, PEC on
     report = json.loads((tmp_path / "two" / "bubbles.json").read_text())
+    assert report["transport"].startswith("hierarchical"), report["transport"]
     assert report["world_size"] == 4 and {part["rank"] for part in report["rank_steps"]} == {0, 1, 2, 3}
     for part in report["rank_steps"]:
         measured = part["compute"] + part["data"] + part["comm"] + part["idle"]

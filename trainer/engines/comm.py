@@ -13,8 +13,10 @@ No trainer module calls ``dist.all_to_all_single`` itself; the dense all-reduce 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from datetime import timedelta
 from typing import Protocol
 
 import torch
@@ -137,20 +139,47 @@ class TimedTransport:
 
 def transport_kind(transport: Transport) -> str:
     from freescale.kernels.transport import TorchDistTransport
+    from freescale.kernels.transport_hierarchical import HierarchicalTransport
 
+    if isinstance(transport, HierarchicalTransport):
+        return f"hierarchical({transport_kind(transport.node)} within nodes, {transport_kind(transport.cross)} across)"
     return "torch" if isinstance(transport, TorchDistTransport) else "copy_engine"
 
 
+def ranks_per_node(all_to_all: str, configured: int, world_size: int) -> int:
+    """Nodes of the ``engine.all_to_all = "hierarchical"`` exchange: ``engine.ranks_per_node``, or when
+    0 the launcher's ``LOCAL_WORLD_SIZE`` (torchrun's ranks on this node); 0 for ``"flat"``. A world
+    that does not split into whole nodes is one line naming the option, raised alike on every rank."""
+    if all_to_all == "flat":
+        return 0
+    per_node = configured or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if per_node < 1 or world_size % per_node:
+        source = "engine.ranks_per_node" if configured else "LOCAL_WORLD_SIZE (the launcher's ranks per node)"
+        raise ValueError(
+            f"engine.all_to_all 'hierarchical': {world_size} ranks do not split into nodes of {per_node} ({source})"
+        )
+    return per_node
+
+
 def build_transport(
-    choice: str, clock: CommClock, device: torch.device, group: dist.ProcessGroup | None = None
+    choice: str,
+    clock: CommClock,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+    *,
+    per_node: int = 0,
+    timeout: timedelta | None = None,
 ) -> TimedTransport:
     """The transport ``engine.transport`` names, timed by ``clock``; collective over ``group``.
+    ``per_node`` (``ranks_per_node``): route every exchange through nodes of that many ranks first
+    (its groups get ``timeout``).
 
     A ``copy_engine`` request that cannot run here is a one-line ``ValueError`` naming the option and
     the reason (no CUDA, ranks on several nodes, no peer access), raised alike on every rank.
     """
+    config = TransportConfig(transport=choice, ranks_per_node=per_node)
     try:
-        transport = make_transport(TransportConfig(transport=choice), group=group, device=device)
+        transport = make_transport(config, group=group, device=device, timeout=timeout)
     except TransportUnavailableError as error:
         raise ValueError(f"engine.transport = {choice!r}: {error}") from None
     return TimedTransport(transport, clock, group)

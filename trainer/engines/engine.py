@@ -28,6 +28,7 @@ updates together (``self.nonfinite``); the runner then stops the run or counts a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Protocol
 
 import torch
@@ -37,7 +38,7 @@ from freescale.pipeline.dataset.kjt import ENGINE_KEYS
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
-from freescale.trainer.engines.comm import TimedHandle, TimedTransport, build_transport
+from freescale.trainer.engines.comm import TimedHandle, TimedTransport, build_transport, ranks_per_node
 from freescale.trainer.engines.sharded import DistContext, JaggedIds, PendingInputDist, RowWiseShardedTables, TableSpec
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
 from freescale.trainer.metrics.instrument import StepTimer
@@ -151,7 +152,9 @@ class FreeScaleEngine:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.timer = StepTimer(rank, device, cfg.engine.instrument)
-        self.comm = build_transport(cfg.engine.transport, self.timer, device)
+        per_node = ranks_per_node(cfg.engine.all_to_all, cfg.engine.ranks_per_node, world_size)
+        timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
+        self.comm = build_transport(cfg.engine.transport, self.timer, device, per_node=per_node, timeout=timeout)
         self.transport = self.comm.kind
         torch.manual_seed(cfg.engine.seed)
         self.model = SequentialTransducer(cfg.model, cfg.model_extra).to(device)

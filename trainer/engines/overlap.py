@@ -153,13 +153,16 @@ class CommWorker:
     first so a task sees everything the main thread had queued (e.g. the deferred sparse update).
     """
 
-    def __init__(self, device: torch.device, transport: str, timeout: timedelta | None = None) -> None:
-        """Collective (a process group and a transport of the worker's own): every rank constructs it."""
+    def __init__(
+        self, device: torch.device, transport: str, timeout: timedelta | None = None, per_node: int = 0
+    ) -> None:
+        """Collective (a process group and a transport of the worker's own): every rank constructs it.
+        ``per_node``: the transport is hierarchical over nodes of that many ranks (``comm.ranks_per_node``)."""
         self.device = device
         # new_group does not inherit the default group's timeout: torch's 30-minute default otherwise
         self.group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         self.seconds = SideSeconds(device)
-        self.comm = build_transport(transport, self.seconds, device, self.group)
+        self.comm = build_transport(transport, self.seconds, device, self.group, per_node=per_node, timeout=timeout)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freescale-pec")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 

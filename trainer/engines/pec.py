@@ -44,6 +44,7 @@ import torch
 
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
+from freescale.trainer.engines.comm import ranks_per_node
 from freescale.trainer.engines.engine import FreeScaleEngine, has_nonfinite
 from freescale.trainer.engines.overlap import CommWorker, OverlapMasks, adopt, exchange_masks, masked_all_to_all
 from freescale.trainer.engines.sharded import DistContext
@@ -79,7 +80,8 @@ class PECEngine(FreeScaleEngine):
             raise ValueError(f"engine.overlap 'pec' supports up to {MAX_RANKS} ranks; use 'none' for {world_size}")
         super().__init__(cfg, rank, world_size, device)
         timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
-        self.worker = CommWorker(device, cfg.engine.transport, timeout)
+        per_node = ranks_per_node(cfg.engine.all_to_all, cfg.engine.ranks_per_node, world_size)
+        self.worker = CommWorker(device, cfg.engine.transport, timeout, per_node)
         self._worker_closed = False
         self._ahead: Ahead | None = None
         self._deferred: Deferred | None = None

@@ -94,6 +94,19 @@ def test_pec_equals_synchronous_over_fifty_steps(world_size: int, pool2, pool4) 
     assert len(results[0]["pec"]["losses"]) == 50
 
 
+def test_a_hierarchical_all_to_all_trains_bitwise_like_the_flat_one(pool4) -> None:
+    """Four ranks as two emulated nodes of two: every exchange of both engines goes through the node
+    first, and training (losses and every state tensor) is bitwise the flat all-to-all's."""
+    flat = OverlapCase(world_size=4, steps=12, overlap=0.4, samples_per_rank=3, ids_per_rank=20, seed=3)
+    nodes = replace(flat, all_to_all="hierarchical", ranks_per_node=2)
+    expected, got = pool4.run(flat), pool4.run(nodes)
+    assert_exact(got)
+    for rank, (want, have) in enumerate(zip(expected, got)):
+        assert want["none"]["losses"] == have["none"]["losses"], rank
+        for key, tensor in want["pec"]["state"].items():
+            assert torch.equal(tensor, have["pec"]["state"][key]), (rank, key)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "changes"),
