@@ -28,7 +28,3 @@ def batch_to_kjt(batch: Batch) -> Any:
     lengths = torch.cat([seq_lengths, seq_lengths, neg_lengths]).to(torch.int32)
     return keyed_jagged(list(ENGINE_KEYS), values, lengths)
 
-
-def kjt_feature_ids(kjt: Any) -> dict[str, torch.Tensor]:
-    """Per-key id tensors of a KJT (what ``sharded.split_features`` reads)."""
-    return dict(zip(kjt.keys(), torch.split(kjt.values(), kjt.length_per_key())))
