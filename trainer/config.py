@@ -269,6 +269,20 @@ class EngineConfig:
             return self.backend
         return "nccl" if self.device == "cuda" and not self.share_gpus else "gloo"
 
+    def nodes_of(self, world_size: int, local_world_size: int) -> int:
+        """Ranks per node of the ``all_to_all = "hierarchical"`` exchange (0 for ``"flat"``):
+        ``ranks_per_node``, or when 0 the launcher's ranks per node (``local_world_size``). A world
+        that does not split into whole nodes is one line naming where the node size came from."""
+        if self.all_to_all == "flat":
+            return 0
+        per_node = self.ranks_per_node or local_world_size
+        if per_node < 1 or world_size % per_node:
+            source = "engine.ranks_per_node" if self.ranks_per_node else "the launcher's ranks per node, --nproc"
+            raise ValueError(
+                f"engine.all_to_all 'hierarchical': {world_size} ranks do not split into nodes of {per_node} ({source})"
+            )
+        return per_node
+
 
 @dataclass
 class EvalConfig:

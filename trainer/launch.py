@@ -241,6 +241,7 @@ def launch(
     owner = nodes.node_rank == 0 and not evaluate_checkpoint  # the node that locks and claims the folders
     with RunFolders(cfg) if owner else contextlib.nullcontext():
         record = check_before_start(cfg, nproc * nodes.nnodes, evaluate_checkpoint)
+        cfg.engine.nodes_of(nproc * nodes.nnodes, nproc)  # a hierarchical all-to-all needs whole nodes
         if owner and cfg.checkpoint.dir:
             claim_checkpoint_dir(cfg.checkpoint.dir, record.run.run_id if record and record.run else None)
         if nodes.nnodes > 1:

@@ -45,12 +45,28 @@ from freescale.trainer.config import RunConfig
         ({"engine": {"balancer": "online", "balancer_min_gain": 1.0}}, "engine.balancer_min_gain must be in"),
         ({"engine": {"transport": "copy_engine"}}, "engine.transport 'copy_engine' needs engine.device 'cuda'"),
         ({"engine": {"name": "torchrec", "transport": "torch"}}, "engine.transport 'torch' applies to the freescale"),
+        ({"engine": {"all_to_all": "ring"}}, "engine.all_to_all"),
+        ({"engine": {"ranks_per_node": 2}}, "engine.ranks_per_node is used only with engine.all_to_all 'hierarchical'"),
+        ({"engine": {"all_to_all": "hierarchical", "ranks_per_node": -1}}, "engine.ranks_per_node must be >= 0"),
     ],
 )
 def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
     path = write_config(tmp_path / "run.toml", **tables)
     with pytest.raises(ValueError, match=message):
         RunConfig.from_toml(path)
+
+
+def test_nodes_of_a_hierarchical_all_to_all() -> None:
+    """Whole nodes from ``engine.ranks_per_node`` or the launcher's ranks per node; flat is 0 nodes."""
+    from freescale.trainer.config import EngineConfig
+
+    assert EngineConfig().nodes_of(8, 4) == 0
+    assert EngineConfig(all_to_all="hierarchical").nodes_of(8, 4) == 4
+    assert EngineConfig(all_to_all="hierarchical", ranks_per_node=2).nodes_of(8, 8) == 2
+    with pytest.raises(ValueError, match=r"6 ranks do not split into nodes of 4 \(engine.ranks_per_node\)"):
+        EngineConfig(all_to_all="hierarchical", ranks_per_node=4).nodes_of(6, 6)
+    with pytest.raises(ValueError, match="nodes of 4 \\(the launcher's ranks per node, --nproc\\)"):
+        EngineConfig(all_to_all="hierarchical").nodes_of(6, 4)
 
 
 def test_config_round_trip_overrides_and_model_table(tmp_path: Path) -> None:

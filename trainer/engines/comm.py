@@ -32,6 +32,7 @@ from freescale.kernels.transport import (
     WorkHandle,
     make_transport,
 )
+from freescale.trainer.config import EngineConfig
 
 __all__ = [
     "TRANSPORTS",
@@ -146,19 +147,9 @@ def transport_kind(transport: Transport) -> str:
     return "torch" if isinstance(transport, TorchDistTransport) else "copy_engine"
 
 
-def ranks_per_node(all_to_all: str, configured: int, world_size: int) -> int:
-    """Nodes of the ``engine.all_to_all = "hierarchical"`` exchange: ``engine.ranks_per_node``, or when
-    0 the launcher's ``LOCAL_WORLD_SIZE`` (torchrun's ranks on this node); 0 for ``"flat"``. A world
-    that does not split into whole nodes is one line naming the option, raised alike on every rank."""
-    if all_to_all == "flat":
-        return 0
-    per_node = configured or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if per_node < 1 or world_size % per_node:
-        source = "engine.ranks_per_node" if configured else "LOCAL_WORLD_SIZE (the launcher's ranks per node)"
-        raise ValueError(
-            f"engine.all_to_all 'hierarchical': {world_size} ranks do not split into nodes of {per_node} ({source})"
-        )
-    return per_node
+def ranks_per_node(engine: EngineConfig, world_size: int) -> int:
+    """``EngineConfig.nodes_of`` for this rank's launcher: torchrun's ``LOCAL_WORLD_SIZE``."""
+    return engine.nodes_of(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
 
 
 def build_transport(

@@ -152,7 +152,7 @@ class FreeScaleEngine:
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.timer = StepTimer(rank, device, cfg.engine.instrument)
-        per_node = ranks_per_node(cfg.engine.all_to_all, cfg.engine.ranks_per_node, world_size)
+        per_node = ranks_per_node(cfg.engine, world_size)
         timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
         self.comm = build_transport(cfg.engine.transport, self.timer, device, per_node=per_node, timeout=timeout)
         self.transport = self.comm.kind

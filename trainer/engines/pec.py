@@ -80,7 +80,7 @@ class PECEngine(FreeScaleEngine):
             raise ValueError(f"engine.overlap 'pec' supports up to {MAX_RANKS} ranks; use 'none' for {world_size}")
         super().__init__(cfg, rank, world_size, device)
         timeout = timedelta(seconds=cfg.engine.collective_timeout_s)
-        per_node = ranks_per_node(cfg.engine.all_to_all, cfg.engine.ranks_per_node, world_size)
+        per_node = ranks_per_node(cfg.engine, world_size)
         self.worker = CommWorker(device, cfg.engine.transport, timeout, per_node)
         self._worker_closed = False
         self._ahead: Ahead | None = None
