@@ -138,9 +138,14 @@ class NetworkConfig:
     completion_spread: float = 0.0  # mean rank's lead over the slowest at a collective's end, share of its time
     overlap_slowdown_spread: float = 0.0  # how unevenly the overlap slowdown falls on a step's ranks (0..1)
     overlap_slowdown_s_per_mbyte: float = 0.0  # compute seconds lost per MB an overlapped exchange moves
+    # flat: one message per peer | hierarchical: the node first, then one message per other node
+    # (engine.all_to_all; docs/design.md#hierarchical-all-to-all)
+    all_to_all: str = "flat"
 
     def __post_init__(self) -> None:
         _positive_int(self.ranks_per_node, "network.ranks_per_node")
+        if self.all_to_all not in ("flat", "hierarchical"):
+            raise ValueError(f"network.all_to_all must be 'flat' or 'hierarchical', got {self.all_to_all!r}")
         if _positive(self.completion_spread, "network.completion_spread", allow_zero=True) > 0.5:
             raise ValueError(f"network.completion_spread must be <= 0.5, got {self.completion_spread}")
         if _positive(self.overlap_slowdown_spread, "network.overlap_slowdown_spread", allow_zero=True) > 1.0:

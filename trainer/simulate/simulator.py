@@ -133,9 +133,12 @@ class NetworkModel:
 
     def all_to_all(self, per_rank_bytes: np.ndarray | float) -> np.ndarray:
         """Latency + the slowest rank's payload (sent uniformly to all W ranks, 1/W stays local):
-        the intra-node share over NVLink-like links and the inter-node share over the NIC, in parallel."""
+        the intra-node share over NVLink-like links and the inter-node share over the NIC, in parallel.
+        ``network.all_to_all = "hierarchical"`` over several nodes: ``hierarchical_all_to_all``."""
         b = np.asarray(per_rank_bytes, dtype=np.float64)
         worst = b.max(axis=-1) if b.ndim else b
+        if self.cfg.all_to_all == "hierarchical" and self.nodes > 1:
+            return self.hierarchical_all_to_all(worst)
         if self.w == 1:
             return np.zeros_like(worst)
         latency = (self.cfg.intra_latency_us if self.nodes == 1 else self.cfg.inter_latency_us) * 1e-6
@@ -143,6 +146,19 @@ class NetworkModel:
         intra = worst * (self.local - 1) / self.w / self.intra_bw
         inter = worst * (self.w - self.local) / self.w / self.inter_bw if self.nodes > 1 else 0.0 * worst
         return latency + np.maximum(intra, inter)
+
+    def hierarchical_all_to_all(self, worst: np.ndarray) -> np.ndarray:
+        """The exchange through the node first (docs/design.md#hierarchical-all-to-all), its steps one
+        after the other: node peers swap per-node counts (one intra latency), then every byte bound
+        for another local index crosses the node (``local - 1`` peers), then what the node gathered
+        for each other node crosses the NIC (``nodes - 1`` peers, one message each). Per-peer latency
+        is paid for ``local - 1 + nodes - 1`` peers instead of ``W - 1``; the NIC's bytes are the
+        flat exchange's, and the node's links carry ``(local - 1) / local`` of the payload."""
+        us = 1e-6
+        node = 2 * self.cfg.intra_latency_us * us + self.cfg.per_peer_latency_us * us * 2 * (self.local - 1)
+        node = node + worst * (self.local - 1) / self.local / self.intra_bw
+        cross = (self.cfg.inter_latency_us + self.cfg.per_peer_latency_us * (self.nodes - 1)) * us
+        return node + cross + worst * (self.nodes - 1) / self.nodes / self.inter_bw
 
     def side_by_side(self, first: np.ndarray, first_latency: Any, second: float, second_latency: float) -> np.ndarray:
         """Two collectives in flight together over the same links: their latencies overlap, their bytes

@@ -127,6 +127,25 @@ def test_network_model_by_hand() -> None:
     assert own.all_reduce(1e6) == pytest.approx(1e6 / 4e9)
 
 
+def test_hierarchical_all_to_all_by_hand() -> None:
+    """32 nodes of 8: per-peer latency for 7 + 31 peers instead of 255, the NIC's bytes unchanged, the
+    node's links carrying 7/8 of the payload first; one node: the flat exchange."""
+    base = dict(ranks_per_node=8, intra_latency_us=10.0, inter_latency_us=25.0, per_peer_latency_us=0.5,
+                intra_bandwidth_gbytes_s=450.0, inter_bandwidth_gbytes_s=50.0)  # fmt: skip
+    flat = NetworkModel(NetworkConfig(**base), 256)
+    hier = NetworkModel(NetworkConfig(**base, all_to_all="hierarchical"), 256)
+    assert flat.all_to_all(0.0) == pytest.approx(25e-6 + 0.5e-6 * 255)
+    assert hier.all_to_all(0.0) == pytest.approx(2 * 10e-6 + 0.5e-6 * 14 + 25e-6 + 0.5e-6 * 31)
+    nbytes = 1e6
+    assert flat.all_to_all(nbytes) - flat.all_to_all(0.0) == pytest.approx(nbytes * 248 / 256 / 50e9)
+    assert hier.all_to_all(nbytes) - hier.all_to_all(0.0) == pytest.approx(nbytes * (7 / 8 / 450e9 + 31 / 32 / 50e9))
+    one_node = dict(base, ranks_per_node=256)
+    flat_one = NetworkModel(NetworkConfig(**one_node), 256).all_to_all(nbytes)
+    assert NetworkModel(NetworkConfig(**one_node, all_to_all="hierarchical"), 256).all_to_all(nbytes) == flat_one
+    with pytest.raises(ValueError, match=r"network\.all_to_all must be 'flat' or 'hierarchical'"):
+        NetworkConfig(all_to_all="tree")
+
+
 def test_collectives_side_by_side_share_the_links_bandwidth() -> None:
     """Bandwidth-bound, the gradient exchange and the dense all-reduce in flight together take their
     bandwidth terms one after the other; latency-bound, the longer latency; ``none``'s critical path
