@@ -153,6 +153,18 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
         help="where intermediate files go (default: .<output name>.freescale-work beside a local output; "
         "<tmp>/freescale-prepare-<uid> for s3://)",
     )
+    p.add_argument(
+        "--time-range",
+        metavar="START:END",
+        help="keep the events with START <= event time < END (seconds since the epoch or ISO dates, UTC; "
+        "START..END when the times hold colons); the others are counted as filtered (outside_time_range)",
+    )
+    p.add_argument(
+        "--time-window",
+        metavar="DURATION",
+        help="write one dataset per window of event time (1d, 6h, 30m, 3600) under --output/window=NNNN, "
+        "plus windows.json (docs/data.md#time-windows)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a different existing dataset")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -380,6 +392,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def prepare_config_from_args(args: argparse.Namespace):
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, parse_size
+    from freescale.pipeline.time_windows import parse_time_range
 
     balance_options = {
         "group_size": args.group_size,
@@ -403,6 +416,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         work_dir=args.work_dir,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        time_range=parse_time_range(args.time_range),
     )
 
 
@@ -443,6 +457,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             from freescale.tools.report import print_prepare_summary
 
         config = prepare_config_from_args(args)
+        if args.time_window is not None:
+            return _prepare_windows(config, args.time_window, pool)
         manifest = parse_manifest(prepare(config, pool), storage.join(config.output, MANIFEST_NAME))
     finally:
         # Also when the options or the sources are refused before the job owns the pool: a pool left
@@ -451,6 +467,22 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             pool.shutdown(cancel_futures=True)
     print_prepare_summary(manifest)
     print(f"dataset: {args.output} (manifest.json, {manifest.rows.samples:,} samples)")
+    return 0
+
+
+def _prepare_windows(config: Any, window: str, pool: Any) -> int:
+    """``prepare --time-window``: one dataset per window (``pipeline.time_windows``); a line per window."""
+    from freescale.pipeline.time_windows import parse_duration, prepare_windows
+
+    index = prepare_windows(config, parse_duration(window), pool)
+    for entry in index.windows:
+        where = entry.path or "(no events: not written)"
+        print(f"{entry.name} [{entry.start}, {entry.end}): {entry.events:,} events, {entry.samples:,} samples  {where}")
+    print(
+        f"windows: {config.output} ({len(index.datasets(config.output))} datasets, windows.json); "
+        f"{index.events_valid:,} valid events: {index.events_in_windows:,} in windows, "
+        f"{index.events_outside_windows:,} outside every window"
+    )
     return 0
 
 
