@@ -256,6 +256,7 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
         "then estimates with standard errors",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random batching")
+    _add_zch_options(p)
     _add_sample_options(p)
     p.add_argument(
         "--work-dir",
@@ -269,6 +270,40 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-plots", action="store_true", help="write stats.json only")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_zch_options(p: argparse.ArgumentParser) -> None:
+    """``stats``' ZCH replay (docs/stats.md#zch-replay): off unless ``--zch-size`` is given."""
+    p.add_argument(
+        "--zch-size",
+        type=int,
+        help="replay the item ids in event-time order through a zero-collision table of this many rows "
+        "(raw sources); reports hit/insert/collision/eviction rates and occupancy",
+    )
+    p.add_argument("--zch-max-probe", type=int, default=16, help="slots probed per id (default 16)")
+    p.add_argument("--zch-bucket-size", type=int, default=64, help="rows per bucket (default 64)")
+    p.add_argument("--zch-policy", default="lru", help="eviction policy: lru (default), lfu or ttl")
+    p.add_argument("--zch-ttl", type=int, help="policy ttl: seconds of event time an id may stay unseen")
+    p.add_argument("--zch-admission", type=int, default=1, help="policy lfu: sightings before an id takes a slot")
+    p.add_argument(
+        "--zch-lookup-events", type=int, default=65_536, help="events per lookup call (a training step's ids)"
+    )
+
+
+def _zch_options(args: argparse.Namespace) -> Any:
+    if args.zch_size is None:
+        return None
+    from freescale.pipeline.stats.zch_replay import replay_config
+
+    return replay_config(
+        args.zch_lookup_events,
+        zch_size=args.zch_size,
+        bucket_size=args.zch_bucket_size,
+        max_probe=args.zch_max_probe,
+        policy=args.zch_policy,
+        ttl=args.zch_ttl,
+        admission_threshold=args.zch_admission,
+    )
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -574,6 +609,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             verify=not args.no_verify,
             plots=not args.no_plots,
             progress=not args.quiet,
+            zch=_zch_options(args),
         )
         report = run_stats(config, pool)
     finally:

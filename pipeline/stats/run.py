@@ -37,6 +37,11 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
     started = time.perf_counter()
     kind, uri = input_kind(config.input)
     config = replace(config, input=uri)
+    if config.zch is not None and kind != "sources":
+        raise StatsError(
+            f"{uri}: --zch-size replays events in time order, which a prepared dataset's samples do not keep "
+            "(windows repeat events); pass its source config"
+        )
     own_work = config.work_dir is None
     work = Path(tempfile.mkdtemp(prefix="freescale-stats-")) if own_work else Path(config.work_dir)
     try:
@@ -50,7 +55,10 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
 
             with stats_job(config, work, pool) as job:
                 collected = collect_sources(config, work, sizes_for, k, job)
-                report = _round_trip(build_report(collected, config, uri, kind), started)
+                report = build_report(collected, config, uri, kind)
+                if config.zch is not None:
+                    report["zch"] = _zch(config, uri, work, report)
+                report = _round_trip(report, started)
                 if plots_to is not None and config.executor == "local":  # Ray's workers may sit on other hosts
                     report["plots"] = write_plots(report, plots_to, lambda calls: job.map_calls(calls, "plots", "plot"))
         else:
@@ -74,6 +82,22 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
     if plots_to is not None and not report["plots"]:
         report["plots"] = write_plots(report, plots_to)
     return report
+
+
+def _zch(config: StatsConfig, sources_toml: str, work: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """The ZCH replay of the sources' item ids, beside modulo hashing's collision rate at the same rows."""
+    from freescale.datasets.sources import SourcesConfig
+    from freescale.pipeline.stats.zch_replay import replay_sources
+
+    assert config.zch is not None
+    replayed = replay_sources(SourcesConfig.from_toml(sources_toml), work / "spill" / "zch", config.zch)
+    size = str(config.zch.table.zch_size)
+    return {
+        "events": "every valid event of the sources in event-time order (before --min-len, --kcore, --sample-fraction)",
+        "definition": "rates per lookup (id occurrence); collision: the id got the fallback row",
+        **replayed,
+        "modulo_hash_collision_rate": report["ids"]["tables"]["item"]["hash_collision_rate"][size],
+    }
 
 
 def _round_trip(report: dict[str, Any], started: float) -> dict[str, Any]:
