@@ -26,6 +26,7 @@ from freescale.pipeline.time_windows import (
     parse_time_range,
     prepare_windows,
 )
+from freescale.tools.cli import main
 
 DAY = 86_400
 
@@ -142,3 +143,16 @@ def test_windows_of_another_run_need_overwrite(stream, tmp_path: Path):
     three_days = prepare_windows(window_config(sources, out, overwrite=True), 3 * DAY)
     assert [p.name for p in sorted(out.iterdir()) if p.name.startswith("window=")] == ["window=0000", "window=0001"]
     assert load_windows(str(out)) == three_days
+
+
+def test_cli_writes_the_windows_and_refuses_a_bad_duration(stream, tmp_path: Path, capsys):
+    sources, ts = stream
+    command = ["prepare", "--sources", sources, "--output", str(tmp_path / "out"), "--workers", "1", "--quiet"]
+    command += ["--group-size", "2", "--micro-batch-size", "2", "--min-len", "1"]
+    assert main([*command, "--time-window", "1x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--time-window: expected a duration" in err
+    assert main([*command, "--time-window", "1d"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("window=0000 [") and f"{ts.size:,} valid events: {ts.size:,} in windows" in lines[-1]
+    assert len(load_windows(str(tmp_path / "out")).datasets(str(tmp_path / "out"))) == len(lines) - 1

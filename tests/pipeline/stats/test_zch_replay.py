@@ -4,6 +4,7 @@ bad options or a prepared input are one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from freescale.datasets.synthetic import generate
 from freescale.kernels.zch import ZchTable
 from freescale.pipeline.stats import StatsConfig, StatsError, compute_stats
 from freescale.pipeline.stats.zch_replay import replay_config, replay_sources
+from freescale.tools.cli import main
 
 FAST = {"workers": 1, "progress": False, "output": None, "plots": False}
 TEN_DAYS = 10 * 86_400
@@ -105,3 +107,16 @@ def test_bad_zch_options_and_a_prepared_input_are_one_line(tmp_path: Path):
     (tmp_path / "ds" / "manifest.json").write_text("{}")
     with pytest.raises(StatsError, match="--zch-size replays events in time order"):
         compute_stats(StatsConfig(input=str(tmp_path / "ds"), zch=replay_config(zch_size=640), **FAST))
+
+
+def test_cli_prints_the_replay_beside_modulo_and_refuses_a_bad_size(churn, tmp_path: Path, capsys):
+    command = ["stats", churn, "--out", str(tmp_path / "stats"), "--workers", "1", "--no-plots", "--quiet"]
+    assert main([*command, "--zch-size", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--zch-size: 100 is not a multiple" in err
+    assert main([*command, "--zch-size", "1024", "--zch-policy", "lfu"]) == 0
+    out = capsys.readouterr().out
+    assert "ZCH replay" in out and "collide" in out and "id % T" in out
+    written = json.loads((tmp_path / "stats" / "stats.json").read_text())
+    assert written["zch"]["counters"]["lookups"] == 4644 and written["zch"]["table"]["policy"] == "lfu"
+    assert "1024" in written["ids"]["tables"]["item"]["hash_collision_rate"]
