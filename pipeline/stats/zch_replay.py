@@ -113,31 +113,21 @@ def time_ordered(files: list[Path]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 def replay(stream: Iterator[tuple[np.ndarray, np.ndarray]], config: ZchReplayConfig) -> dict[str, Any]:
     """Feed the time-ordered stream to a ``ZchTable`` in calls of ``lookup_events``; the report, with
-    per-day figures (the day a call's first event falls in)."""
+    per-day figures (the day a call's first event falls in). A day's events join the previous day's
+    remainder once, so the stream is copied once however many calls a day holds."""
     table = ZchTable(config.table)
     days: dict[int, dict[str, int]] = {}
-    pending_ts: list[np.ndarray] = []
-    pending_items: list[np.ndarray] = []
-    held = 0
+    n = config.lookup_events
+    rest_ts, rest_items = np.zeros(0, np.int64), np.zeros(0, np.int64)
     for ts, items in stream:
-        pending_ts.append(ts)
-        pending_items.append(items)
-        held += ts.size
-        while held >= config.lookup_events:
-            call_ts, call_items, pending_ts, pending_items = _take(pending_ts, pending_items, config.lookup_events)
-            held -= config.lookup_events
-            _lookup(table, call_ts, call_items, days)
-    if held:
-        _lookup(table, np.concatenate(pending_ts), np.concatenate(pending_items), days)
+        ts, items = np.concatenate([rest_ts, ts]), np.concatenate([rest_items, items])
+        full = ts.size - ts.size % n
+        for start in range(0, full, n):
+            _lookup(table, ts[start : start + n], items[start : start + n], days)
+        rest_ts, rest_items = ts[full:], items[full:]
+    if rest_ts.size:
+        _lookup(table, rest_ts, rest_items, days)
     return _report(table, config, days)
-
-
-def _take(
-    ts: list[np.ndarray], items: list[np.ndarray], n: int
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
-    """The first ``n`` pending events and what is left."""
-    all_ts, all_items = np.concatenate(ts), np.concatenate(items)
-    return all_ts[:n], all_items[:n], [all_ts[n:]], [all_items[n:]]
 
 
 def _lookup(table: ZchTable, ts: np.ndarray, items: np.ndarray, days: dict[int, dict[str, int]]) -> None:
