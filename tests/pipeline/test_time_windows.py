@@ -156,3 +156,18 @@ def test_cli_writes_the_windows_and_refuses_a_bad_duration(stream, tmp_path: Pat
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("window=0000 [") and f"{ts.size:,} valid events: {ts.size:,} in windows" in lines[-1]
     assert len(load_windows(str(tmp_path / "out")).datasets(str(tmp_path / "out"))) == len(lines) - 1
+
+
+def test_census_on_early_workers_gives_the_same_windows(stream, tmp_path: Path):
+    """The CLI hands its early workers over: the census runs on them, then the first window's job owns them."""
+    from freescale.pipeline.executors.processes import start_pool
+
+    sources, _ = stream
+    alone = prepare_windows(window_config(sources, tmp_path / "alone"), DAY)
+    pool = start_pool(1)
+    pooled = prepare_windows(window_config(sources, tmp_path / "pooled", workers=2), DAY, pool)
+    same = [(w.name, w.start, w.end, w.events, w.samples, w.fingerprint) for w in alone.windows]
+    assert [(w.name, w.start, w.end, w.events, w.samples, w.fingerprint) for w in pooled.windows] == same
+    assert (pooled.events_valid, pooled.events_in_windows) == (alone.events_valid, alone.events_in_windows)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(int)  # stopped with the job
