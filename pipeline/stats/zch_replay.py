@@ -2,8 +2,10 @@
 and occupancy, predicted by replaying the dataset's item ids in event-time order through
 ``kernels.zch.ZchTable`` (docs/stats.md#zch-replay; the table's rules: docs/design.md#open-id-spaces-mpzch).
 
-1. spill — the sources' valid events are read once, task by task, and their ``(ts, item_id)`` pairs
-   appended to one Arrow file per day of event time (read order inside a day);
+1. spill — the events are read once and their ``(ts, item_id)`` pairs appended to one Arrow file per
+   day of event time (read order inside a day): raw sources' valid events task by task
+   (``source_pairs``), or a prepared dataset's samples in plan order when no event is in two of them
+   (``prepared_pairs``: ``--window-stride 0``);
 2. replay — day by day, each file is sorted by time (stably: equal times keep read order) and its
    ids are looked up ``lookup_events`` at a time in training mode (with their times, for ttl); the
    stream is cut into lookups regardless of day boundaries, so the figures do not depend on them.
@@ -14,7 +16,7 @@ Memory: one read chunk, then the largest day's pairs (16 bytes an event) and the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,16 +68,33 @@ def replay_config(lookup_events: int = 65_536, **table: Any) -> ZchReplayConfig:
         raise ValueError(text) from None
 
 
-def spill_by_day(sources: SourcesConfig, spill_dir: Path) -> list[Path]:
-    """Every valid event's ``(ts, item_id)`` into ``day-<n>.arrow`` files; the files in time order."""
+def source_pairs(sources: SourcesConfig) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(ts, item_id)`` of every valid event of the sources, chunk by chunk in read order."""
+    for task in plan_read_tasks(sources, TARGET_ROWS_PER_TASK):
+        for chunk in read_task(sources, task):
+            yield chunk.events.column("ts").to_numpy(), chunk.events.column("item_id").to_numpy()
+
+
+def prepared_pairs(dataset: Any, chunk_rows: int = 4_096) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(timestamps, item_ids)`` of a ``PreparedDataset``'s samples, ``chunk_rows`` samples at a time.
+
+    Only for datasets prepared with ``--window-stride 0``: each event is then in one sample at most."""
+    n_rows = int(dataset.offsets[-1])
+    for start in range(0, n_rows, chunk_rows):
+        rows = [dataset.row(i) for i in range(start, min(start + chunk_rows, n_rows))]
+        yield (
+            np.concatenate([np.asarray(r["timestamps"], np.int64) for r in rows]),
+            np.concatenate([np.asarray(r["item_ids"], np.int64) for r in rows]),
+        )
+
+
+def spill_by_day(pairs: Iterable[tuple[np.ndarray, np.ndarray]], spill_dir: Path) -> list[Path]:
+    """Every ``(ts, item)`` pair into ``day-<n>.arrow`` files; the files in time order."""
     spill_dir.mkdir(parents=True, exist_ok=True)
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
     try:
-        for task in plan_read_tasks(sources, TARGET_ROWS_PER_TASK):
-            for chunk in read_task(sources, task):
-                ts = chunk.events.column("ts").to_numpy()
-                items = chunk.events.column("item_id").to_numpy()
-                _append_by_day(ts, items, writers, spill_dir)
+        for ts, items in pairs:
+            _append_by_day(ts, items, writers, spill_dir)
     finally:
         for writer in writers.values():
             writer.close()
@@ -167,9 +186,24 @@ def _report(table: ZchTable, config: ZchReplayConfig, days: dict[int, dict[str, 
     }
 
 
+def replay_pairs(pairs: Iterable[tuple[np.ndarray, np.ndarray]], spill_dir: Path, config: ZchReplayConfig) -> dict:
+    """``spill_by_day`` then ``replay``: the ``zch`` section of ``stats.json``."""
+    return replay(time_ordered(spill_by_day(pairs, spill_dir)), config)
+
+
 def replay_sources(sources: SourcesConfig, spill_dir: Path, config: ZchReplayConfig) -> dict[str, Any]:
-    """``spill_by_day`` then ``replay``: the ``zch`` section of ``stats.json`` for raw sources."""
-    return replay(time_ordered(spill_by_day(sources, spill_dir)), config)
+    """The replay of raw sources' valid events."""
+    return replay_pairs(source_pairs(sources), spill_dir, config)
 
 
-__all__ = ["ZchReplayConfig", "replay", "replay_config", "replay_sources", "spill_by_day", "time_ordered"]
+__all__ = [
+    "ZchReplayConfig",
+    "prepared_pairs",
+    "replay",
+    "replay_config",
+    "replay_pairs",
+    "replay_sources",
+    "source_pairs",
+    "spill_by_day",
+    "time_ordered",
+]

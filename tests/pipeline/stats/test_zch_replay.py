@@ -11,12 +11,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from prepare_configs import make_config
 
 from freescale.datasets.config import SourcesConfig
 from freescale.datasets.presets import preset
 from freescale.datasets.sources import iter_events
 from freescale.datasets.synthetic import generate
 from freescale.kernels.zch import ZchTable
+from freescale.pipeline.config import SampleConfig
+from freescale.pipeline.dataset.reader import PreparedDataset
+from freescale.pipeline.prepare import prepare
 from freescale.pipeline.stats import StatsConfig, StatsError, compute_stats
 from freescale.pipeline.stats.zch_replay import replay_config, replay_sources
 from freescale.tools.cli import main
@@ -89,7 +93,7 @@ def test_collisions_vanish_in_a_large_table_and_modulo_sits_beside(churn):
     assert small["zch"]["modulo_hash_collision_rate"] > 0.9  # ~4k ids in 256 rows
 
 
-def test_bad_zch_options_and_a_prepared_input_are_one_line(tmp_path: Path):
+def test_bad_zch_options_and_a_windowed_prepared_input_are_one_line(churn, tmp_path: Path):
     cases = [
         ({"zch_size": 100}, "--zch-size: 100 is not a multiple of bucket_size 64"),
         ({"zch_size": 640, "max_probe": 0}, "--zch-max-probe: must be in [1, bucket_size 64]"),
@@ -103,10 +107,28 @@ def test_bad_zch_options_and_a_prepared_input_are_one_line(tmp_path: Path):
         assert str(error.value).startswith(needle) and "\n" not in str(error.value)
     with pytest.raises(ValueError, match="--zch-lookup-events must be an integer >= 1"):
         replay_config(0, zch_size=640)
-    (tmp_path / "ds").mkdir()
-    (tmp_path / "ds" / "manifest.json").write_text("{}")
-    with pytest.raises(StatsError, match="--zch-size replays events in time order"):
-        compute_stats(StatsConfig(input=str(tmp_path / "ds"), zch=replay_config(zch_size=640), **FAST))
+    windowed = str(tmp_path / "windowed")
+    prepare(make_config(churn, windowed, samples=SampleConfig(max_uih_len=64, window_stride=32)))
+    with pytest.raises(StatsError, match=r"windowed samples .* repeat events; pass its source config"):
+        compute_stats(StatsConfig(input=windowed, zch=replay_config(zch_size=640), **FAST))
+
+
+def test_a_prepared_dataset_replays_its_samples_events_once(churn, tmp_path: Path):
+    out = str(tmp_path / "ds")
+    manifest = prepare(make_config(churn, out))
+    report = compute_stats(StatsConfig(input=out, zch=replay_config(zch_size=640, lookup_events=500), **FAST))
+    assert report["zch"]["counters"]["lookups"] == manifest["rows"]["events_used"]
+    dataset = PreparedDataset(out)
+    rows = [dataset.row(i) for i in range(int(dataset.offsets[-1]))]
+    ts = np.concatenate([row["timestamps"] for row in rows]).astype(np.int64)
+    items = np.concatenate([row["item_ids"] for row in rows]).astype(np.int64)
+    order = np.argsort(ts, kind="stable")
+    reference = ZchTable(replay_config(zch_size=640).table)
+    for start in range(0, ts.size, 500):
+        window = order[start : start + 500]
+        reference.lookup(torch.from_numpy(items[window]), torch.from_numpy(ts[window]))
+    assert report["zch"]["counters"] == reference.counters_dict()
+    assert report["zch"]["events"].startswith("every event of the prepared samples")
 
 
 def test_cli_prints_the_replay_beside_modulo_and_refuses_a_bad_size(churn, tmp_path: Path, capsys):
