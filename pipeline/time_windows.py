@@ -197,7 +197,7 @@ class WindowedPrepare:
             self._check_root()
             census = self._census()
             windows = self._windows(census)
-            self._remove_other_windows({entry.name for entry in windows})
+            self._remove_other_windows({entry.name for entry in windows if entry.events})
             entries = [self._prepare(entry) if entry.events else entry for entry in windows]
             index = self._index(census, tuple(entries))
             storage.write_bytes(storage.join(self.root, WINDOWS_NAME), index.to_json().encode())
@@ -252,7 +252,8 @@ class WindowedPrepare:
         return entries
 
     def _remove_other_windows(self, names: set[str]) -> None:
-        """Windows of an earlier run with other bounds: replaced with ``--overwrite``, refused without."""
+        """Window folders this run does not write (an earlier run's other bounds, or a window that has
+        no events now): removed with ``--overwrite``, refused without."""
         fs, path = storage.filesystem(self.root)
         listed = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         stale = sorted({e.base_name for e in listed if e.base_name.startswith(WINDOW_PREFIX)} - names)

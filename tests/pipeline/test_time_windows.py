@@ -171,3 +171,15 @@ def test_census_on_early_workers_gives_the_same_windows(stream, tmp_path: Path):
     assert (pooled.events_valid, pooled.events_in_windows) == (alone.events_valid, alone.events_in_windows)
     with pytest.raises(RuntimeError, match="shutdown"):
         pool.submit(int)  # stopped with the job
+
+
+def test_windows_without_events_are_listed_not_written(stream, tmp_path: Path):
+    sources, ts = stream
+    last_day = int(ts.max() // DAY)
+    out = tmp_path / "out"
+    index = prepare_windows(window_config(sources, out, time_range=(last_day * DAY, (last_day + 3) * DAY)), DAY)
+    assert [w.events > 0 for w in index.windows] == [True, False, False]
+    assert [w.path for w in index.windows] == ["window=0000", None, None]
+    assert index.datasets(str(out)) == [str(out / "window=0000")] and not (out / "window=0001").exists()
+    with pytest.raises(PrepareError, match="no valid events inside --time-range"):
+        prepare_windows(window_config(sources, tmp_path / "none", time_range=(0, DAY)), DAY)
