@@ -17,7 +17,9 @@ User ``k`` is ``"u%06d" % k`` in text logs and ``stable_id`` of that string in t
 sources agree after reading. Two optional planted structures give models something to learn: a Markov
 chain (``markov_prob``) makes the next item a deterministic function of the previous one; sessions
 (``sessions``, ``sessions.py``) make it depend on the time gap to it, the previous action and the
-user's long-term interest, as real logs do (the quality benchmark uses them). Output is
+user's long-term interest, as real logs do (the quality benchmark uses them). Id churn
+(``item_lifetime_days``, ``user_lifetime_days``; ``churn.py``) makes items and users appear and retire
+over event time, so later days hold ids the first day never had. Output is
 byte-identical for equal configs: every random draw comes from generators seeded by (seed, purpose,
 chunk), and chunks are cut by a deterministic event budget so memory stays bounded for large presets.
 """
@@ -35,6 +37,7 @@ import pyarrow.parquet as pq
 
 from freescale import storage
 
+from .churn import DistinctIds, churned_items, item_generations, item_phases, user_spans
 from .config import SourcesConfig, SourceSpec, UserTableSpec
 from .convert import TS_MAX
 from .corrupt import bad_csv_lines, bad_jsonl_lines, interleave
@@ -76,6 +79,9 @@ class GeneratorConfig:
     ``sessions`` plants the session structure of ``sessions.py`` (items and timestamps; the actions
     stay as drawn): ``session_len`` mean events per session, ``topics`` interest topics,
     ``session_noise`` share of exploring events. It replaces the Markov chain (``markov_prob`` = 0).
+    ``item_lifetime_days`` > 0: each of the ``n_items`` item slots gets a new id every that many days
+    (``churn.py``: ``n_items`` alive at once); ``user_lifetime_days`` > 0: users are active for about
+    that many days each. 0 (the default) turns either off.
     """
 
     name: str = "synthetic"
@@ -108,6 +114,8 @@ class GeneratorConfig:
     malformed_fraction: float = 0.0
     chunk_events: int = 2_000_000
     user_table: bool = True
+    item_lifetime_days: float = 0.0
+    user_lifetime_days: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -138,6 +146,7 @@ class GeneratorConfig:
                 f"GeneratorConfig: option 'length_dist' must be lognormal or pareto; got {self.length_dist!r}"
             )
         self._check_sessions()
+        self._check_churn()
         if self.min_len > self.max_len:
             raise ValueError(f"GeneratorConfig: option 'min_len' ({self.min_len}) exceeds 'max_len'")
         if self.n_items > 2**31 or self.markov_a >= 2**31 or not 0 <= self.markov_b < 2**31:
@@ -158,6 +167,29 @@ class GeneratorConfig:
             raise ValueError(
                 "GeneratorConfig: options 'sessions' and 'markov_prob' are two planted structures; use one"
             )
+
+    def _check_churn(self) -> None:
+        for key in ("item_lifetime_days", "user_lifetime_days"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(
+                    f"GeneratorConfig: option '{key}' must be a number of days >= 0 (0: off); got {value!r}"
+                )
+        if self.user_lifetime_days and self.sessions:
+            raise ValueError(
+                "GeneratorConfig: option 'user_lifetime_days' needs sessions = false (sessions set their own times)"
+            )
+        if self.item_lifetime_days and self.n_items * self.item_generations() >= 2**31:
+            raise ValueError(
+                f"GeneratorConfig: option 'item_lifetime_days' ({self.item_lifetime_days}) gives "
+                f"{self.item_generations()} generations of {self.n_items} items: ids must stay < 2**31"
+            )
+
+    def item_generations(self) -> int:
+        """Generations an item slot can have (1 without item churn): item ids are < n_items times this."""
+        if not self.item_lifetime_days:
+            return 1
+        return item_generations(self.window_days, self.item_lifetime_days, self.max_len)
 
     def session_params(self) -> SessionParams:
         return SessionParams(**{f.name: getattr(self, f.name) for f in fields(SessionParams)})
@@ -228,11 +260,16 @@ def _apply_markov(items: np.ndarray, pos: np.ndarray, rng: np.random.Generator, 
 def _timestamps(rng: np.random.Generator, lengths: np.ndarray, cfg: GeneratorConfig) -> np.ndarray:
     """Strictly increasing seconds per user (gaps >= 1 s) inside ``[start_time, start_time + window]``.
 
-    Each user is active over a random span of the window; exponential gaps are rescaled per user to
-    fill exactly that span (so bursts and lulls vary, but no history leaves the window).
+    Each user is active over a random span of the window (5-80 % of it, or ``user_lifetime_days``
+    ± 50 %); exponential gaps are rescaled per user to fill exactly that span (so bursts and lulls
+    vary, but no history leaves the window).
     """
     window = cfg.window_days * 86_400.0
-    span = np.maximum(lengths.astype(np.float64), rng.uniform(0.05, 0.8, len(lengths)) * window)
+    if cfg.user_lifetime_days:
+        active = user_spans(rng, len(lengths), cfg.user_lifetime_days, window)
+    else:
+        active = rng.uniform(0.05, 0.8, len(lengths)) * window
+    span = np.maximum(lengths.astype(np.float64), active)
     starts = np.cumsum(lengths) - lengths
     raw = rng.exponential(1.0, int(lengths.sum()))
     per_user = np.add.reduceat(raw, starts)
@@ -257,8 +294,15 @@ def chunk_bounds(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
 
 
 def _chunk_events(
-    cfg: GeneratorConfig, sampler: ItemSampler, lengths: np.ndarray, u0: int, u1: int, chunk: int
+    cfg: GeneratorConfig,
+    sampler: ItemSampler,
+    lengths: np.ndarray,
+    u0: int,
+    u1: int,
+    chunk: int,
+    phases: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
+    """Users ``[u0, u1)``'s events (channel, kind, time, item...); ``phases``: the item slots' churn phases."""
     rng = np.random.default_rng([cfg.seed, 1, chunk])
     lens = lengths[u0:u1]
     n = int(lens.sum())
@@ -281,6 +325,8 @@ def _chunk_events(
         session_rng = np.random.default_rng([cfg.seed, 7, chunk])
         planted = plant_sessions(session_rng, lens, np.arange(u0, u1), engaged, items, cfg.session_params())
         ev["item"], ev["ts"] = planted.items, planted.ts
+    if cfg.item_lifetime_days:  # on slots, after every draw: the ids change, nothing else does
+        ev["item"] = churned_items(ev["item"], ev["ts"], phases, cfg.start_time, cfg.item_lifetime_days)
     return ev
 
 
@@ -483,7 +529,18 @@ def _sources_config(cfg: GeneratorConfig, writers: _Writers) -> SourcesConfig:
     return SourcesConfig(name=cfg.name, sources=sources, users=users)
 
 
-def _summary(cfg: GeneratorConfig, lengths: np.ndarray, stats: dict[str, dict]) -> dict:
+def _churn_summary(cfg: GeneratorConfig, distinct: DistinctIds | None) -> dict:
+    """What churn planted: items alive at once, distinct item ids that occurred, ids possible."""
+    return {
+        "item_lifetime_days": cfg.item_lifetime_days,
+        "user_lifetime_days": cfg.user_lifetime_days,
+        "items_alive_at_once": cfg.n_items,
+        "item_ids_possible": cfg.n_items * cfg.item_generations(),
+        "distinct_items": None if distinct is None else distinct.count(),
+    }
+
+
+def _summary(cfg: GeneratorConfig, lengths: np.ndarray, stats: dict[str, dict], churn: dict) -> dict:
     totals: dict[str, int] = {}
     for source in stats.values():
         for kind, n in source["rejects"].items():
@@ -500,6 +557,7 @@ def _summary(cfg: GeneratorConfig, lengths: np.ndarray, stats: dict[str, dict]) 
         "user_id": "text logs: 'u' + zero-padded index (width >= 6); clicks.uid: stable_id of that string",
         "markov": {"prob": cfg.markov_prob, "a": cfg.markov_a, "b": cfg.markov_b, "n_items": cfg.n_items},
         "sessions": {"on": cfg.sessions, "session_len": cfg.session_len, "topics": cfg.topics},
+        "churn": churn,
         "lengths": {
             "min": int(lengths.min()),
             "median": float(np.median(lengths)),
@@ -521,13 +579,17 @@ def generate(config: GeneratorConfig, out_dir: str) -> SourcesConfig:
     sampler = ItemSampler(config)
     writers = _Writers(config, out_dir)
     stats = {"clicks": _new_stats("parquet", "clicks/*.parquet")}
+    phases = item_phases(config.seed, config.n_items, config.item_lifetime_days) if config.item_lifetime_days else None
+    distinct = DistinctIds(config.n_items * config.item_generations()) if phases is not None else None
     if writers.purchases:
         stats["purchases"] = _new_stats("jsonl", "purchases/*.jsonl")
     if writers.reviews:
         stats["reviews"] = _new_stats("csv", "reviews/*.csv")
     try:
         for chunk, (u0, u1) in enumerate(chunk_bounds(lengths, config.chunk_events)):
-            ev = _chunk_events(config, sampler, lengths, u0, u1, chunk)
+            ev = _chunk_events(config, sampler, lengths, u0, u1, chunk, phases)
+            if distinct is not None:
+                distinct.add(ev["item"])
             _write_clicks(writers, ev, config, u0, u1, stats["clicks"])
             if writers.purchases:
                 _write_purchases(writers, ev, config, chunk, stats["purchases"])
@@ -541,6 +603,7 @@ def generate(config: GeneratorConfig, out_dir: str) -> SourcesConfig:
     sources = _sources_config(config, writers)
     toml_path = storage.join(out_dir, "sources.toml")
     storage.write_bytes(toml_path, sources.to_toml().encode("utf-8"))
-    summary = json.dumps(_summary(config, lengths, stats), indent=2, sort_keys=True) + "\n"
+    summary = _summary(config, lengths, stats, _churn_summary(config, distinct))
+    summary = json.dumps(summary, indent=2, sort_keys=True) + "\n"
     storage.write_bytes(storage.join(out_dir, "generated.json"), summary.encode("utf-8"))
     return SourcesConfig.from_toml(toml_path)

@@ -98,6 +98,9 @@ class PrepareConfig:
     # ``stats --sample-fraction`` (never prepare's CLI): the scan spills only the events of this share of
     # users (``datasets.ids.selected``), so the steps after it work on the sample alone
     user_fraction: float = 1.0
+    # ``--time-range`` / one window of ``--time-window`` (``time_windows``): event-time seconds [start, end);
+    # the scan keeps only these events and counts the others as filtered (``outside_time_range``)
+    time_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -123,8 +126,19 @@ class PrepareConfig:
             raise ValueError(f"user_fraction must be in (0, 1], got {f!r}")
         if f < 1.0 and self.samples.kcore:
             raise ValueError("user_fraction < 1 needs kcore = 0: k-core counts items over every user")
+        self._check_time_range()
         if self.shard_size_limit < 2**16:
             raise ValueError(f"--shard-size-limit must be at least 64KB, got {self.shard_size_limit}")
+
+    def _check_time_range(self) -> None:
+        if self.time_range is None:
+            return
+        bounds = tuple(self.time_range)
+        if len(bounds) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in bounds):
+            raise ValueError(f"--time-range must be two integer event-time seconds START:END, got {self.time_range!r}")
+        if not 0 <= bounds[0] < bounds[1]:
+            raise ValueError(f"--time-range: START must be >= 0 and before END, got {bounds[0]}:{bounds[1]}")
+        self.time_range = (int(bounds[0]), int(bounds[1]))
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The options that change the output bytes (not where or how fast it is computed)."""
@@ -137,6 +151,7 @@ class PrepareConfig:
             "plan_memory": self.plan_memory,  # windows change the plan
             # only when sampling: full jobs keep the fingerprints (and work directories) they had
             **({"user_fraction": self.user_fraction} if self.user_fraction < 1.0 else {}),
+            **({"time_range": list(self.time_range)} if self.time_range is not None else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:

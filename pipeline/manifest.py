@@ -87,7 +87,9 @@ def _rows(
     from freescale.pipeline.records import RowTotals
 
     totals = RowTotals.of(samples)
-    filtered, used = totals.filtered, totals.events_used
+    filtered, used = dict(totals.filtered), totals.events_used
+    if summary.outside_time_range:  # --time-range / --time-window: valid events of other times
+        filtered["outside_time_range"] = summary.outside_time_range
     rows = {
         "events_read": summary.rows_read,
         "events_read_by_source": dict(sorted(summary.rows_read_by_source.items())),

@@ -426,9 +426,12 @@ class PrepareJob:
             scan.save_json(state_path, {"n_partitions": n_partitions})
         self._n_partitions = n_partitions
         examples, fraction = self.config.quarantine_examples, self.config.user_fraction
-        read_budget = self._budget().per_task
+        read_budget, time_range = self._budget().per_task, self.config.time_range
         todo = [
-            (scan.run_scan_task, (self.sources, task, i, n_partitions, scan_dir, examples, fraction, read_budget))
+            (
+                scan.run_scan_task,
+                (self.sources, task, i, n_partitions, scan_dir, examples, fraction, read_budget, time_range),
+            )
             for i, task in enumerate(self.tasks)
             if scan.load_task_record(scan_dir, i) is None
         ]

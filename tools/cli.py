@@ -153,6 +153,18 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
         help="where intermediate files go (default: .<output name>.freescale-work beside a local output; "
         "<tmp>/freescale-prepare-<uid> for s3://)",
     )
+    p.add_argument(
+        "--time-range",
+        metavar="START:END",
+        help="keep the events with START <= event time < END (seconds since the epoch or ISO dates, UTC; "
+        "START..END when the times hold colons); the others are counted as filtered (outside_time_range)",
+    )
+    p.add_argument(
+        "--time-window",
+        metavar="DURATION",
+        help="write one dataset per window of event time (1d, 6h, 30m, 3600) under --output/window=NNNN, "
+        "plus windows.json (docs/data.md#time-windows)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a different existing dataset")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -244,6 +256,7 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
         "then estimates with standard errors",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random batching")
+    _add_zch_options(p)
     _add_sample_options(p)
     p.add_argument(
         "--work-dir",
@@ -257,6 +270,40 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-plots", action="store_true", help="write stats.json only")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_zch_options(p: argparse.ArgumentParser) -> None:
+    """``stats``' ZCH replay (docs/stats.md#zch-replay): off unless ``--zch-size`` is given."""
+    p.add_argument(
+        "--zch-size",
+        type=int,
+        help="replay the item ids in event-time order through a zero-collision table of this many rows "
+        "(raw sources); reports hit/insert/collision/eviction rates and occupancy",
+    )
+    p.add_argument("--zch-max-probe", type=int, default=16, help="slots probed per id (default 16)")
+    p.add_argument("--zch-bucket-size", type=int, default=64, help="rows per bucket (default 64)")
+    p.add_argument("--zch-policy", default="lru", help="eviction policy: lru (default), lfu or ttl")
+    p.add_argument("--zch-ttl", type=int, help="policy ttl: seconds of event time an id may stay unseen")
+    p.add_argument("--zch-admission", type=int, default=1, help="policy lfu: sightings before an id takes a slot")
+    p.add_argument(
+        "--zch-lookup-events", type=int, default=65_536, help="events per lookup call (a training step's ids)"
+    )
+
+
+def _zch_options(args: argparse.Namespace) -> Any:
+    if args.zch_size is None:
+        return None
+    from freescale.pipeline.stats.zch_replay import replay_config
+
+    return replay_config(
+        args.zch_lookup_events,
+        zch_size=args.zch_size,
+        bucket_size=args.zch_bucket_size,
+        max_probe=args.zch_max_probe,
+        policy=args.zch_policy,
+        ttl=args.zch_ttl,
+        admission_threshold=args.zch_admission,
+    )
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -380,6 +427,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def prepare_config_from_args(args: argparse.Namespace):
     from freescale.pipeline.balance import BalanceConfig
     from freescale.pipeline.config import PrepareConfig, parse_size
+    from freescale.pipeline.time_windows import parse_time_range
 
     balance_options = {
         "group_size": args.group_size,
@@ -403,6 +451,7 @@ def prepare_config_from_args(args: argparse.Namespace):
         work_dir=args.work_dir,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        time_range=parse_time_range(args.time_range),
     )
 
 
@@ -449,6 +498,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             from freescale.tools.report import print_prepare_summary
 
         config = prepare_config_from_args(args)
+        if args.time_window is not None:
+            return _prepare_windows(config, args.time_window, pool)
         manifest = parse_manifest(prepare(config, pool), storage.join(config.output, MANIFEST_NAME))
     finally:
         # Also when the options or the sources are refused before the job owns the pool: a pool left
@@ -457,6 +508,22 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             pool.shutdown(cancel_futures=True)
     print_prepare_summary(manifest)
     print(f"dataset: {args.output} (manifest.json, {manifest.rows.samples:,} samples)")
+    return 0
+
+
+def _prepare_windows(config: Any, window: str, pool: Any) -> int:
+    """``prepare --time-window``: one dataset per window (``pipeline.time_windows``); a line per window."""
+    from freescale.pipeline.time_windows import parse_duration, prepare_windows
+
+    index = prepare_windows(config, parse_duration(window), pool)
+    for entry in index.windows:
+        where = entry.path or "(no events: not written)"
+        print(f"{entry.name} [{entry.start}, {entry.end}): {entry.events:,} events, {entry.samples:,} samples  {where}")
+    print(
+        f"windows: {config.output} ({len(index.datasets(config.output))} datasets, windows.json); "
+        f"{index.events_valid:,} valid events: {index.events_in_windows:,} in windows, "
+        f"{index.events_outside_windows:,} outside every window"
+    )
     return 0
 
 
@@ -548,6 +615,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             verify=not args.no_verify,
             plots=not args.no_plots,
             progress=not args.quiet,
+            zch=_zch_options(args),
         )
         report = run_stats(config, pool)
     finally:

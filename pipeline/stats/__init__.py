@@ -12,7 +12,9 @@ with docs/design.md#definitions's names:
   dataset's own plan;
 * ``batch_overlap_rate`` per table at a global batch size and its curve over global batch sizes,
   item popularity with a fitted Zipf exponent;
-* ``hash_collision_rate`` under modulo hashing for table sizes T, unique ids and id ranges.
+* ``hash_collision_rate`` under modulo hashing for table sizes T, unique ids and id ranges;
+* with ``--zch-size``, a zero-collision table's hit, insert, collision and eviction rates and
+  occupancy, replaying the item ids in event-time order (``zch_replay``).
 
 ``run_stats`` writes ``stats.json`` (``SCHEMA_VERSION``; the top-level keys are ``TOP_LEVEL_KEYS``),
 PNG plots and returns the report; ``compute_stats`` returns it without writing anything.

@@ -30,6 +30,7 @@ TOP_LEVEL_KEYS = (
     "batch_overlap",
     "popularity",
     "ids",
+    "zch",
     "plots",
     "runtime_s",
 )
@@ -252,6 +253,7 @@ def build_report(c: Collected, config: StatsConfig, input_uri: str, kind: str) -
             "definition": "hash_collision_rate: share of distinct ids that share their row with another id",
             "tables": c.reducer.ids_report(),
         },
+        "zch": None,  # --zch-size: the replay's figures (``zch_replay``), filled in by ``run``
         "plots": {},
         "runtime_s": None,
     }

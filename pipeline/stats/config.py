@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +11,9 @@ from freescale import storage
 from freescale.model_config import ModelConfig
 from freescale.pipeline.config import SampleConfig
 from freescale.pipeline.dataset.manifest import MANIFEST_NAME, ManifestError, load_manifest
+
+if TYPE_CHECKING:
+    from freescale.pipeline.stats.zch_replay import ZchReplayConfig
 
 SOURCES_CONFIG_NAME = "sources.toml"
 DEFAULT_WORLD_SIZES = (8, 64, 256)
@@ -59,6 +62,9 @@ class StatsConfig:
     verify: bool = True  # prepared dataset: check shard hashes against the manifest (--no-verify skips)
     plots: bool = True
     progress: bool = True
+    # --zch-size ...: replay the item ids through a ZCH table (raw sources only); ``table_sizes`` then
+    # gains the zch_size, so modulo hashing is reported at the same rows
+    zch: ZchReplayConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -86,6 +92,8 @@ class StatsConfig:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if self.zch is not None:
+            self.table_sizes = tuple(sorted({*self.table_sizes, self.zch.table.zch_size}))
         if max(self.table_sizes) > self.memory_limit // 8:
             raise ValueError(
                 f"--table-sizes: {max(self.table_sizes):,} rows need one byte per row and table in "

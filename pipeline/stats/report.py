@@ -135,6 +135,27 @@ def ids_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def zch_table(zch: dict[str, Any]) -> Table:
+    """The ZCH replay beside modulo hashing at the same rows (``zch_replay``)."""
+    cfg = zch["table"]
+    policy = cfg["policy"] + (f", ttl {cfg['ttl']} s" if cfg["ttl"] else "")
+    policy += f", admission {cfg['admission_threshold']}" if cfg["admission_threshold"] > 1 else ""
+    table = Table(
+        title=f"ZCH replay of item ids in time order: {cfg['zch_size']:,} rows, max_probe {cfg['max_probe']}, {policy}"
+    )
+    columns = ("lookups", "hit", "insert", "collide", "evict", "full", "id % T")
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_row(
+        _short(zch["counters"]["lookups"]),
+        *(_pct(zch[key], digits=2) for key in ("hit_rate", "insert_rate", "collision_rate", "eviction_rate")),
+        _pct(zch["occupancy"], digits=1),
+        _pct(zch["modulo_hash_collision_rate"], digits=2),
+    )
+    table.caption = "rates per lookup; full: occupancy; id % T: modulo hashing's hash_collision_rate at T rows"
+    return table
+
+
 def print_stats_summary(report: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     source = report["input"]
@@ -155,6 +176,8 @@ def print_stats_summary(report: dict[str, Any], console: Console | None = None) 
     )
     for table in (lengths_table, sparsity_table, straggler_table, overlap_table, ids_table):
         console.print(table(report))
+    if report.get("zch"):
+        console.print(zch_table(report["zch"]))
     pop = report["popularity"]
     shares = ", ".join(
         f"{k.replace('top_', 'top ').replace('pct', '%')}: {v:.1%}" for k, v in pop.get("top_share", {}).items()

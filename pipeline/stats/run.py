@@ -37,6 +37,11 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
     started = time.perf_counter()
     kind, uri = input_kind(config.input)
     config = replace(config, input=uri)
+    if config.zch is not None and kind == "prepared" and load_manifest(uri).samples.window_stride:
+        raise StatsError(
+            f"{uri}: --zch-size replays each event once in time order, and this dataset's windowed samples "
+            "(--window-stride > 0) repeat events; pass its source config"
+        )
     own_work = config.work_dir is None
     work = Path(tempfile.mkdtemp(prefix="freescale-stats-")) if own_work else Path(config.work_dir)
     try:
@@ -50,7 +55,10 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
 
             with stats_job(config, work, pool) as job:
                 collected = collect_sources(config, work, sizes_for, k, job)
-                report = _round_trip(build_report(collected, config, uri, kind), started)
+                report = build_report(collected, config, uri, kind)
+                if config.zch is not None:
+                    report["zch"] = _zch(config, kind, uri, work, report)
+                report = _round_trip(report, started)
                 if plots_to is not None and config.executor == "local":  # Ray's workers may sit on other hosts
                     report["plots"] = write_plots(report, plots_to, lambda calls: job.map_calls(calls, "plots", "plot"))
         else:
@@ -66,7 +74,10 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
                 return sizes, "step_group" if config.global_batch_size is None else f"global_batch_{head}"
 
             collected = collect_prepared(config, work, sizes_for)
-            report = _round_trip(build_report(collected, config, uri, kind), started)
+            report = build_report(collected, config, uri, kind)
+            if config.zch is not None:
+                report["zch"] = _zch(config, kind, uri, work, report)
+            report = _round_trip(report, started)
     finally:
         remove(work / "spill")
         if own_work:
@@ -74,6 +85,31 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
     if plots_to is not None and not report["plots"]:
         report["plots"] = write_plots(report, plots_to)
     return report
+
+
+def _zch(config: StatsConfig, kind: str, uri: str, work: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """The ZCH replay of the input's item ids (``zch_replay``), beside modulo hashing at the same rows."""
+    from freescale.pipeline.stats import zch_replay
+
+    assert config.zch is not None
+    if kind == "sources":
+        from freescale.datasets.sources import SourcesConfig
+
+        pairs = zch_replay.source_pairs(SourcesConfig.from_toml(uri))
+        events = "every valid event of the sources (before --min-len, --kcore, --sample-fraction)"
+    else:
+        from freescale.pipeline.dataset.reader import PreparedDataset
+
+        pairs = zch_replay.prepared_pairs(PreparedDataset(uri, cache_dir=config.cache_dir, verify=config.verify))
+        events = "every event of the prepared samples (each in one sample: --window-stride 0)"
+    replayed = zch_replay.replay_pairs(pairs, work / "spill" / "zch", config.zch)
+    size = str(config.zch.table.zch_size)
+    return {
+        "events": f"{events}, in event-time order",
+        "definition": "rates per lookup (id occurrence); collision: the id got the fallback row",
+        **replayed,
+        "modulo_hash_collision_rate": report["ids"]["tables"]["item"]["hash_collision_rate"][size],
+    }
 
 
 def _round_trip(report: dict[str, Any], started: float) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class ScanSummary:
     rows_read: int = 0
     events_kept: int = 0
     sampled_out: int = 0  # valid events of users outside ``user_fraction`` (not spilled)
+    outside_time_range: int = 0  # valid events outside ``PrepareConfig.time_range`` (not spilled)
     rejected: Counter = field(default_factory=Counter)
     rows_read_by_source: Counter = field(default_factory=Counter)
     examples: dict[str, list[dict]] = field(default_factory=dict)
@@ -60,6 +61,7 @@ class ScanSummary:
         self.rows_read += record["rows_read"]
         self.events_kept += record["events_kept"]
         self.sampled_out += record.get("sampled_out", 0)
+        self.outside_time_range += record.get("outside_time_range", 0)
         self.rejected.update(record["rejected"])
         self.rows_read_by_source.update(record["rows_read_by_source"])
         for reason, rows in record["examples"].items():
@@ -104,6 +106,7 @@ def run_scan_task(
     examples_per_reason: int,
     user_fraction: float = 1.0,
     read_budget: int | None = None,
+    time_range: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Read one task, spill its events by partition, write its record (the completion marker).
 
@@ -113,7 +116,11 @@ def run_scan_task(
     ``user_fraction`` < 1 (``stats --sample-fraction`` without k-core) reads only the events of
     ``selected`` users (``read_task``: the other rows' fields past the user id are never converted);
     the per-user counts still cover every user (the plan's sample totals), and the record counts the
-    rows left out as ``sampled_out``."""
+    rows left out as ``sampled_out``.
+
+    ``time_range`` ``(start, end)`` (``prepare --time-range``/``--time-window``): only valid events with
+    ``start <= ts < end`` are spilled and counted per user; the record counts the others as
+    ``outside_time_range``."""
     prefix = Path(scan_dir) / f"t{task_id:05d}"
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
     record: dict[str, Any] = {
@@ -121,6 +128,7 @@ def run_scan_task(
         "rows_read": 0,
         "events_kept": 0,
         "sampled_out": 0,
+        "outside_time_range": 0,
         "rejected": Counter(),
         "rows_read_by_source": Counter(),
         "examples": {},
@@ -128,7 +136,9 @@ def run_scan_task(
     task_users: list[tuple[np.ndarray, np.ndarray]] = []  # per chunk: (user ids, events), not every row's id
     sizes = {} if read_budget is None else dict(zip(("chunk_rows", "chunk_bytes"), read_chunk_sizes(read_budget)))
     for chunk in read_task(sources, task, user_fraction=user_fraction, **sizes):
-        events = chunk.events.select(SPILL_SCHEMA.names).cast(SPILL_SCHEMA)
+        events = chunk.events if time_range is None else in_time_range(chunk.events, time_range)
+        record["outside_time_range"] += chunk.events.num_rows - events.num_rows
+        events = events.select(SPILL_SCHEMA.names).cast(SPILL_SCHEMA)
         record["rows_read"] += chunk.rows_read
         record["rows_read_by_source"][sources.sources[task.source].name] += chunk.rows_read
         record["events_kept"] += events.num_rows
@@ -151,6 +161,12 @@ def run_scan_task(
     record["partitions"] = sorted(writers)
     save_json(Path(f"{prefix}.json"), record)
     return record
+
+
+def in_time_range(events: pa.Table, time_range: tuple[int, int]) -> pa.Table:
+    """The events with ``start <= ts < end`` (event-time seconds), in their order."""
+    ts = events.column("ts").to_numpy()
+    return events.filter(pa.array((ts >= time_range[0]) & (ts < time_range[1])))
 
 
 def _sum_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -306,6 +322,7 @@ __all__ = [
     "SPILL_SCHEMA",
     "ScanSummary",
     "count_values",
+    "in_time_range",
     "load_task_record",
     "load_user_table_record",
     "partition_of",
