@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from freescale.endpoints import host_port
 from freescale.trainer.checkpoint_record import CheckpointRecord
-from freescale.trainer.config import RunConfig
+from freescale.trainer.config import RunConfig, check_zch_world
 from freescale.trainer.lifetime import die_with_parent, run_group
 from freescale.trainer.rendezvous import check_endpoint
 from freescale.trainer.run_dir import RunFolders, claim_checkpoint_dir
@@ -144,6 +144,7 @@ def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str
 
     if cfg.engine.name == "torchrec" and (reason := torchrec_unavailable("engine.name 'torchrec'")):
         raise ValueError(f"{reason}; engine.name = 'freescale' needs neither")
+    check_zch_world(cfg.model_extra, world_size)
     manifest = load_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
     group = manifest.layout.group_size
     if group % world_size:
