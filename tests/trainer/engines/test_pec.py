@@ -106,6 +106,9 @@ def test_pec_equals_synchronous_over_fifty_steps(world_size: int, pool2, pool4) 
         ("evaluation/checkpoint settles every step", {"settle_every": 1}),
         ("settle every other step", {"settle_every": 2, "overlap": 0.8}),
         ("a single step (first = last batch)", {"steps": 1}),
+        ("zch: evictions and fallback rows, adam", {"zch_size": 32, "sparse": "adam"}),
+        ("zch ttl, a batch prefetched at the end", {"zch_size": 32, "zch_policy": "ttl", "stop_early": True}),
+        ("zch lfu, settling every step", {"zch_size": 32, "zch_policy": "lfu", "settle_every": 1}),
     ],
 )
 def test_edge_cases_stay_exact(pool2, name: str, changes: dict) -> None:
