@@ -397,7 +397,7 @@ class RowWiseShardedTables:
             values = shard.reset_values(step.reassigned, step.step, self.dim)
             local = step.reassigned - self.bounds[step.table][0]
             reset_rows(weight, local, self.optimizers[step.table].state, values=values)
-            shard.ahead = False
+            shard.trained()
         ctx.resets_applied = True
 
     def row_notes(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,7 @@ class ZchShard:
         self.layout = torch.tensor(config.layout, dtype=torch.int64, device=device)
         self.ahead = False  # the last training lookup was for a batch that has not trained yet
         self._undo: Undo | None = None
+        self._view: ZchTable | None = None  # the trained state, for evaluation while a lookup is ahead
 
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
         """The rank owning each raw id's bucket."""
@@ -94,9 +95,9 @@ class ZchShard:
         ``clock``: the step's event time (policy ttl), every id of the step seen at it.
         """
         if not train:
-            result = self.table.lookup(ids, train=False)
+            result = self.trained_table().lookup(ids, train=False)
             return result.rows + self.first_row, None
-        self._undo = self._record(ids)
+        self._undo, self._view = self._record(ids), None
         times = torch.full_like(ids, clock) if self.config.policy == "ttl" and clock is not None else None
         result = self.table.lookup(ids, times, train=True)
         self.ahead = True
@@ -106,6 +107,21 @@ class ZchShard:
             self.table.slots,
         )  # fmt: skip
         return result.rows + self.first_row, step
+
+    def trained(self) -> None:
+        """The batch looked up ahead starts training: its lookup is part of the trained state now."""
+        self.ahead, self._view = False, None
+
+    def trained_table(self) -> ZchTable:
+        """The table evaluation reads: as of the trained batches, like a checkpoint (PEC's prefetch and
+        the end of training look the next batch up early; evaluation must not see its ids)."""
+        if not self.ahead:
+            return self.table
+        if self._view is None:
+            self._view = ZchTable(self.config, self.table.device, self.rank)
+            for name, tensor in self.trained_state().items():
+                getattr(self._view, name).copy_(tensor)
+        return self._view
 
     def _record(self, ids: torch.Tensor) -> Undo:
         """Every slot and admission entry ``ids`` can touch (their windows), with its values now."""

@@ -61,19 +61,29 @@ def test_eviction_resets_the_row_and_its_optimizer_state_when_its_batch_trains(g
         engine.close()
 
 
-def test_a_checkpoint_holds_the_table_as_of_the_trained_batches(gloo_world_of_one) -> None:
+def evaluated_rows(engine, ids: list[int]) -> list[int]:
+    ctx = route(engine, ids, train=False)
+    engine.tables.output_dist(ctx, engine.tables.lookup(ctx))
+    return engine.tables.feature_keys(ctx)["item"].tolist()
+
+
+def test_checkpoints_and_evaluation_see_the_table_as_of_the_trained_batches(gloo_world_of_one) -> None:
     engine = zch_engine()
     try:
-        tables = engine.tables
-        tables.apply_resets(route(engine, list(range(100, 108))))
+        tables, first = engine.tables, list(range(100, 108))
+        tables.apply_resets(route(engine, first))
         trained = {k: t.clone() for k, t in tables.local_state().items() if k.startswith("zch.")}
+        rows = evaluated_rows(engine, first)
+        assert sorted(rows) == list(range(8))
         ctx = route(engine, [100, 200, 201, 202])  # looked up ahead, not trained yet
         live = tables.zch[0].table
         assert int(live.step) == 2 and int((live.identities >= 200).sum()) == 3
         saved = {k: t for k, t in tables.local_state().items() if k.startswith("zch.")}
         assert [k for k in trained if not torch.equal(trained[k], saved[k])] == []
+        assert evaluated_rows(engine, first) == rows  # the evicted ids still have their rows
         tables.apply_resets(ctx)  # the batch trains: the lookup belongs to the state now
         assert torch.equal(tables.local_state()["zch.item.identities"], live.identities)
+        assert evaluated_rows(engine, first).count(8) == 3  # now they fall back
         assert tables.global_shapes()["zch.item.counters"] == (7,)
     finally:
         engine.close()
