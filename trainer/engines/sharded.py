@@ -24,9 +24,10 @@ the owner of their bucket (``zch_shard.py``) in the same two all-to-alls; ``fini
 look them up (training: insert, evict) and replace them by global rows, so every later stage works on
 rows as for exact ids. Rows given to a new id are reset (embedding and optimizer state) by
 ``apply_resets`` when that batch starts training. The rows all-to-all carries each row's key and
-reset step back (``ROW_NOTE`` columns), so requesters know which row each raw id got: PEC addresses
-gradients by row and recomputes reset rows it prefetched, evaluation ranks by row. With ttl, the
-step's event time rides as the last element of the routing note.
+reset step back (``row_notes``: two int64 as four more float32 columns), so requesters know which
+row each raw id got: PEC addresses gradients by row and recomputes reset rows it prefetched,
+evaluation ranks by row. With ttl, the step's event time rides as the last element of the routing
+note.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from freescale.trainer.engines.sparse_optim import SparseOptimizer, make_sparse_
 from freescale.trainer.engines.zch_shard import ZchShard, ZchStep
 
 INIT_CHUNK_ROWS = 4096
-ROW_NOTE = 4  # float32 columns after each row of the rows all-to-all with zch tables: key, reset step (int64 bits)
 
 
 @dataclass
