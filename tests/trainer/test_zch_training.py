@@ -10,10 +10,11 @@ Processes run with cwd = a temp dir (see train_cli.py).
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
-from train_cli import prepare_tiny, run_toml, run_train
+from train_cli import FREESCALE, prepare_tiny, run_toml, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def straight(tmp_path_factory) -> dict:
         **COMMON,
     )  # fmt: skip
     train_one_rank(config, root)
-    return {"root": root, "data": data, "out": root / "out", "ckpt": ckpt}
+    return {"root": root, "data": data, "out": root / "out", "ckpt": ckpt, "config": config}
 
 
 def test_zch_training_logs_the_identity_table_per_step_and_in_the_summary(straight) -> None:
@@ -74,3 +75,12 @@ def test_a_resumed_zch_run_continues_bit_for_bit(straight, tmp_path) -> None:
     for step in resumed:
         assert resumed[step]["loss"] == first[step]["loss"], step
         assert resumed[step]["zch"] == first[step]["zch"], step
+
+
+def test_evaluating_a_zch_checkpoint_on_other_ranks_is_refused_in_one_line(straight) -> None:
+    checkpoint = str(straight["ckpt"] / "step_00000008")
+    command = [FREESCALE, "evaluate", "--config", straight["config"], "--checkpoint", checkpoint, "--nproc", "2"]
+    result = subprocess.run(command, cwd=straight["root"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert "was written by 1 ranks: a model_extra.ids 'zch' table" in line and "--nproc 1" in line
