@@ -8,8 +8,9 @@ when nothing may be evicted, uses the fallback row (collision). The rules, and t
 batch's ids compete, are in docs/design.md#open-id-spaces-mpzch; ``zch_reference.ReferenceZchTable``
 implements them as a plain per-id loop and is the parity oracle of this file.
 
-Not yet wired into training: the engine will call ``lookup`` on the owner of each bucket and reset the
-returned ``reassigned`` rows with ``zch_rows.reset_rows`` (embedding and optimizer state).
+In training each rank holds the table of its own buckets (``ZchTable(config, rank=r)``: a shard), the
+engine routes every raw id to its bucket's owner and resets the returned ``reassigned`` rows with
+``zch_rows.reset_rows`` (embedding and optimizer state): docs/design.md#open-id-spaces-mpzch.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class ZchConfig:
 class ZchLookup:
     """One ``lookup``: the row of every id, the rows given to a new id in this call, and the call's counts."""
 
-    rows: torch.Tensor  # int64, the ids' shape: a slot, or config.fallback_row
+    rows: torch.Tensor  # int64, the ids' shape: a slot of the table (shard), or its fallback_row
     reassigned: torch.Tensor  # int64, ascending: rows whose embedding and optimizer state must be reset
     stats: torch.Tensor  # int64 [len(COUNTERS)]
 
@@ -140,19 +141,29 @@ def check_ids(ids: torch.Tensor, times: torch.Tensor | None) -> None:
 class ZchTable:
     """The identity table of one embedding table (or of one rank's buckets of it), with its metadata.
 
+    ``rank``: this table holds only rank ``rank``'s ``num_buckets / world_size`` consecutive buckets (its
+    shard of the rows; default None: the whole table). Ids hash exactly as in the whole table; rows are
+    shard-local: ``slots`` slots, then the shard's own fallback row ``fallback_row``.
+
     State (all tensors, ``state_dict`` order): ``identities`` (raw id per slot, -1 empty), ``last_seen``
     (event time for ttl, lookup-call number for lru and lfu), ``counts`` (occurrences since the id took
     the slot, with its admission count), ``pending_ids``/``pending_counts`` (lfu admission), running
     ``counters`` (``COUNTERS``), ``step`` (training lookup calls) and ``layout``.
     """
 
-    def __init__(self, config: ZchConfig, device: torch.device | str | None = None) -> None:
-        self.config = config
+    def __init__(self, config: ZchConfig, device: torch.device | str | None = None, rank: int | None = None) -> None:
+        if rank is not None and not 0 <= rank < config.world_size:
+            raise ValueError(f"zch: rank {rank} outside world_size {config.world_size}")
+        self.config, self.rank = config, rank
+        shards = 1 if rank is None else config.world_size
+        self.slots = config.zch_size // shards  # rows holding ids in this table (shard)
+        self.fallback_row = self.slots  # the shard's fallback row: its last (config.fallback_row unsharded)
+        self.first_slot = (rank or 0) * self.slots  # global slot of this shard's first row
         device = torch.device(device or "cpu")
         i64 = {"dtype": torch.int64, "device": device}
-        self.identities = torch.full((config.zch_size,), -1, **i64)
-        self.last_seen = torch.zeros(config.zch_size, **i64)
-        self.counts = torch.zeros(config.zch_size, **i64)
+        self.identities = torch.full((self.slots,), -1, **i64)
+        self.last_seen = torch.zeros(self.slots, **i64)
+        self.counts = torch.zeros(self.slots, **i64)
         self.pending_ids = torch.full((config.pending_size,), -1, **i64)
         self.pending_counts = torch.zeros(config.pending_size, **i64)
         self.counters = torch.zeros(len(COUNTERS), **i64)
@@ -163,17 +174,24 @@ class ZchTable:
         return self.identities.device
 
     def occupancy(self) -> float:
-        return float((self.identities >= 0).sum()) / self.config.zch_size
+        return float((self.identities >= 0).sum()) / self.slots
 
     def counters_dict(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
 
     def window(self, ids: torch.Tensor) -> torch.Tensor:
-        """[n, max_probe] slots each id probes, nearest first: its home slot, then onwards, wrapping in the bucket."""
+        """[n, max_probe] shard slots each id probes, nearest first: its home slot, then onwards, wrapping
+        in the bucket. An id of another rank's buckets is an error."""
         cfg = self.config
         bucket, home = bucket_and_home(ids, cfg.num_buckets, cfg.bucket_size)
+        if self.rank is not None:
+            owner = bucket // (cfg.num_buckets // cfg.world_size)
+            if bool((owner != self.rank).any()):
+                raise ValueError(
+                    f"zch: ids of rank {int(owner[owner != self.rank][0])}'s buckets looked up on rank {self.rank}"
+                )
         offsets = torch.arange(cfg.max_probe, dtype=torch.int64, device=ids.device)
-        return bucket[:, None] * cfg.bucket_size + (home[:, None] + offsets) % cfg.bucket_size
+        return bucket[:, None] * cfg.bucket_size + (home[:, None] + offsets) % cfg.bucket_size - self.first_slot
 
     @torch.no_grad()
     def lookup(self, ids: torch.Tensor, times: torch.Tensor | None = None, *, train: bool = True) -> ZchLookup:
@@ -192,7 +210,7 @@ class ZchTable:
         match = take(self.identities, window) == unique[:, None]
         hit = match.any(dim=1)
         hit_slot = window.gather(1, first_true(match)[:, None]).squeeze(1)
-        rows = torch.where(hit, hit_slot, cfg.fallback_row)
+        rows = torch.where(hit, hit_slot, self.fallback_row)
         stats = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
         stats[0], stats[1] = n, occurrences[hit].sum()
         if not train:
@@ -300,7 +318,7 @@ class ZchTable:
         empty = held < 0
         usable = empty | self._evictable(win, held, clock[candidates])
         keys = self._victim_keys(win)
-        claimed = torch.zeros(cfg.zch_size, dtype=torch.bool, device=device)
+        claimed = torch.zeros(self.slots, dtype=torch.bool, device=device)
         claimed[hit_slots] = True
         prio = first[candidates]
         live = torch.arange(candidates.numel(), device=device)  # ids still unplaced, by position in candidates
@@ -317,7 +335,7 @@ class ZchTable:
                 break
             choice = best_slot(open_, empty.index_select(0, live), [key.index_select(0, live) for key in keys])
             slot = rows_live.gather(1, choice[:, None]).squeeze(1)
-            winner = torch.full((cfg.zch_size,), INT64_MAX, dtype=torch.int64, device=device)
+            winner = torch.full((self.slots,), INT64_MAX, dtype=torch.int64, device=device)
             won = winner.scatter_reduce(0, slot, prio[live], "amin")[slot] == prio[live]
             placed[candidates[live[won]]] = slot[won]
             claimed[slot[won]] = True

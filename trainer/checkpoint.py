@@ -1,10 +1,11 @@
 """Checkpoint and resume with torch.distributed.checkpoint (DCP).
 
 One checkpoint holds the sharded tables and their optimizer state (each rank writes its own rows as
-a ``DTensor`` ``Shard(0)`` piece, so DCP can reshard on load), the replicated dense parameters and
-dense optimizer state (written once), and the loader position (the step counter: the reader maps it
-to micro-batches, and every random draw is keyed by it). A resumed run therefore replays exactly the
-steps the uninterrupted run would have taken.
+a ``DTensor`` ``Shard(0)`` piece, so DCP can reshard on load; zero-collision tables add their
+identity tables as of the trained batches, ``sharded.local_state``, which only the same world size
+can load), the replicated dense parameters and dense optimizer state (written once), and the loader
+position (the step counter: the reader maps it to micro-batches, and every random draw is keyed by it).
+A resumed run therefore replays exactly the steps the uninterrupted run would have taken.
 
 Where checkpoints live, when one is finished and which are trusted: ``checkpoint_dirs.py`` (no torch:
 the launcher reads it). Every rank writes into ``.step_00000012.partial`` and rank 0, once DCP's
@@ -112,6 +113,12 @@ class FreeScaleCheckpointer:
         )
         for key, tensor in self.engine.tables.local_state().items():
             tensor.copy_(state["tables"][key].to_local())
+        for shard in self.engine.tables.zch:  # zero-collision tables: hashed and bucketed like this run's
+            if shard is not None:
+                try:
+                    shard.check_layout()
+                except ValueError as error:
+                    raise TrainingError(f"checkpoint {path}: {error}", everywhere=True) from None
         return int(state["loader"]["step"])
 
 

@@ -122,6 +122,8 @@ def model_options(cfg: RunConfig, rows: tuple[int, int]) -> dict[str, Any]:
         "model_extra.num_items": rows[0],
         "model_extra.num_actions": rows[1],
     }
+    if extra.ids == "zch":  # decides where an id lives: a saved identity table needs the same
+        options["model_extra.zch_bucket_size"] = extra.zch_bucket_size
     if extra.architecture == "hstu":
         options["model_extra.time_buckets"] = extra.time_buckets
     else:

@@ -33,7 +33,8 @@ OVERLAPS = ("auto", "pec", "none")
 BALANCERS = ("none", "online")
 TRANSPORTS = ("auto", "torch", "copy_engine")
 ALL_TO_ALLS = ("flat", "hierarchical")
-ID_MODES = ("exact", "hashed")
+ID_MODES = ("exact", "hashed", "zch")
+ZCH_POLICIES = ("ttl", "lru", "lfu")  # kernels.zch.POLICIES, without importing torch here
 LOSSES = ("sampled_softmax", "full_softmax")
 ATTENTIONS = ("auto", "triton", "torch")
 PRECISIONS = ("fp32", "bf16")
@@ -89,6 +90,13 @@ class ModelExtraConfig:
     num_items: int = 0  # item table rows; 0: the dataset's vocabulary size (exact ids)
     num_actions: int = 0  # action table rows; 0: the dataset's vocabulary size
     ids: str = "exact"  # exact: a row per id of the dataset's vocabulary | hashed: raw id modulo num_items
+    # | zch: item ids through a zero-collision identity table (docs/training.md#open-id-spaces-ids--zch)
+    zch_size: int = 0  # ids = "zch": item rows that can hold an id (+ one fallback row per rank)
+    zch_bucket_size: int = 64  # contiguous rows per bucket; buckets are split evenly among the ranks
+    zch_max_probe: int = 16  # slots an id probes from its home slot, inside its bucket
+    zch_policy: str = "lru"  # which id gives its slot up: ttl (event time) | lru | lfu (with admission)
+    zch_ttl: int = 0  # policy ttl: seconds of event time an id may go unseen before its slot may be taken
+    zch_admission_threshold: int = 1  # policy lfu: occurrences before a new id takes a slot (1: at once)
     loss: str = "sampled_softmax"  # sampled_softmax (random + in-batch negatives) | full_softmax (every item row)
     inbatch_negatives: int = 32  # targets of the same micro-batch used as extra negatives
     temperature: float = 0.05  # softmax temperature over l2-normalised embeddings (HSTU practice)
@@ -119,11 +127,60 @@ class ModelExtraConfig:
             _check(value >= 0, f"model_extra.{name}", "must be >= 0 (0: the dataset's vocabulary size)", value)
         if self.ids == "hashed":
             _check(self.num_items >= 1, "model_extra.num_items", "must be set with model_extra.ids 'hashed'", 0)
+        self._check_zch()
         _check(self.inbatch_negatives >= 0, "model_extra.inbatch_negatives", "must be >= 0", self.inbatch_negatives)
         _check(self.temperature > 0, "model_extra.temperature", "must be > 0", self.temperature)
         _check(0.0 <= self.dropout < 1.0, "model_extra.dropout", "must be in [0, 1)", self.dropout)
         _check(
             self.length_group_ratio >= 1.0, "model_extra.length_group_ratio", "must be >= 1.0", self.length_group_ratio
+        )
+
+    def _check_zch(self) -> None:
+        """The identity table's shape and policy (``kernels.zch.ZchConfig`` says the same, per rank)."""
+        if self.ids != "zch":
+            for name, default in ZCH_DEFAULTS.items():
+                value = getattr(self, name)
+                _check(value == default, f"model_extra.{name}", "applies to model_extra.ids 'zch' only", value)
+            return
+        size, bucket, probe = self.zch_size, self.zch_bucket_size, self.zch_max_probe
+        _check(size >= 1, "model_extra.zch_size", "must be set (>= 1) with model_extra.ids 'zch'", size)
+        _check(bucket >= 1, "model_extra.zch_bucket_size", "must be >= 1", bucket)
+        _check(size % bucket == 0, "model_extra.zch_size", f"must be a multiple of zch_bucket_size {bucket}", size)
+        _check(1 <= probe <= bucket, "model_extra.zch_max_probe", f"must be in [1, zch_bucket_size {bucket}]", probe)
+        _choice("model_extra.zch_policy", self.zch_policy, ZCH_POLICIES)
+        if self.zch_policy == "ttl":
+            _check(self.zch_ttl > 0, "model_extra.zch_ttl", "must be > 0 seconds of event time with zch_policy 'ttl'",
+                   self.zch_ttl)  # fmt: skip
+        else:
+            _check(self.zch_ttl == 0, "model_extra.zch_ttl", "applies to zch_policy 'ttl' only", self.zch_ttl)
+        threshold = self.zch_admission_threshold
+        _check(threshold >= 1, "model_extra.zch_admission_threshold", "must be >= 1", threshold)
+        _check(threshold == 1 or self.zch_policy == "lfu", "model_extra.zch_admission_threshold",
+               "applies to zch_policy 'lfu' only (leave it at 1)", threshold)  # fmt: skip
+        _check(self.num_items == 0, "model_extra.num_items", "must be 0 with model_extra.ids 'zch' (zch_size sizes "
+               "the item table)", self.num_items)  # fmt: skip
+
+    @property
+    def zch_buckets(self) -> int:
+        return self.zch_size // self.zch_bucket_size if self.zch_bucket_size else 0
+
+
+ZCH_DEFAULTS = {
+    "zch_size": 0,
+    "zch_bucket_size": 64,
+    "zch_max_probe": 16,
+    "zch_policy": "lru",
+    "zch_ttl": 0,
+    "zch_admission_threshold": 1,
+}
+
+
+def check_zch_world(extra: ModelExtraConfig, world_size: int) -> None:
+    """``ids = "zch"``: every rank holds whole buckets (the launcher checks before any rank starts)."""
+    if extra.ids == "zch" and extra.zch_buckets % world_size:
+        raise ValueError(
+            f"model_extra.zch_size {extra.zch_size} gives {extra.zch_buckets} buckets of {extra.zch_bucket_size} "
+            f"rows, not a multiple of the {world_size} ranks (each rank holds whole buckets)"
         )
 
 
@@ -413,11 +470,28 @@ class RunConfig:
                 "checkpoint.dir must be empty with engine.name 'torchrec': checkpoint/resume is "
                 "implemented for the FreeScale engine; the TorchRec baseline runs without checkpoints"
             )
+        if self.model_extra.ids == "zch":
+            self._check_zch_run()
         if self.model.num_negatives + self.model_extra.inbatch_negatives < 1:
             raise ValueError(
                 "model.num_negatives + model_extra.inbatch_negatives must be >= 1 "
                 "(the sampled softmax needs at least one negative)"
             )
+
+    def _check_zch_run(self) -> None:
+        """What ``ids = "zch"`` does not run with yet (one line naming the option)."""
+        if self.engine.name != "freescale":
+            raise ValueError("model_extra.ids 'zch' runs on engine.name 'freescale' (the TorchRec baseline has no "
+                             f"identity table), got {self.engine.name!r}")  # fmt: skip
+        if self.model_extra.loss != "sampled_softmax":
+            raise ValueError("model_extra.loss must be 'sampled_softmax' with model_extra.ids 'zch' (the catalogue "
+                             f"is open: no full softmax over it), got {self.model_extra.loss!r}")  # fmt: skip
+        if self.eval.num_candidates:
+            raise ValueError("eval.num_candidates must be 0 with model_extra.ids 'zch' (full ranking over the "
+                             f"table's rows), got {self.eval.num_candidates}")  # fmt: skip
+        if self.eval.exclude_history:
+            raise ValueError("eval.exclude_history is not supported with model_extra.ids 'zch' (history items "
+                             "are raw ids, ranked rows are slots)")  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from freescale.endpoints import host_port
 from freescale.trainer.checkpoint_record import CheckpointRecord
-from freescale.trainer.config import RunConfig
+from freescale.trainer.config import RunConfig, check_zch_world
 from freescale.trainer.lifetime import die_with_parent, run_group
 from freescale.trainer.rendezvous import check_endpoint
 from freescale.trainer.run_dir import RunFolders, claim_checkpoint_dir
@@ -144,6 +144,7 @@ def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str
 
     if cfg.engine.name == "torchrec" and (reason := torchrec_unavailable("engine.name 'torchrec'")):
         raise ValueError(f"{reason}; engine.name = 'freescale' needs neither")
+    check_zch_world(cfg.model_extra, world_size)
     manifest = load_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
     group = manifest.layout.group_size
     if group % world_size:
@@ -160,7 +161,8 @@ def check_checkpoint(
     cfg: RunConfig, manifest: Manifest, world_size: int, evaluate_checkpoint: str = ""
 ) -> CheckpointRecord | None:
     """The checkpoint the ranks will load, from its record: finished and trusted, of this model's shapes,
-    of this data (unless ``checkpoint.allow_other_data``) and, for a resume, of this world size."""
+    of this data (unless ``checkpoint.allow_other_data``) and, for a resume (or any zch table), of this
+    world size."""
     from freescale.trainer.checkpoint_dirs import resolve_resume
     from freescale.trainer.checkpoint_record import (
         DataIdentity,
@@ -184,6 +186,11 @@ def check_checkpoint(
     where = f"checkpoint {path}"
     if not evaluate_checkpoint:
         check_world_size(record, world_size, where)
+    elif cfg.model_extra.ids == "zch" and record.world_size != world_size:  # buckets and rows follow the ranks
+        raise ValueError(
+            f"{where} was written by {record.world_size} ranks: a model_extra.ids 'zch' table (one fallback row "
+            f"per rank, each rank's buckets) does not reshard; evaluate it with --nproc {record.world_size}"
+        )
     data = DataIdentity.of(cfg.data.path, manifest)
     check_data(run, data, where, cfg.checkpoint.allow_other_data, whole=not evaluate_checkpoint)
     check_model(run, model_options(cfg, table_rows(cfg.model_extra, manifest.table_sizes())), where)

@@ -48,6 +48,7 @@ from freescale.trainer.eval.protocol import BestTracker, IdTables, resolve_table
 from freescale.trainer.metrics import bubbles
 from freescale.trainer.metrics.instrument import StepRecord, clock_offsets, gather_records
 from freescale.trainer.metrics.trace import plot_timeline, write_trace
+from freescale.trainer.metrics.zch import zch_lines
 from freescale.trainer.peers import end_stopped_peers
 
 
@@ -55,6 +56,8 @@ def collate_config(cfg: RunConfig, tables: IdTables | None = None, window_stride
     """How this run collates: table sizes and vocabularies (``tables``, from the dataset), held-out
     events (2 with ``eval.validation``: validation + test) and prepare's window stride."""
     vocabularies = {"item_vocab": tables.item_vocab, "action_vocab": tables.action_vocab} if tables else {}
+    if tables is not None and tables.mode == "zch":
+        vocabularies["item_pool"] = tables.item_pool
     return CollateConfig.for_model(
         cfg.model,
         cfg.model_extra,
@@ -491,7 +494,8 @@ class Trainer:
         lines = [
             f"loss {training['loss']}, ids {training['ids']} ({training['num_items']} item rows), "
             f"{training['events_truncated_by_model_max_uih_len']} events cut by model.max_uih_len "
-            f"{training['max_uih_len']}"
+            f"{training['max_uih_len']}",
+            *zch_lines(report["summary"]),
         ]
         if best:
             where = best["best_checkpoint"] or "not saved (set checkpoint.dir to keep it)"

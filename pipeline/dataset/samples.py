@@ -2,7 +2,8 @@
 
 A prepared sample holds raw ids (``item_ids``, ``actions``), ``timestamps``, its ``length`` and which
 ``window`` of its user it is. Reading it for next-item training means: map raw ids to table rows
-(exactly, through the dataset's vocabularies; or folded modulo the table size in ``hashed`` mode),
+(exactly, through the dataset's vocabularies; folded modulo the table size in ``hashed`` mode; or kept
+raw for a trainer's zero-collision identity table, ``item_pool``),
 hold out the user's evaluation items (``targets.held_out``: the validation and test items never become
 training targets; window ``w`` of ``prepare --window-stride s`` ends ``w·s`` events before the last),
 and keep the most recent ``max_len`` events. ``sequence_arrays`` does exactly that for a micro-batch,
@@ -45,6 +46,9 @@ class CollateConfig:
     window_stride: int = 0  # prepare's --window-stride: where older windows end relative to the last event
     item_vocab: Vocabulary | None = None  # exact rows; None: raw id modulo num_items (hashed)
     action_vocab: Vocabulary | None = None
+    # raw item ids kept as they are (a zero-collision identity table maps them); uniform negatives are
+    # drawn from these raw ids (the dataset's item vocabulary)
+    item_pool: np.ndarray | None = None
     full_softmax: bool = False  # negatives = every item row (model_extra.loss = "full_softmax")
 
     def __post_init__(self) -> None:
@@ -74,6 +78,8 @@ class CollateConfig:
         )
 
     def item_rows(self, raw: np.ndarray) -> np.ndarray:
+        if self.item_pool is not None:
+            return raw
         return self.item_vocab.rows(raw) if self.item_vocab is not None else raw % self.num_items
 
     def action_rows(self, raw: np.ndarray) -> np.ndarray:

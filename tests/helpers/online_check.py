@@ -54,18 +54,15 @@ class OnlineCase:
     resume_at: int = 0  # > 0: checkpoint after this many steps and continue in a new engine
     checkpoint_dir: str = ""
     min_gain: float = 0.0  # engine.balancer_min_gain: 0 so every move LPT finds is exercised (default 2%)
+    zch_size: int = 0  # > 0: the item table is zero-collision (model_extra.ids = "zch"; raw ids = the item ids)
+    zch_policy: str = "lru"
 
     def run_config(self, mode: str) -> RunConfig:
         return RunConfig(
             model=ModelConfig(
                 d_model=self.d_model, num_layers=1, num_heads=2, num_negatives=self.num_negatives, max_uih_len=256
             ),
-            model_extra=ModelExtraConfig(
-                architecture=self.architecture,
-                num_items=self.num_items,
-                num_actions=8,
-                inbatch_negatives=self.inbatch_negatives,
-            ),
+            model_extra=self.model_extra(),
             data=DataConfig(path="unused"),
             optimizer=OptimizerConfig(
                 dense=self.dense, sparse=self.sparse, sparse_lr=self.sparse_lr, dense_lr=self.dense_lr
@@ -77,6 +74,13 @@ class OnlineCase:
                 balancer_min_gain=self.min_gain if "online" in mode else EngineConfig.balancer_min_gain,
             ),
         )
+
+    def model_extra(self) -> ModelExtraConfig:
+        common = {"architecture": self.architecture, "num_actions": 8, "inbatch_negatives": self.inbatch_negatives}
+        if not self.zch_size:
+            return ModelExtraConfig(num_items=self.num_items, **common)
+        zch = {"zch_size": self.zch_size, "zch_bucket_size": 16, "zch_max_probe": 4, "zch_policy": self.zch_policy}
+        return ModelExtraConfig(ids="zch", zch_ttl=20_000 if self.zch_policy == "ttl" else 0, **zch, **common)
 
     def lengths(self, step: int, rank: int) -> list[int]:
         if self.schedule:
@@ -103,7 +107,7 @@ def case_batches(case: OnlineCase, rank: int) -> list[Batch]:
             {
                 "item_ids": rng.integers(0, case.num_items, n),
                 "actions": rng.integers(0, 8, n),
-                "timestamps": np.cumsum(rng.integers(1, 5000, n)),
+                "timestamps": np.cumsum(rng.integers(1, 5000, n)) + (10_000 * step if case.zch_size else 0),
                 "cost": float(n),
                 "user_id": i,
             }

@@ -54,6 +54,10 @@ class OverlapCase:
     settle_every: int = 0  # > 0: settle() every that many steps, as evaluation and checkpoints do
     all_to_all: str = "flat"  # engine.all_to_all
     ranks_per_node: int = 0  # engine.ranks_per_node (emulated nodes of a hierarchical all-to-all)
+    zch_size: int = 0  # > 0: the item table is zero-collision (model_extra.ids = "zch"), raw ids = the item ids
+    zch_bucket_size: int = 8
+    zch_max_probe: int = 4
+    zch_policy: str = "lru"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -66,13 +70,23 @@ class OverlapCase:
     def run_config(self, overlap: str) -> RunConfig:
         return RunConfig(
             model=ModelConfig(d_model=self.d_model, num_layers=1, num_heads=2, num_negatives=0, max_uih_len=256),
-            model_extra=ModelExtraConfig(num_items=self.num_items, num_actions=self.num_items, inbatch_negatives=4),
+            model_extra=self.model_extra(),
             data=DataConfig(path="unused"),
             optimizer=OptimizerConfig(sparse=self.sparse, sparse_lr=0.1, dense_lr=0.01),
             engine=EngineConfig(
                 seed=self.seed, overlap=overlap, all_to_all=self.all_to_all, ranks_per_node=self.ranks_per_node
             ),
         )
+
+    def model_extra(self) -> ModelExtraConfig:
+        if not self.zch_size:
+            return ModelExtraConfig(num_items=self.num_items, num_actions=self.num_items, inbatch_negatives=4)
+        ttl = 120 if self.zch_policy == "ttl" else 0
+        return ModelExtraConfig(
+            num_actions=self.num_items, inbatch_negatives=4, ids="zch", zch_size=self.zch_size,
+            zch_bucket_size=self.zch_bucket_size, zch_max_probe=self.zch_max_probe, zch_policy=self.zch_policy,
+            zch_ttl=ttl,
+        )  # fmt: skip
 
 
 def global_id_sets(case: OverlapCase) -> list[np.ndarray]:
@@ -97,11 +111,18 @@ def overlap_batches(case: OverlapCase, rank: int) -> list[Batch]:
     batches = []
     for step, ids in enumerate(global_id_sets(case)):
         rng = np.random.default_rng([case.seed, step, rank])
+        clock = 10 * step if case.zch_size else 0  # event time advances with the steps (zch ttl)
         mine = ids[rank * case.ids_per_rank : (rank + 1) * case.ids_per_rank]
         events = np.concatenate([mine, rng.choice(mine, case.duplicates)])
         cuts = np.sort(rng.choice(np.arange(2, events.size - 1, 2), case.samples_per_rank - 1, replace=False))
         samples = [
-            {"item_ids": part, "actions": part, "timestamps": np.arange(part.size) * 60, "cost": 1.0, "user_id": i}
+            {
+                "item_ids": part,
+                "actions": part,
+                "timestamps": (np.arange(part.size) + clock) * 60,
+                "cost": 1.0,
+                "user_id": i,
+            }
             for i, part in enumerate(np.split(events, cuts))
         ]
         batches.append(collate(samples, cfg, step, rank, holdout=False))

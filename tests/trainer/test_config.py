@@ -9,7 +9,9 @@ import pytest
 from run_toml import write_config
 
 from freescale.model_config import ModelConfig
-from freescale.trainer.config import RunConfig
+from freescale.trainer.config import RunConfig, check_zch_world
+
+ZCH = {"ids": "zch", "zch_size": 1024}
 
 
 @pytest.mark.parametrize(
@@ -48,6 +50,18 @@ from freescale.trainer.config import RunConfig
         ({"engine": {"all_to_all": "ring"}}, "engine.all_to_all"),
         ({"engine": {"ranks_per_node": 2}}, "engine.ranks_per_node is used only with engine.all_to_all 'hierarchical'"),
         ({"engine": {"all_to_all": "hierarchical", "ranks_per_node": -1}}, "engine.ranks_per_node must be >= 0"),
+        ({"model_extra": {"ids": "zch"}}, r"model_extra.zch_size must be set \(>= 1\)"),
+        ({"model_extra": ZCH | {"zch_size": 100}}, "model_extra.zch_size must be a multiple of zch_bucket_size 64"),
+        ({"model_extra": ZCH | {"zch_max_probe": 0}}, r"model_extra.zch_max_probe must be in \[1, zch_bucket_size 64"),
+        ({"model_extra": ZCH | {"zch_max_probe": 65}}, r"model_extra.zch_max_probe must be in \[1, zch_bucket_size 64"),
+        ({"model_extra": ZCH | {"zch_policy": "fifo"}}, "model_extra.zch_policy must be one of"),
+        ({"model_extra": ZCH | {"zch_policy": "ttl"}}, "model_extra.zch_ttl must be > 0 seconds of event time"),
+        ({"model_extra": ZCH | {"zch_ttl": 60}}, "model_extra.zch_ttl applies to zch_policy 'ttl' only"),
+        ({"model_extra": ZCH | {"zch_admission_threshold": 3}}, "model_extra.zch_admission_threshold applies to"),
+        ({"model_extra": ZCH | {"num_items": 1000}}, "model_extra.num_items must be 0 with model_extra.ids 'zch'"),
+        ({"model_extra": {"zch_size": 1024}}, "model_extra.zch_size applies to model_extra.ids 'zch' only"),
+        ({"model_extra": ZCH, "eval": {"num_candidates": 100}}, "eval.num_candidates must be 0 with model_extra.ids"),
+        ({"model_extra": ZCH, "engine": {"name": "torchrec"}}, "model_extra.ids 'zch' runs on engine.name 'freescale'"),
     ],
 )
 def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:
@@ -85,3 +99,12 @@ def test_configs_built_in_code_refuse_non_finite_floats() -> None:
 
     with pytest.raises(ValueError, match=r"optimizer\.sparse_lr must be finite"):
         RunConfig(data=DataConfig(path="x"), optimizer=OptimizerConfig(sparse_lr=math.inf))
+
+
+def test_zch_buckets_must_split_among_the_ranks() -> None:
+    extra = RunConfig.from_dict({"data": {"path": "x"}, "model_extra": ZCH | {"zch_size": 192}}).model_extra
+    check_zch_world(extra, 3)  # 3 buckets of 64 rows: one per rank
+    with pytest.raises(
+        ValueError, match=r"model_extra.zch_size 192 gives 3 buckets of 64 rows, not a multiple of the 2"
+    ):
+        check_zch_world(extra, 2)

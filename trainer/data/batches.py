@@ -83,7 +83,10 @@ def draw_negatives(targets: np.ndarray, cfg: CollateConfig, step: int, rank: int
     if cfg.full_softmax:
         return np.arange(cfg.num_items, dtype=np.int64)
     rng = np.random.default_rng([cfg.seed, step, rank])
-    uniform = rng.integers(0, cfg.num_items, cfg.num_negatives, dtype=np.int64)
+    if cfg.item_pool is not None:  # raw ids (model_extra.ids = "zch"): items of the dataset's vocabulary
+        uniform = cfg.item_pool[rng.integers(0, len(cfg.item_pool), cfg.num_negatives)]
+    else:
+        uniform = rng.integers(0, cfg.num_items, cfg.num_negatives, dtype=np.int64)
     if cfg.inbatch_negatives and len(targets):
         inbatch = targets[rng.integers(0, len(targets), cfg.inbatch_negatives)]
     else:

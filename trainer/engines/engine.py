@@ -34,6 +34,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from freescale.kernels.zch import COUNTERS
 from freescale.pipeline.dataset.kjt import ENGINE_KEYS
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
 from freescale.trainer.config import RunConfig
@@ -41,6 +42,7 @@ from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.comm import TimedHandle, TimedTransport, build_transport, ranks_per_node
 from freescale.trainer.engines.sharded import DistContext, JaggedIds, PendingInputDist, RowWiseShardedTables, TableSpec
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
+from freescale.trainer.engines.zch_shard import item_zch_config
 from freescale.trainer.metrics.instrument import StepTimer
 from freescale.trainer.model.transducer import SequentialTransducer, sampled_softmax_loss
 
@@ -89,13 +91,16 @@ class Engine(Protocol):
         """Evaluation: (first global row, rows) of this rank's item-table shard."""
 
 
-def table_specs(cfg: RunConfig) -> list[TableSpec]:
-    """The item table (history, targets and negatives read it) and the action table."""
-    d = cfg.model.d_model
-    return [
-        TableSpec("item", cfg.model_extra.num_items, d, ("item", "neg")),
-        TableSpec("action", cfg.model_extra.num_actions, d, ("action",)),
-    ]
+def table_specs(cfg: RunConfig, world_size: int = 1) -> list[TableSpec]:
+    """The item table (history, targets and negatives read it) and the action table. With
+    ``model_extra.ids = "zch"`` the item table is zero-collision: ``zch_size`` slots and one fallback
+    row per rank (``zch_shard.py``)."""
+    d, extra = cfg.model.d_model, cfg.model_extra
+    if extra.ids == "zch":
+        item = TableSpec("item", extra.zch_size + world_size, d, ("item", "neg"), item_zch_config(extra, world_size))
+    else:
+        item = TableSpec("item", extra.num_items, d, ("item", "neg"))
+    return [item, TableSpec("action", extra.num_actions, d, ("action",))]
 
 
 def batch_features(batch: Batch) -> JaggedIds:
@@ -131,6 +136,16 @@ def batch_queries(
     return outputs[last], items[target_rows], batch.item_ids[target_rows]
 
 
+def zch_extra(specs: list[TableSpec], ctx: DistContext) -> dict[str, float]:
+    """The owner's identity-table counts of one batch, ``zch.<table>.<counter>`` (metrics/zch.py)."""
+    extra: dict[str, float] = {}
+    for step in ctx.zch or []:
+        prefix = f"zch.{specs[step.table].name}."
+        extra.update({prefix + name: float(value) for name, value in zip(COUNTERS, step.stats.tolist())})
+        extra[prefix + "occupied"], extra[prefix + "slots"] = float(step.occupied), float(step.slots)
+    return extra
+
+
 def has_nonfinite(loss: torch.Tensor, grads: list[torch.Tensor | None]) -> bool:
     """Whether this rank's loss or any of its embedding-row gradients is NaN or infinite."""
     if not bool(torch.isfinite(loss.detach()).all()):
@@ -160,7 +175,7 @@ class FreeScaleEngine:
         self.model = SequentialTransducer(cfg.model, cfg.model_extra).to(device)
         broadcast_parameters(self.model)
         self.tables = RowWiseShardedTables(
-            table_specs(cfg), rank, world_size, device, cfg.engine.seed, cfg.optimizer, self.comm
+            table_specs(cfg, world_size), rank, world_size, device, cfg.engine.seed, cfg.optimizer, self.comm
         )
         self.dense_optimizer = make_dense_optimizer(cfg.optimizer, list(self.model.parameters()))
         self.nonfinite = False  # the last step had a NaN/inf loss or gradient on some rank: nothing was updated
@@ -203,6 +218,7 @@ class FreeScaleEngine:
         with stage("input_dist", "comm"):
             ctx = (pending or self.start_routing(batch)).finish()
         with stage("embedding_lookup", "compute"):
+            self.tables.apply_resets(ctx)
             owned_rows = self.tables.lookup(ctx)
         with stage("embedding_comm", "comm"):
             unique_rows = self.tables.output_dist(ctx, owned_rows)
@@ -221,17 +237,18 @@ class FreeScaleEngine:
             self._finish_dense_all_reduce(*reduced)
         if self.nonfinite:
             self.dense_optimizer.zero_grad(set_to_none=True)
-            return self.finish_record(batch, loss)
+            return self.finish_record(batch, loss, ctx)
         with stage("sparse_update", "compute"):
             self.tables.sparse_update(ctx, owner_grads)
         with stage("dense_update", "compute"):
             self.dense_update()
-        return self.finish_record(batch, loss)
+        return self.finish_record(batch, loss, ctx)
 
     def start_routing(self, batch: Batch, comm: TimedTransport | None = None) -> PendingInputDist:
         """Start ``batch``'s input distribution (on ``comm``, default the engine's transport), with
-        the note ``routing_note`` gives riding along."""
-        return self.tables.start_input_dist(batch_features(batch), comm, self.routing_note(batch))
+        the note ``routing_note`` gives riding along. A training routing: zero-collision tables insert."""
+        clock = int(batch.timestamps.max()) if batch.timestamps.numel() else 0
+        return self.tables.start_input_dist(batch_features(batch), comm, self.routing_note(batch), True, clock)
 
     def routing_note(self, batch: Batch) -> torch.Tensor | None:
         """What every rank should learn about ``batch`` with its routing (the online balancer's lengths)."""
@@ -254,8 +271,9 @@ class FreeScaleEngine:
         self.dense_optimizer.step()
         self.dense_optimizer.zero_grad(set_to_none=True)
 
-    def finish_record(self, batch: Batch, loss: torch.Tensor) -> float:
-        """Put the step's loss and sizes in the timer's record; returns the loss."""
+    def finish_record(self, batch: Batch, loss: torch.Tensor, ctx: DistContext | None = None) -> float:
+        """Put the step's loss and sizes (and ``ctx``'s identity-table counts) in the timer's record;
+        returns the loss."""
         value = float(loss.detach())
         if self.timer.current is not None:
             record = self.timer.current
@@ -263,6 +281,8 @@ class FreeScaleEngine:
             record.cost = batch.cost
             if self.nonfinite:
                 record.extra["nonfinite"] = 1.0
+            if ctx is not None:
+                record.extra.update(zch_extra(self.tables.specs, ctx))
         return value
 
     def settle(self) -> None:
@@ -312,7 +332,10 @@ class FreeScaleEngine:
         self.model.eval()
         ctx = self.tables.input_dist(batch_features(batch))
         unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
-        return batch_queries(self.model, batch, self.tables.feature_rows(ctx, unique_rows))
+        queries, targets, target_ids = batch_queries(self.model, batch, self.tables.feature_rows(ctx, unique_rows))
+        if self.tables.has_zch:  # full ranking scores table rows: a target is its row (unknown: the fallback)
+            target_ids = self.tables.feature_keys(ctx)["item"][batch.target_index[batch.last_input_rows()]]
+        return queries, targets, target_ids
 
     @torch.no_grad()
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:

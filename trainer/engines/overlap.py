@@ -76,7 +76,11 @@ class OverlapMasks:
 
 
 def readers_of(keys_now: torch.Tensor, keys_next: torch.Tensor, next_src: torch.Tensor) -> torch.Tensor:
-    """Per step-n key, the bitmask of ranks requesting it in step n+1 (each rank asks for a row once)."""
+    """Per step-n key, the bitmask of ranks requesting it in step n+1. A rank may ask for a row under
+    several ids (zch: every id without a slot shares the fallback row), so (key, rank) pairs count once."""
+    if keys_next.numel():
+        pairs = torch.unique(torch.stack([keys_next, next_src]), dim=1)
+        keys_next, next_src = pairs[0], pairs[1]
     unique, inverse = torch.unique(keys_next, return_inverse=True)
     if unique.numel() == 0:
         return torch.zeros_like(keys_now)

@@ -25,6 +25,14 @@ A non-finite step (``FreeScaleEngine``: every rank learns it from the dense all-
 hot, OL or cold update: batch n+1's prefetched rows were read before batch n's update, and with no
 update they are already final, so they are used as they came.
 
+Zero-collision tables (``model_extra.ids = "zch"``): the worker's routing of batch n+1 is the owner's
+lookup, so rows batch n+1 gives to new ids are known during batch n, but they are reset when batch
+n+1 starts, as in the synchronous engine (batch n's update of such a row happens and is then
+overwritten; a checkpoint after batch n holds it un-reset). The owner resets its shard then; a reader
+replaces its prefetched copy (read before the reset) by the reset value it computes itself from the
+row's key and reset step, which came with the prefetched rows (``sharded.row_notes``). Its OL refresh
+of such a row is overwritten the same way.
+
 Instrumentation (``StepRecord.extra``): distinct OL and batch-(n+1) rows per table as the owners saw
 them (summed over ranks: the global ``batch_overlap_rate``) and the seconds the worker spent in
 collectives; waits of the main thread on the worker are comm records named ``*.prefetch_wait`` /
@@ -97,7 +105,7 @@ class PECEngine(FreeScaleEngine):
             following = next(batches, None)
             following = following.to(self.device) if following is not None else None
         ctx, unique_rows = self._rows_of_current(current)
-        ahead = self._submit(following, ctx) if following is not None else None
+        ahead = self._submit(following, ctx) if following is not None else None  # after the resets: it reads rows
         loss, unique_grads = self.forward_backward(current, ctx, unique_rows)
         local_bad = has_nonfinite(loss, unique_grads)
         if ahead is None:  # last batch of the data: nothing reads rows later, apply everything now
@@ -116,7 +124,7 @@ class PECEngine(FreeScaleEngine):
             with stage("dense_update", "compute"):
                 self.dense_update()
         self._ahead = ahead
-        self.finish_record(current, loss)
+        self.finish_record(current, loss, ctx)
         self._record_extra(masks)
 
     def _rows_of_current(self, batch: Batch) -> tuple[DistContext, list[torch.Tensor]]:
@@ -126,11 +134,15 @@ class PECEngine(FreeScaleEngine):
             with stage("input_dist", "comm"):
                 ctx = self.start_routing(batch).finish()
             with stage("embedding_lookup", "compute"):
+                self.tables.apply_resets(ctx)
                 owned = self.tables.lookup(ctx)
             with stage("embedding_comm", "comm"):
                 return ctx, self.tables.output_dist(ctx, owned)
         ctx = self._ahead.routed.result()[0]
-        return ctx, [self._ahead.rows[position] for position in ctx.send_position]
+        with stage("embedding_lookup", "compute"):
+            self.tables.apply_resets(ctx)
+            rows = self.tables.fresh_rows(ctx, self._ahead.rows)
+        return ctx, [rows[position] for position in ctx.send_position]
 
     def _hot_and_cold_updates(
         self, ctx: DistContext, unique_grads: list[torch.Tensor | None], ahead: Ahead, local_bad: bool = False
@@ -178,7 +190,9 @@ class PECEngine(FreeScaleEngine):
             routed.set_exception(error)
             raise
         self.worker.publish(routed, (ctx, masks))
-        received = comm.all_to_all("embedding_comm.prefetch", rows, ctx.recv_splits, ctx.send_splits)
+        payload = self.tables.row_notes(ctx, rows)
+        received = comm.all_to_all("embedding_comm.prefetch", payload, ctx.recv_splits, ctx.send_splits)
+        received = self.tables.take_row_notes(ctx, received)
         ol_state = masked_all_to_all(
             comm, "embedding_comm.prefetch_state", state, masks.ol_recv, ctx.recv_splits, masks.ol_send, ctx.send_splits
         )

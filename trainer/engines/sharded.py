@@ -18,6 +18,16 @@ network once per step. Payloads of all tables travel in one all-to-all per stage
 
 Features arrive as anything with ``keys()``, ``values()`` and ``length_per_key()``: our ``JaggedIds``
 or TorchRec's ``KeyedJaggedTensor`` (the interop boundary; TorchRec itself is never imported here).
+
+Zero-collision tables (``TableSpec.zch``, ``model_extra.ids = "zch"``): requesters send *raw* ids to
+the owner of their bucket (``zch_shard.py``) in the same two all-to-alls; ``finish`` has the owner
+look them up (training: insert, evict) and replace them by global rows, so every later stage works on
+rows as for exact ids. Rows given to a new id are reset (embedding and optimizer state) by
+``apply_resets`` when that batch starts training. The rows all-to-all carries each row's key and
+reset step back (``row_notes``: two int64 as four more float32 columns), so requesters know which
+row each raw id got: PEC addresses gradients by row and recomputes reset rows it prefetched,
+evaluation ranks by row. With ttl, the step's event time rides as the last element of the routing
+note.
 """
 
 from __future__ import annotations
@@ -27,9 +37,12 @@ from typing import Any
 
 import torch
 
+from freescale.kernels.zch import ZchConfig
+from freescale.kernels.zch_rows import reset_rows
 from freescale.trainer.config import OptimizerConfig
 from freescale.trainer.engines.comm import TimedHandle, TimedTransport
 from freescale.trainer.engines.sparse_optim import SparseOptimizer, make_sparse_optimizer, sum_by_row
+from freescale.trainer.engines.zch_shard import ZchShard, ZchStep
 
 INIT_CHUNK_ROWS = 4096
 
@@ -42,6 +55,7 @@ class TableSpec:
     rows: int
     dim: int
     features: tuple[str, ...]
+    zch: ZchConfig | None = None  # a zero-collision table: rows = zch_size + world_size (zch_shard.py)
 
 
 @dataclass
@@ -116,6 +130,10 @@ class DistContext:
     recv_ids: torch.Tensor  # ids this rank owns and was asked for, src-major then table
     recv_table: torch.Tensor  # their table
     notes: list[torch.Tensor] | None = None  # per source rank, the int64 note it sent along (see start_input_dist)
+    zch: list[ZchStep] | None = None  # owner, training: what each zero-collision table decided
+    resets_applied: bool = False
+    send_keys: torch.Tensor | None = None  # requester, zch: row key of each send position (from the rows' note)
+    send_resets: torch.Tensor | None = None  # requester, zch: reset step of each send position's row, -1: none
 
 
 class PendingInputDist:
@@ -132,6 +150,7 @@ class PendingInputDist:
         counts: torch.Tensor,
         note: torch.Tensor,
         counts_handle: TimedHandle,
+        train: bool = False,
     ) -> None:
         self.tables, self.comm = tables, comm
         self.feature_index, self.unique, self.send_position = feature_index, unique, send_position
@@ -142,6 +161,7 @@ class PendingInputDist:
         self._note_lengths: torch.Tensor | None = None
         self._splits: tuple[list[int], list[int]] = ([], [])
         self._ctx: DistContext | None = None
+        self.train = train
 
     def route(self) -> PendingInputDist:
         """Wait for the counts, start the ids all-to-all (no-op when already routed)."""
@@ -167,10 +187,15 @@ class PendingInputDist:
             table_ids = torch.arange(len(tables.specs), device=tables.device).repeat(tables.world_size)
             recv_table = torch.repeat_interleave(table_ids, self._recv_counts.flatten().to(tables.device))
             send_splits, recv_splits = self._splits
+            clock = None
+            if tables.zch_clock(self.train):
+                clock, notes = max(int(n[-1]) for n in notes), [n[:-1] for n in notes]
+            has_notes = any(n.numel() for n in notes)
             self._ctx = DistContext(
                 self.feature_index, self.unique, self.send_position, send_splits, recv_splits, recv_ids, recv_table,
-                notes if self.note.numel() or any(n.numel() for n in notes) else None,
+                notes if has_notes else None,
             )  # fmt: skip
+            tables.assign_rows(self._ctx, self.train, clock)
         return self._ctx
 
 
@@ -225,8 +250,22 @@ class RowWiseShardedTables:
         ]
         self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
         self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
+        self.zch = [
+            None if spec.zch is None else ZchShard(spec.zch, rank, device, t, seed) for t, spec in enumerate(specs)
+        ]
+        for spec, shard in zip(specs, self.zch):
+            if shard is not None and spec.rows != shard.rows_per_rank * world_size:
+                raise ValueError(f"table {spec.name}: a zch table has zch_size + world_size rows, got {spec.rows}")
 
     # 1. input distribution -------------------------------------------------------------------
+    @property
+    def has_zch(self) -> bool:
+        return any(shard is not None for shard in self.zch)
+
+    def zch_clock(self, train: bool) -> bool:
+        """Whether a training routing carries the step's event time (a ttl table needs it)."""
+        return train and any(shard is not None and shard.config.policy == "ttl" for shard in self.zch)
+
     def input_dist(
         self, features: Any, comm: TimedTransport | None = None, note: torch.Tensor | None = None
     ) -> DistContext:
@@ -234,11 +273,17 @@ class RowWiseShardedTables:
 
         ``comm`` (default: the engine's transport) lets the PEC engine run this stage for the next
         batch on its communication thread's own process group; ``note``: see ``start_input_dist``.
+        A read-only routing (evaluation): zero-collision tables insert nothing.
         """
         return self.start_input_dist(features, comm, note).route().finish()
 
     def start_input_dist(
-        self, features: Any, comm: TimedTransport | None = None, note: torch.Tensor | None = None
+        self,
+        features: Any,
+        comm: TimedTransport | None = None,
+        note: torch.Tensor | None = None,
+        train: bool = False,
+        clock: int = 0,
     ) -> PendingInputDist:
         """The input distribution in three resumable parts, so a step can run it for the next batch
         while it computes the current one (TorchRec's pipeline schedule): this call buckets the ids
@@ -249,9 +294,14 @@ class RowWiseShardedTables:
         ``note``: a small int64 vector every rank receives from this one with its routing (in
         ``DistContext.notes``, per source): the online balancer's sample lengths travel this way
         instead of in collectives of their own. Its length rides as one more column of the counts.
+
+        ``train``: zero-collision tables insert and evict (the training step's routing); ``clock``:
+        this micro-batch's latest event time (ttl tables: the step's clock is the max over ranks).
         """
         comm = comm or self.comm
         note = torch.zeros(0, dtype=torch.int64, device=self.device) if note is None else note.to(self.device)
+        if self.zch_clock(train):
+            note = torch.cat([note.to(torch.int64), torch.tensor([clock], dtype=torch.int64, device=self.device)])
         per_feature = split_features(features)
         unknown = sorted(set(per_feature) - set(self.table_of))
         if unknown:
@@ -262,7 +312,9 @@ class RowWiseShardedTables:
         header = torch.cat([counts, counts.new_full((self.world_size, 1), note.numel())], dim=1)
         counts_handle = comm.start("input_dist.counts", header.flatten(), splits, splits)
         send_ids = append_notes(send_ids, counts.sum(1).tolist(), note.to(torch.int64))
-        return PendingInputDist(self, comm, feature_index, unique, send_position, send_ids, counts, note, counts_handle)
+        return PendingInputDist(
+            self, comm, feature_index, unique, send_position, send_ids, counts, note, counts_handle, train
+        )
 
     def _unique_per_table(self, per_feature: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
         grouped: list[list[str]] = [[] for _ in self.specs]
@@ -272,20 +324,39 @@ class RowWiseShardedTables:
         for t, names in enumerate(grouped):
             ids = [per_feature[name].to(self.device, torch.int64) for name in names]
             ids_all = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64, device=self.device)
-            if ids_all.numel() and (int(ids_all.min()) < 0 or int(ids_all.max()) >= self.specs[t].rows):
-                raise ValueError(f"table {self.specs[t].name}: ids must be in [0, {self.specs[t].rows})")
+            high = self.specs[t].rows if self.zch[t] is None else None
+            if ids_all.numel() and (int(ids_all.min()) < 0 or (high is not None and int(ids_all.max()) >= high)):
+                raise ValueError(f"table {self.specs[t].name}: ids must be in [0, {high or 'inf'})")
             table_unique, inverse = torch.unique(ids_all, sorted=True, return_inverse=True)
+            table_unique, inverse = self._by_owner(t, table_unique, inverse)
             unique.append(table_unique)
             for name, part in zip(names, torch.split(inverse, [i.numel() for i in ids])):
                 feature_index[name] = (t, part)
         return unique, feature_index
 
+    def owner_of(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+        """The rank holding each id of table ``t``: its row's shard, or (zch) its bucket's."""
+        shard = self.zch[t]
+        if shard is not None:
+            return shard.owner(ids)
+        return torch.div(ids, self.rows_per_rank[t], rounding_mode="floor")
+
+    def _by_owner(self, t: int, unique: torch.Tensor, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sorted unique ids of a zch table reordered owner by owner (ascending within each owner), so each
+        owner's ids are a slice as for exact ids (whose owners ascend with the ids)."""
+        if self.zch[t] is None or unique.numel() == 0:
+            return unique, inverse
+        order = torch.sort(self.owner_of(t, unique), stable=True).indices
+        position = torch.empty_like(order)
+        position[order] = torch.arange(order.numel(), device=order.device)
+        return unique[order], position[inverse]
+
     def _bucket_by_owner(self, unique: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """Send buffer ordered (owner, table); sorted unique ids make each (owner, table) a slice."""
+        """Send buffer ordered (owner, table); unique ids ordered by owner make each (owner, table) a slice."""
         counts = torch.zeros(self.world_size, len(self.specs), dtype=torch.int64, device=self.device)
         owners = []
         for t, ids in enumerate(unique):
-            owner = torch.div(ids, self.rows_per_rank[t], rounding_mode="floor")
+            owner = self.owner_of(t, ids)
             owners.append(owner)
             counts[:, t] = torch.bincount(owner, minlength=self.world_size)
         starts = torch.cumsum(counts.flatten(), 0) - counts.flatten()
@@ -299,18 +370,92 @@ class RowWiseShardedTables:
             send_ids[position] = ids
         return send_ids, send_position, counts
 
+    # zero-collision tables: the owner's lookup and resets -------------------------------------
+    def assign_rows(self, ctx: DistContext, train: bool, clock: int | None = None) -> None:
+        """(owner) Raw ids of zch tables → global rows, in place in ``ctx.recv_ids``; in training the
+        tables insert and evict (every zch table is looked up, even without ids: its step advances)."""
+        if not self.has_zch:
+            return
+        steps = []
+        for t, shard in enumerate(self.zch):
+            if shard is None:
+                continue
+            mine = ctx.recv_table == t
+            rows, step = shard.lookup(ctx.recv_ids[mine], clock, train)
+            ctx.recv_ids[mine] = rows
+            if step is not None:
+                steps.append(step)
+        ctx.zch = steps if train else None
+
+    def apply_resets(self, ctx: DistContext) -> None:
+        """(owner) Reset the rows this batch's lookups gave to new ids: embedding and optimizer state,
+        before the batch reads them (idempotent). The identity tables are then no longer ahead."""
+        if ctx.zch is None or ctx.resets_applied:
+            return
+        for step in ctx.zch:
+            shard, weight = self.zch[step.table], self.weights[step.table]
+            values = shard.reset_values(step.reassigned, step.step, self.dim)
+            local = step.reassigned - self.bounds[step.table][0]
+            reset_rows(weight, local, self.optimizers[step.table].state, values=values)
+            shard.trained()
+        ctx.resets_applied = True
+
+    def row_notes(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
+        """(owner) ``rows`` with each row's key and reset step (-1: none) as int64 bits, zch only."""
+        if not self.has_zch:
+            return rows
+        keys, resets = self.row_keys(ctx), torch.full_like(ctx.recv_ids, -1)
+        for step in ctx.zch or []:
+            was_reset = (ctx.recv_table == step.table) & torch.isin(ctx.recv_ids, step.reassigned)
+            resets[was_reset] = step.step
+        bits = torch.stack([keys, resets], dim=1).contiguous().view(torch.float32)
+        return torch.cat([rows, bits], dim=1)
+
+    def take_row_notes(self, ctx: DistContext, received: torch.Tensor) -> torch.Tensor:
+        """(requester) Rows of a ``row_notes`` buffer, keeping the keys and reset steps in ``ctx``."""
+        if not self.has_zch:
+            return received
+        notes = received[:, self.dim :].contiguous().view(torch.int64)
+        ctx.send_keys, ctx.send_resets = notes[:, 0].contiguous(), notes[:, 1].contiguous()
+        return received[:, : self.dim]
+
+    def fresh_rows(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
+        """(requester) ``rows`` in send order with every row reset in this batch replaced by its new
+        value, computed here (PEC prefetched it before the owner's reset)."""
+        if ctx.send_resets is None or not bool((ctx.send_resets >= 0).any()):
+            return rows
+        keys, _, tables = self.send_layout(ctx)
+        for t, shard in enumerate(self.zch):
+            if shard is None:
+                continue
+            for step in torch.unique(ctx.send_resets[(tables == t) & (ctx.send_resets >= 0)]).tolist():
+                where = (tables == t) & (ctx.send_resets == step)
+                rows[where] = shard.reset_values(keys[where] - self.key_offsets[t], step, self.dim)
+        return rows
+
+    def feature_keys(self, ctx: DistContext) -> dict[str, torch.Tensor]:
+        """(requester) Per feature, the row key of every id (zch: the rows' note; else the ids' keys)."""
+        keys, _, _ = self.send_layout(ctx)
+        unique_keys = [keys[position] for position in ctx.send_position]
+        return {name: unique_keys[t][index] for name, (t, index) in ctx.feature_index.items()}
+
     def row_keys(self, ctx: DistContext) -> torch.Tensor:
         """One int64 per received id naming (table, row) across all tables: the owner's row identity."""
         return ctx.recv_ids + self.key_offsets[ctx.recv_table]
 
     def send_layout(self, ctx: DistContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per entry of this rank's send buffer: its row key, owner rank and table."""
+        """Per entry of this rank's send buffer: its row key, owner rank and table (zch: keys from the
+        rows' note, so known once the rows arrived)."""
         size = sum(ctx.send_splits)
         keys = torch.empty(size, dtype=torch.int64, device=self.device)
         tables = torch.empty(size, dtype=torch.int64, device=self.device)
         for t, (ids, position) in enumerate(zip(ctx.unique, ctx.send_position)):
             keys[position] = ids + self.key_offsets[t]
             tables[position] = t
+        if self.has_zch:
+            if ctx.send_keys is None:
+                raise RuntimeError("zch: row keys are known once the rows arrived (take_row_notes)")
+            keys = ctx.send_keys
         return keys, source_ranks(ctx.send_splits, self.device), tables
 
     def owned_by_me(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,7 +481,9 @@ class RowWiseShardedTables:
     # 3. output distribution ----------------------------------------------------------------------
     def output_dist(self, ctx: DistContext, rows: torch.Tensor) -> list[torch.Tensor]:
         """Send rows back; returns per table the rows of this rank's unique ids (plain tensors)."""
-        received = self.comm.all_to_all("embedding_comm.rows", rows, ctx.recv_splits, ctx.send_splits)
+        payload = self.row_notes(ctx, rows)
+        received = self.comm.all_to_all("embedding_comm.rows", payload, ctx.recv_splits, ctx.send_splits)
+        received = self.take_row_notes(ctx, received)
         return [received[position] for position in ctx.send_position]
 
     @staticmethod
@@ -399,12 +546,17 @@ class RowWiseShardedTables:
 
     # checkpointing ---------------------------------------------------------------------------
     def local_state(self) -> dict[str, torch.Tensor]:
-        """This rank's shard of every table and optimizer state tensor, by checkpoint key."""
+        """This rank's shard of every table and optimizer state tensor, by checkpoint key; zch tables add
+        their identity table as of the trained batches (``ZchShard.trained_state``), every tensor a
+        dim-0 piece of a global one (per-rank metadata as one row per rank)."""
         state = {}
-        for spec, weight, optimizer in zip(self.specs, self.weights, self.optimizers):
+        for spec, weight, optimizer, shard in zip(self.specs, self.weights, self.optimizers, self.zch):
             state[f"tables.{spec.name}.weight"] = weight
             for key, tensor in optimizer.state.items():
                 state[f"tables.{spec.name}.{key}"] = tensor
+            if shard is not None:
+                for key, tensor in {**shard.trained_state(), "layout": shard.layout}.items():
+                    state[f"zch.{spec.name}.{key}"] = tensor if tensor.dim() else tensor.view(1)
         return state
 
     def global_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -414,4 +566,7 @@ class RowWiseShardedTables:
             shapes[f"tables.{spec.name}.weight"] = (spec.rows, self.dim)
             for key, tensor in optimizer.state.items():
                 shapes[f"tables.{spec.name}.{key}"] = (spec.rows, *tensor.shape[1:])
+        for key, tensor in self.local_state().items():
+            if key.startswith("zch."):
+                shapes[key] = (tensor.shape[0] * self.world_size, *tensor.shape[1:])
         return shapes

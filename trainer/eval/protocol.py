@@ -6,7 +6,9 @@ Id tables (``resolve_tables``): a prepared dataset publishes an exact vocabulary
 ids to rows through it; ``model_extra.num_items`` only needs setting to reserve *more* rows, and a
 size below the vocabulary is refused (it would fold ids together). ``model_extra.ids = "hashed"`` is
 for open-ended id spaces: raw id modulo ``num_items``, with the resulting ``hash_collision_rate``
-measured on the dataset's vocabulary and reported at train start.
+measured on the dataset's vocabulary and reported at train start. ``model_extra.ids = "zch"`` keeps
+raw item ids for the engine's zero-collision identity table (``zch_size`` slots; the dataset's item
+vocabulary only supplies the raw ids random negatives are drawn from).
 
 Protocol (``BestTracker``): each user's last event is the test item and the one before it the
 validation item; neither is ever a training target (``data.held_out``). Periodic evaluations score
@@ -37,17 +39,20 @@ class IdTables:
 
     num_items: int
     num_actions: int
-    mode: str  # exact | hashed
+    mode: str  # exact | hashed | zch
     item_vocab: Vocabulary | None  # exact mode: raw id -> row
     action_vocab: Vocabulary | None
     vocabulary_items: int | None  # the dataset's distinct items (None: dataset without vocabularies)
     hash_collision_rate: float | None  # hashed mode, measured on the vocabulary
+    item_pool: Any = None  # zch mode: the raw item ids negatives are drawn from (numpy int64)
 
     def describe(self) -> str:
         if self.mode == "exact":
             unused = self.num_items - (self.vocabulary_items or 0)
             extra = f" (+{unused} rows no id maps to)" if unused else ""
             return f"ids exact: {self.num_items} item rows{extra}, {self.num_actions} action rows"
+        if self.mode == "zch":
+            return f"ids zch: {self.num_items} item slots (zero-collision table), {self.num_actions} action rows"
         rate = "unknown (no vocabulary)" if self.hash_collision_rate is None else f"{self.hash_collision_rate:.4f}"
         return f"ids hashed: raw id % {self.num_items} item rows, hash_collision_rate {rate}"
 
@@ -80,6 +85,8 @@ def table_rows(extra: ModelExtraConfig, sizes: dict[str, int]) -> tuple[int, int
     else:
         num_actions = extra.num_actions or 16  # no vocabulary: modulo (the old behaviour)
     num_items = extra.num_items if extra.ids == "hashed" else extra.num_items or sizes.get("item", 0)
+    if extra.ids == "zch":
+        num_items = extra.zch_size  # slots; the engine adds one fallback row per rank
     return num_items, num_actions
 
 
@@ -96,6 +103,13 @@ def resolve_tables(cfg: RunConfig, dataset: PreparedDataset) -> IdTables:
         rate = hash_collision_rate(items.raw_ids, extra.num_items) if items is not None else None
         size = items.size if items is not None else None
         return IdTables(num_items, num_actions, "hashed", None, actions, size, rate)
+    if extra.ids == "zch":
+        if items is None:
+            raise TableSizeError(
+                f"{dataset.uri} has no item vocabulary: model_extra.ids 'zch' draws random negatives from it "
+                "(re-run `freescale prepare --overwrite`)"
+            )
+        return IdTables(num_items, num_actions, "zch", None, actions, items.size, None, items.raw_ids)
     if items is None:
         raise TableSizeError(
             f"{dataset.uri} has no id vocabulary (prepared by an older FreeScale): re-run `freescale prepare "
@@ -107,7 +121,8 @@ def resolve_tables(cfg: RunConfig, dataset: PreparedDataset) -> IdTables:
 
 def sized_config(cfg: RunConfig, tables: IdTables) -> RunConfig:
     """``cfg`` with the resolved table sizes: engines size their tables from ``model_extra``."""
-    extra = replace(cfg.model_extra, num_items=tables.num_items, num_actions=tables.num_actions)
+    items = 0 if tables.mode == "zch" else tables.num_items  # zch: zch_size sizes the item table
+    extra = replace(cfg.model_extra, num_items=items, num_actions=tables.num_actions)
     return replace(cfg, model_extra=extra)
 
 

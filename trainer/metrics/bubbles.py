@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freescale.trainer.metrics.instrument import StepRecord
+from freescale.trainer.metrics.zch import summarize_zch, zch_step_metrics
 
 PARTS = ("compute", "data", "comm", "idle", "untimed")
 
@@ -253,6 +254,7 @@ def step_metrics(ranks: list[RankStep]) -> dict[str, Any]:
         "rank_idle_ms": [1000.0 * r.idle for r in ranks],
         **embedding_comm_metrics(ranks),
         **balancer_metrics(ranks),
+        **zch_step_metrics([r.extra for r in ranks]),
     }
 
 
@@ -282,6 +284,7 @@ def summarize(steps: list[list[RankStep]], skip_steps: int = 0) -> dict[str, Any
         "stage_ms": dict(stage_ms),
         "embedding_comm": summarize_embedding_comm(kept),
         **summarize_balancer(kept),
+        **summarize_zch([[r.extra for r in s] for s in steps]),  # identity tables: every step, warm-up too
         "per_step": {
             key: [step_metrics(s)[key] for s in kept]
             for key in ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")

@@ -38,7 +38,7 @@ import torch
 from freescale.model_config import ModelConfig
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.dataset.samples import CollateConfig
-from freescale.trainer.config import ModelExtraConfig
+from freescale.trainer.config import ZCH_DEFAULTS, ModelExtraConfig
 from freescale.trainer.data.batches import Batch, collate
 from freescale.trainer.data.jagged import padded_sum_of_squares
 from freescale.trainer.engines.engine import batch_loss
@@ -171,7 +171,10 @@ def calibrate(
     """Time trainer-shaped micro-batches, fit, and (optionally) write the JSON ``prepare --cost-model`` reads."""
     lengths = design_lengths(max_len, micro_batch_size, mixed, points, seed)
     rng = np.random.default_rng(seed + 1)
-    # tables sized from the data (0) get a synthetic size: timing does not depend on the row count
+    # tables sized from the data (0) get a synthetic size: timing does not depend on the row count (nor on
+    # how ids map to rows: a zch run is timed with exact rows)
+    if extra.ids == "zch":
+        extra = replace(extra, ids="exact", **ZCH_DEFAULTS)
     extra = replace(extra, num_items=extra.num_items or CALIBRATION_ITEMS, num_actions=extra.num_actions or 16)
     collate_cfg = CollateConfig.for_model(model_cfg, extra)
     batches = [collate(synthetic_samples(ls, extra.num_items, rng), collate_cfg, i, 0) for i, ls in enumerate(lengths)]

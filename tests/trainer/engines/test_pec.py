@@ -119,6 +119,9 @@ def test_a_hierarchical_all_to_all_trains_bitwise_like_the_flat_one(pool4) -> No
         ("evaluation/checkpoint settles every step", {"settle_every": 1}),
         ("settle every other step", {"settle_every": 2, "overlap": 0.8}),
         ("a single step (first = last batch)", {"steps": 1}),
+        ("zch: evictions and fallback rows, adam", {"zch_size": 32, "sparse": "adam"}),
+        ("zch ttl, a batch prefetched at the end", {"zch_size": 32, "zch_policy": "ttl", "stop_early": True}),
+        ("zch lfu, settling every step", {"zch_size": 32, "zch_policy": "lfu", "settle_every": 1}),
     ],
 )
 def test_edge_cases_stay_exact(pool2, name: str, changes: dict) -> None:

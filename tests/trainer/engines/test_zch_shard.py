@@ -1,0 +1,141 @@
+"""Zero-collision item tables in the FreeScale engine (trainer/engines/zch_shard.py, sharded.py).
+
+On a gloo world of one (this process): a reassigned row starts over (embedding and every optimizer
+state tensor) when its batch starts training, not before; a checkpoint taken while the next batch's
+lookup is already done holds the table without it; evaluation routes read-only. On 2 gloo ranks
+(``online_check``'s pool): a run resumed from a mid-run checkpoint continues bit for bit, with and
+without PEC, and the online balancer trains what ``balancer = "none"`` trains. PEC against the
+synchronous engine with evictions is in test_pec.py's edge cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from online_check import OnlineCase, differences, train_online_modes
+from pec_check import OverlapCase, RankPool, mismatches, train_case
+
+from freescale.kernels.zch_rows import hashed_uniform
+from freescale.trainer.engines.sharded import JaggedIds
+from freescale.trainer.runner import make_engine
+
+ZCH = {"zch_size": 8, "zch_bucket_size": 8, "zch_max_probe": 8}  # one bucket: 8 ids fill it, the 9th evicts
+
+
+def zch_engine(sparse: str = "rowwise_adagrad"):
+    case = OverlapCase(world_size=1, sparse=sparse, **ZCH)
+    return make_engine(case.run_config("none"), 0, 1, torch.device("cpu"), "none")
+
+
+def route(engine, ids: list[int], train: bool = True):
+    features = JaggedIds(["item"], torch.tensor(ids, dtype=torch.int64), [len(ids)])
+    return engine.tables.start_input_dist(features, train=train).route().finish()
+
+
+@pytest.mark.parametrize("sparse", ["rowwise_adagrad", "adam"])
+def test_eviction_resets_the_row_and_its_optimizer_state_when_its_batch_trains(gloo_world_of_one, sparse) -> None:
+    engine = zch_engine(sparse)
+    try:
+        tables = engine.tables
+        tables.apply_resets(route(engine, list(range(100, 108))))  # fills the 8 slots
+        weight, states = tables.weights[0], tables.optimizers[0].state
+        weight.fill_(7.0)
+        for tensor in states.values():
+            tensor.fill_(1.0)  # as if every row had trained
+        ctx = route(engine, [100, 200, 201])  # lru: two new ids evict the two least recent
+        (step,) = ctx.zch
+        reassigned = step.reassigned
+        assert reassigned.numel() == 2 and step.stats.tolist()[:5] == [3, 1, 2, 2, 0]
+        assert bool((weight == 7.0).all()), "nothing is reset before the batch trains"
+        tables.apply_resets(ctx)
+        tables.apply_resets(ctx)  # idempotent
+        fresh = hashed_uniform(reassigned, tables.dim, bound=(1 / 9) ** 0.5, table=0, step=2)
+        assert torch.equal(weight[reassigned], fresh)
+        kept = torch.ones(9, dtype=torch.bool)
+        kept[reassigned] = False
+        assert bool((weight[kept] == 7.0).all())
+        for name, tensor in states.items():
+            assert bool((tensor[reassigned] == 0).all()), name
+            assert bool((tensor[kept] == 1.0).all()), name
+    finally:
+        engine.close()
+
+
+def evaluated_rows(engine, ids: list[int]) -> list[int]:
+    ctx = route(engine, ids, train=False)
+    engine.tables.output_dist(ctx, engine.tables.lookup(ctx))
+    return engine.tables.feature_keys(ctx)["item"].tolist()
+
+
+def test_checkpoints_and_evaluation_see_the_table_as_of_the_trained_batches(gloo_world_of_one) -> None:
+    engine = zch_engine()
+    try:
+        tables, first = engine.tables, list(range(100, 108))
+        tables.apply_resets(route(engine, first))
+        trained = {k: t.clone() for k, t in tables.local_state().items() if k.startswith("zch.")}
+        rows = evaluated_rows(engine, first)
+        assert sorted(rows) == list(range(8))
+        ctx = route(engine, [100, 200, 201, 202])  # looked up ahead, not trained yet
+        live = tables.zch[0].table
+        assert int(live.step) == 2 and int((live.identities >= 200).sum()) == 3
+        saved = {k: t for k, t in tables.local_state().items() if k.startswith("zch.")}
+        assert [k for k in trained if not torch.equal(trained[k], saved[k])] == []
+        assert evaluated_rows(engine, first) == rows  # the evicted ids still have their rows
+        tables.apply_resets(ctx)  # the batch trains: the lookup belongs to the state now
+        assert torch.equal(tables.local_state()["zch.item.identities"], live.identities)
+        assert evaluated_rows(engine, first).count(8) == 3  # now they fall back
+        assert tables.global_shapes()["zch.item.counters"] == (7,)
+    finally:
+        engine.close()
+
+
+def test_evaluation_routes_read_only_and_unknown_ids_use_the_fallback_row(gloo_world_of_one) -> None:
+    engine = zch_engine()
+    try:
+        tables = engine.tables
+        tables.apply_resets(route(engine, [5, 6, 7]))
+        before = {k: t.clone() for k, t in tables.local_state().items()}
+        ctx = route(engine, [5, 99], train=False)
+        tables.output_dist(ctx, tables.lookup(ctx))
+        keys = tables.feature_keys(ctx)["item"]
+        assert ctx.zch is None and int(keys[1]) == 8  # the fallback row: the shard's last
+        assert int(keys[0]) == int(torch.nonzero(tables.zch[0].table.identities == 5)[0, 0])
+        after = tables.local_state()
+        assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("policy", ["lru", "ttl"])
+def test_pec_on_one_rank_with_evictions_is_bitwise_synchronous(gloo_world_of_one, policy: str) -> None:
+    case = OverlapCase(world_size=1, steps=5, overlap=0.5, ids_per_rank=16, zch_size=16, zch_policy=policy, seed=2)
+    results = [{mode: train_case(case, mode, 0) for mode in ("none", "pec")}]
+    assert not mismatches(results), mismatches(results)[:5]
+    extras = results[0]["none"]["extras"]
+    assert sum(e["zch.item.evictions"] for e in extras) > 0 and sum(e["zch.item.collisions"] for e in extras) > 0
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = RankPool(2, train=train_online_modes)
+    yield pool
+    pool.close()
+
+
+def exact(results: list[dict], base: str, other: str) -> list[str]:
+    return differences(results, base, other, rtol=0.0)
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_bit_for_bit_and_online_matches_none(pool2, tmp_path) -> None:
+    case = {"world_size": 2, "steps": 6, "sigma": 1.2, "seed": 4, "zch_size": 64, "num_items": 256}
+    straight = pool2.run(OnlineCase(**case), ("none", "pec", "online"))
+    resumed = pool2.run(OnlineCase(**case, resume_at=3, checkpoint_dir=str(tmp_path)), ("none", "pec"))
+    assert exact(straight, "none", "pec") == []
+    for mode in ("none", "pec"):
+        merged = [{"straight": a["none"], mode: b[mode]} for a, b in zip(straight, resumed)]
+        assert exact(merged, "straight", mode) == [], mode
+    assert differences(straight, "none", "online", rtol=1e-5) == []
+    extras = [e for rank in straight for e in rank["none"]["extras"]]
+    assert sum(e["zch.item.evictions"] for e in extras) > 0
+    assert sum(e["balancer.moved"] for rank in straight for e in rank["online"]["extras"]) > 0

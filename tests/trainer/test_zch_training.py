@@ -1,0 +1,86 @@
+"""``model_extra.ids = "zch"`` end to end through ``freescale train`` (one rank, the tiny preset).
+
+One 8-step run with a zero-collision item table far smaller than the catalogue (evictions every step)
+and a checkpoint after step 4; a second run resumes from that checkpoint and must log the same
+losses and identity-table figures for its 4 steps, bit for bit (with PEC, which ``overlap = auto``
+picks on one rank with a spare core, the checkpoint is taken while the next batch's lookup is already done).
+Processes run with cwd = a temp dir (see train_cli.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from train_cli import FREESCALE, prepare_tiny, run_toml, run_train
+
+pytestmark = pytest.mark.slow
+
+ZCH = {"num_items": 0, "ids": "zch", "zch_size": 128, "zch_bucket_size": 16, "zch_max_probe": 8}
+COMMON = {"model_extra": ZCH, "eval": {"max_users": 40}, "logging": {"log_every": 4}, "engine": {"overlap": "pec"}}
+
+
+def lines(out: Path) -> dict[int, dict]:
+    """The training steps' metrics lines (not the evaluation's), by step."""
+    every = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    return {line["step"]: line for line in every if "loss" in line}
+
+
+def train_one_rank(config: str, cwd: Path) -> None:
+    result = run_train(config, cwd, nproc=1)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("zch-run")
+    data = prepare_tiny(root)
+    ckpt = root / "ckpt"
+    config = run_toml(
+        root / "run.toml", data, root / "out", data={"max_steps": 8}, checkpoint={"dir": str(ckpt), "steps": [4]},
+        **COMMON,
+    )  # fmt: skip
+    train_one_rank(config, root)
+    return {"root": root, "data": data, "out": root / "out", "ckpt": ckpt, "config": config}
+
+
+def test_zch_training_logs_the_identity_table_per_step_and_in_the_summary(straight) -> None:
+    metrics = lines(straight["out"])
+    assert sorted(metrics) == list(range(8))
+    for step, line in metrics.items():
+        item = line["zch"]["item"]
+        assert item["lookups"] > 0 and 0 < item["occupancy"] <= 1, step
+        total = item["hit_rate"] + item["insert_rate"] + item["collision_rate"]
+        assert total == pytest.approx(1.0), step  # every lookup hits, takes a slot or falls back
+    assert metrics[7]["zch"]["item"]["occupancy"] == 1.0
+    assert sum(line["zch"]["item"]["eviction_rate"] for line in metrics.values()) > 0
+    report = json.loads((straight["out"] / "bubbles.json").read_text())
+    assert report["training"]["ids"] == "zch" and report["summary"]["zch"]["item"]["evicted_mean_age"] > 0
+    summary = (straight["out"] / "summary.txt").read_text()
+    assert "zch item: " in summary and "ids zch (128 item rows)" in summary
+    assert report["protocol"]["validation"]["users"] > 0  # full ranking over the table's rows, read-only
+
+
+def test_a_resumed_zch_run_continues_bit_for_bit(straight, tmp_path) -> None:
+    config = run_toml(
+        tmp_path / "resume.toml", straight["data"], tmp_path / "out", data={"max_steps": 8},
+        checkpoint={"dir": str(straight["ckpt"]), "resume": str(straight["ckpt"] / "step_00000004"), "at_end": False},
+        **{**COMMON, "eval": {"max_users": 0}},
+    )  # fmt: skip
+    train_one_rank(config, tmp_path)
+    first, resumed = lines(straight["out"]), lines(tmp_path / "out")
+    assert sorted(resumed) == [4, 5, 6, 7]
+    for step in resumed:
+        assert resumed[step]["loss"] == first[step]["loss"], step
+        assert resumed[step]["zch"] == first[step]["zch"], step
+
+
+def test_evaluating_a_zch_checkpoint_on_other_ranks_is_refused_in_one_line(straight) -> None:
+    checkpoint = str(straight["ckpt"] / "step_00000008")
+    command = [FREESCALE, "evaluate", "--config", straight["config"], "--checkpoint", checkpoint, "--nproc", "2"]
+    result = subprocess.run(command, cwd=straight["root"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert "was written by 1 ranks: a model_extra.ids 'zch' table" in line and "--nproc 1" in line

@@ -1,0 +1,168 @@
+"""A rank's part of a zero-collision id table in training (docs/training.md#open-id-spaces-ids--zch).
+
+Row-wise sharding by bucket: with ``W`` ranks, rank ``r`` owns buckets ``[r·B/W, (r+1)·B/W)`` of the
+table's identity table (``kernels.zch.ZchTable(config, rank=r)``) *and* their embedding rows, followed
+by a fallback row of its own: the embedding table has ``zch_size + W`` rows, ``zch_size / W + 1`` per
+rank, the ``torch.chunk`` layout of ``sharded.py``. A raw id hashes to its bucket, so to its owner;
+the input distribution sends it there, the owner looks it up (training: inserts and evicts) and from
+then on the step addresses the row, never the raw id.
+
+``ZchShard`` is that owner side: the owner of each raw id, the lookup with an undo record of the last
+training call (a checkpoint taken while the next batch's lookup is already done, PEC's prefetch or the
+engine's read-ahead routing, must hold the table as of the trained batches only), the new values of
+reassigned rows (``zch_rows.hashed_uniform``: owner and readers of a row compute the same bits) and
+the per-rank state a DCP checkpoint holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from freescale.kernels.zch import ZchConfig, ZchTable
+from freescale.kernels.zch_hash import bucket_and_home, pending_slot
+from freescale.kernels.zch_rows import hashed_uniform
+from freescale.trainer.config import ModelExtraConfig
+
+STATE = ("identities", "last_seen", "counts", "pending_ids", "pending_counts", "counters", "step")
+SHARDED_STATE = ("identities", "last_seen", "counts")  # one entry per slot: pieces of one global tensor
+
+
+def item_zch_config(extra: ModelExtraConfig, world_size: int) -> ZchConfig:
+    """The item table's ``ZchConfig`` from ``[model_extra]`` (``zch_*`` options)."""
+    return ZchConfig(
+        zch_size=extra.zch_size,
+        bucket_size=extra.zch_bucket_size,
+        max_probe=extra.zch_max_probe,
+        policy=extra.zch_policy,
+        ttl=extra.zch_ttl if extra.zch_policy == "ttl" else None,
+        admission_threshold=extra.zch_admission_threshold,
+        world_size=world_size,
+    )
+
+
+@dataclass
+class ZchStep:
+    """What one owner decided for one table of one batch (kept in the batch's ``DistContext``)."""
+
+    table: int
+    reassigned: torch.Tensor  # global rows given to a new id: reset before the batch trains
+    step: int  # the identity table's training-call number: the key of the reset values
+    stats: torch.Tensor  # int64 [len(kernels.zch.COUNTERS)] of this call
+    occupied: int  # slots holding an id after the call
+    slots: int
+
+
+@dataclass
+class Undo:
+    """The entries a training lookup may change, as they were before it."""
+
+    slots: torch.Tensor
+    identities: torch.Tensor
+    last_seen: torch.Tensor
+    counts: torch.Tensor
+    pending: torch.Tensor
+    pending_ids: torch.Tensor
+    pending_counts: torch.Tensor
+    counters: torch.Tensor
+    step: torch.Tensor
+
+
+class ZchShard:
+    """This rank's buckets of one zero-collision table: identity table, undo record, reset values."""
+
+    def __init__(self, config: ZchConfig, rank: int, device: torch.device, table: int, seed: int) -> None:
+        self.config, self.rank, self.index, self.seed = config, rank, table, seed
+        self.table = ZchTable(config, device, rank)
+        self.rows_per_rank = self.table.slots + 1
+        self.first_row = rank * self.rows_per_rank  # global row of this shard's first slot
+        self.bound = (1.0 / (config.zch_size + config.world_size)) ** 0.5  # the table's initial range
+        self.layout = torch.tensor(config.layout, dtype=torch.int64, device=device)
+        self.ahead = False  # the last training lookup was for a batch that has not trained yet
+        self._undo: Undo | None = None
+        self._view: ZchTable | None = None  # the trained state, for evaluation while a lookup is ahead
+
+    def owner(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rank owning each raw id's bucket."""
+        cfg = self.config
+        bucket, _ = bucket_and_home(ids, cfg.num_buckets, cfg.bucket_size)
+        return torch.div(bucket, cfg.num_buckets // cfg.world_size, rounding_mode="floor")
+
+    def lookup(self, ids: torch.Tensor, clock: int | None, train: bool) -> tuple[torch.Tensor, ZchStep | None]:
+        """Global rows of ``ids`` (all of this rank's buckets); in training also what changed.
+
+        ``clock``: the step's event time (policy ttl), every id of the step seen at it.
+        """
+        if not train:
+            result = self.trained_table().lookup(ids, train=False)
+            return result.rows + self.first_row, None
+        self._undo, self._view = self._record(ids), None
+        times = torch.full_like(ids, clock) if self.config.policy == "ttl" and clock is not None else None
+        result = self.table.lookup(ids, times, train=True)
+        self.ahead = True
+        occupied = int((self.table.identities >= 0).sum())
+        step = ZchStep(
+            self.index, result.reassigned + self.first_row, int(self.table.step), result.stats, occupied,
+            self.table.slots,
+        )  # fmt: skip
+        return result.rows + self.first_row, step
+
+    def trained(self) -> None:
+        """The batch looked up ahead starts training: its lookup is part of the trained state now."""
+        self.ahead, self._view = False, None
+
+    def trained_table(self) -> ZchTable:
+        """The table evaluation reads: as of the trained batches, like a checkpoint (PEC's prefetch and
+        the end of training look the next batch up early; evaluation must not see its ids)."""
+        if not self.ahead:
+            return self.table
+        if self._view is None:
+            self._view = ZchTable(self.config, self.table.device, self.rank)
+            for name, tensor in self.trained_state().items():
+                getattr(self._view, name).copy_(tensor)
+        return self._view
+
+    def _record(self, ids: torch.Tensor) -> Undo:
+        """Every slot and admission entry ``ids`` can touch (their windows), with its values now."""
+        table = self.table
+        unique = torch.unique(ids)
+        slots = torch.unique(table.window(unique).reshape(-1))
+        pending = torch.zeros(0, dtype=torch.int64, device=ids.device)
+        if table.pending_ids.numel():
+            pending = torch.unique(pending_slot(unique, table.pending_ids.numel()))
+        return Undo(
+            slots, table.identities[slots], table.last_seen[slots], table.counts[slots], pending,
+            table.pending_ids[pending], table.pending_counts[pending], table.counters.clone(), table.step.clone(),
+        )  # fmt: skip
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """The identity table as of the batches trained so far (the live tensors when none is ahead)."""
+        live = {name: getattr(self.table, name) for name in STATE}
+        if not self.ahead or self._undo is None:
+            return live
+        undo, state = self._undo, {name: tensor.clone() for name, tensor in live.items()}
+        for name in SHARDED_STATE:
+            state[name][undo.slots] = getattr(undo, name)
+        state["pending_ids"][undo.pending] = undo.pending_ids
+        state["pending_counts"][undo.pending] = undo.pending_counts
+        state["counters"], state["step"] = undo.counters.clone(), undo.step.clone()
+        return state
+
+    def reset_values(self, rows: torch.Tensor, step: int, dim: int) -> torch.Tensor:
+        """New embeddings of reassigned global ``rows`` at identity-table ``step``: the same bits wherever
+        computed (the owner's shard, a PEC reader's prefetched copy)."""
+        return reset_values(rows, step, dim, bound=self.bound, seed=self.seed, table=self.index)
+
+    def check_layout(self) -> None:
+        """After a checkpoint load: the saved table was hashed and bucketed like this one."""
+        if not torch.equal(self.layout.cpu(), torch.tensor(self.config.layout)):
+            raise ValueError(
+                f"zch: checkpoint layout (hash version, zch_size, bucket_size, admission slots) "
+                f"{tuple(self.layout.tolist())} differs from this run's {self.config.layout} (model_extra.zch_*)"
+            )
+
+
+def reset_values(rows: torch.Tensor, step: int, dim: int, *, bound: float, seed: int, table: int) -> torch.Tensor:
+    """``hashed_uniform`` keyed by (engine seed, table, global row, identity-table step)."""
+    return hashed_uniform(rows, dim, bound=bound, seed=seed, table=table, step=step)
