@@ -16,6 +16,8 @@ from collective_count import count_modes
 from online_check import OnlineCase
 from pec_check import RankPool
 
+from freescale.trainer.simulate.simulator import COLLECTIVES_PER_STEP
+
 pytestmark = pytest.mark.slow
 
 SYNCHRONOUS = {
@@ -67,3 +69,7 @@ def test_each_engine_issues_the_pinned_collectives_per_step(counted: list[dict],
 def test_pec_needs_at_most_one_collective_more_than_the_synchronous_schedule() -> None:
     assert sum(PEC.values()) <= sum(SYNCHRONOUS.values()) + 1
 
+
+def test_the_simulator_counts_the_engines_collectives() -> None:
+    counted = {"none": sum(SYNCHRONOUS.values()), "pec": sum(PEC.values())}
+    assert counted == COLLECTIVES_PER_STEP
