@@ -21,12 +21,13 @@ the update is one function of (row, state, summed gradient) applied row by row, 
 compute the same bits. Cold rows are never hot rows, so the worker and the main thread never write
 the same row. ``settle()`` (before evaluation and checkpoints) waits for the cold update.
 
-Collectives per step (steady state), each the minimum its data needs: the worker's routing of batch
-n+1 (counts, then ids), its one prefetch exchange (rows, optimizer state and the owners' marks
-together: ``overlap.prefetch_exchange``), the main thread's hot-gradient all-to-all and dense
-all-reduce, the worker's cold-gradient all-to-all: six, one more than the synchronous schedule's
-five (counts, ids, rows, gradients, all-reduce). tests/trainer/engines/test_collective_counts.py
-pins them.
+Collectives per step (steady state): the worker's routing of batch n+1 (counts, then ids), its one
+prefetch exchange (rows, optimizer state and the owners' marks together:
+``overlap.prefetch_exchange``), the main thread's hot-gradient all-to-all and dense all-reduce, the
+worker's cold-gradient all-to-all: six, one more than the synchronous schedule's five (counts, ids,
+rows, gradients, all-reduce); tests/trainer/engines/test_collective_counts.py pins them. The cold
+gradients of step n could still ride batch n+2's ids exchange (same pairs of ranks, needed before
+that batch's lookup), which would make five; that needs a per-destination payload in the routing.
 
 A non-finite step (``FreeScaleEngine``: every rank learns it from the dense all-reduce) applies no
 hot, OL or cold update: batch n+1's prefetched rows were read before batch n's update, and with no
