@@ -3,7 +3,8 @@
 Packages: ``freescale`` (core helpers) < ``kernels``, ``datasets`` < ``pipeline`` < ``trainer`` < ``tools``:
 a module imports only its own package and packages below it. Inside ``trainer/`` each folder is a layer
 and ``TRAINER_LAYERS`` says which layers it may import; training code (engines, eval, metrics, the runner)
-never imports ``simulate/`` (the simulator and calibration may use the engines' placement and the model).
+never imports ``simulate/`` (the simulator and calibration may use the engines' placement and the model);
+the runner may, to decide ``engine.overlap``/``engine.balancer = "auto"`` by the simulator's prediction.
 Every import counts, function-level ones too: a deferred import is still a dependency.
 """
 
@@ -26,7 +27,7 @@ TRAINER_LAYERS = {
     "engines": {"base", "data", "model", "metrics", "engines"},
     "eval": {"base", "data", "model", "eval"},
     "simulate": {"base", "data", "model", "engines", "simulate"},
-    "top": {"base", "data", "model", "metrics", "engines", "eval", "top"},
+    "top": {"base", "data", "model", "metrics", "engines", "eval", "simulate", "top"},
 }
 
 
@@ -127,9 +128,13 @@ def test_the_rules_catch_upward_imports() -> None:
         judge("freescale.trainer.engines.pec", "freescale.trainer.runner")
         == "trainer/engines may not import trainer/top"
     )
-    assert judge("freescale.trainer.runner", "freescale.trainer.simulate.simulator") == (
-        "trainer/top may not import trainer/simulate"
+    assert judge("freescale.trainer.engines.pec", "freescale.trainer.simulate.simulator") == (
+        "trainer/engines may not import trainer/simulate"
     )
+    assert judge("freescale.trainer.eval.evaluate", "freescale.trainer.simulate.auto") == (
+        "trainer/eval may not import trainer/simulate"
+    )
+    assert judge("freescale.trainer.runner", "freescale.trainer.simulate.auto") is None  # engine "auto" choices
     assert judge("freescale.pipeline.prepare", "freescale.trainer.config") == "pipeline may not import trainer"
     assert judge("freescale.kernels.dispatch", "freescale.datasets.ids") == "kernels may not import datasets"
     assert judge("freescale.trainer.simulate.simulator", "freescale.trainer.engines.balancer") is None

@@ -30,7 +30,7 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
 OVERLAPS = ("auto", "pec", "none")
-BALANCERS = ("none", "online")
+BALANCERS = ("none", "online", "auto")
 TRANSPORTS = ("auto", "torch", "copy_engine")
 ALL_TO_ALLS = ("flat", "hierarchical")
 ID_MODES = ("exact", "hashed", "zch")
@@ -261,7 +261,8 @@ class EngineConfig:
     # pair of nodes (engine.transport inside a node; kernels/transport_hierarchical.py)
     all_to_all: str = "flat"
     ranks_per_node: int = 0  # hierarchical all-to-all: ranks per node; 0 = the launcher's LOCAL_WORLD_SIZE
-    balancer: str = "none"  # freescale engine: online = move samples between ranks per step (trainer/engines/online.py)
+    balancer: str = "none"  # freescale engine: online = move samples between ranks per step | none | auto (predicted)
+    auto_profile: str = "h100_nvlink_ib400"  # overlap/balancer "auto": hardware profile the prediction uses
     balancer_cost_model: str = ""  # online balancer: calibrated cost file (prepare's --cost-model); "" = analytic
     balancer_min_gain: float = 0.02  # online balancer: move samples only if the step's max rank cost drops > 2%
     # CUDA: let ranks of a node share GPUs (local rank r on cuda:(r % GPUs)). NCCL refuses two ranks on one
@@ -305,10 +306,13 @@ class EngineConfig:
             )
         _check(0.0 <= self.balancer_min_gain < 1.0, "engine.balancer_min_gain", "must be in [0, 1)",
                self.balancer_min_gain)  # fmt: skip
-        if self.balancer_cost_model and self.balancer != "online":
+        if self.balancer_cost_model and self.balancer == "none":
             raise ValueError(
-                f"engine.balancer_cost_model is used only with engine.balancer 'online', got {self.balancer!r}"
+                "engine.balancer_cost_model is used only with engine.balancer 'online' or 'auto', "
+                f"got {self.balancer!r}"
             )
+        _check(isinstance(self.auto_profile, str) and bool(self.auto_profile.strip()), "engine.auto_profile",
+               "must name a shipped hardware profile or a profile TOML", self.auto_profile)  # fmt: skip
         if self.balancer != "none" and self.name == "torchrec":
             raise ValueError(
                 f"engine.balancer {self.balancer!r} applies to the freescale engine; "

@@ -24,7 +24,7 @@ import shutil
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,43 @@ def resolve_overlap(cfg: RunConfig, device: torch.device) -> str:
     vote = torch.tensor([1 if mine == "pec" else 0], device=device)
     dist.all_reduce(vote, op=dist.ReduceOp.MIN)
     return "pec" if int(vote.item()) else "none"
+
+
+@dataclass
+class Choices:
+    """What this run builds: the resolved ``engine.overlap`` and ``engine.balancer``, and the
+    prediction that decided them where either was ``auto`` (rank 0 only; None otherwise)."""
+
+    overlap: str
+    balancer: str
+    prediction: dict[str, Any] | None = None
+
+
+def resolve_choices(cfg: RunConfig, device: torch.device, dataset: PreparedDataset, world_size: int) -> Choices:
+    """``engine.overlap`` and ``engine.balancer`` for this run (collective: every rank builds the same).
+
+    Explicit values run as given. ``auto`` is decided by the simulator's prediction for this run
+    (trainer/simulate/auto.py) among what can run here: PEC only where ``overlap_choice`` gives its
+    thread room. Rank 0 predicts and logs the prediction next to the pick; the others receive the pick.
+    """
+    if cfg.engine.name == "torchrec":
+        return Choices("torchrec", cfg.engine.balancer)
+    runnable = resolve_overlap(cfg, device)
+    overlaps = ("none", "pec") if cfg.engine.overlap == "auto" and runnable == "pec" else (runnable,)
+    balancers = ("none", "online") if cfg.engine.balancer == "auto" else (cfg.engine.balancer,)
+    if len(overlaps) == 1 and len(balancers) == 1:
+        return Choices(overlaps[0], balancers[0])
+    prediction = None
+    pick = torch.zeros(2, dtype=torch.int64, device=device)
+    if dist.get_rank() == 0:
+        from freescale.trainer.simulate.auto import predict, probe
+
+        predicted = predict(cfg, probe(dataset, world_size, cfg.data.seed), world_size, overlaps, balancers)
+        print(predicted.line(), flush=True)
+        prediction = predicted.to_dict()
+        pick[0], pick[1] = overlaps.index(predicted.overlap), balancers.index(predicted.balancer)
+    dist.broadcast(pick, src=0)
+    return Choices(overlaps[int(pick[0])], balancers[int(pick[1])], prediction)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -179,8 +216,10 @@ class Trainer:
         self.cfg = cfg
         metric = f"{cfg.eval.metric}@{cfg.eval.k}"
         self.tracker = BestTracker(metric, cfg.eval.patience)
-        self.overlap = resolve_overlap(cfg, device) if cfg.engine.name == "freescale" else "torchrec"
-        self.engine = make_engine(cfg, rank, world_size, device, self.overlap)
+        self.choices = resolve_choices(cfg, device, self.dataset, world_size)
+        self.overlap = self.choices.overlap
+        built = replace(cfg, engine=replace(cfg.engine, balancer=self.choices.balancer))  # auto resolved
+        self.engine = make_engine(built, rank, world_size, device, self.overlap)
         self.checkpointer = self.engine.checkpointer() if cfg.checkpoint.dir else None
         self.offset = clock_offsets()[rank]
         self.state = RunState()
@@ -459,6 +498,8 @@ class Trainer:
             "engine": self.engine.name,
             "pipeline": self.engine.describe(),
             "overlap": self.overlap,
+            "balancer": self.choices.balancer,
+            "auto_prediction": self.choices.prediction,
             "transport": self.engine.transport,
             "world_size": self.world_size,
             "config": self.cfg.to_dict(),

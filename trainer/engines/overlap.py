@@ -2,8 +2,9 @@
 
 * ``OverlapMasks``: for two consecutive steps n and n+1, which rows overlap (OL: in both global
   batches) — decided by the shard that owns the row, which sees every rank's request, and sent back
-  to the requesters in one small all-to-all so that both ends of every later all-to-all agree on
-  which rows travel when.
+  to the requesters inside the step-(n+1) row exchange (``prefetch_exchange``: rows, optimizer state
+  and marks in one all-to-all), so that both ends of every later all-to-all agree on which rows
+  travel when.
 * ``masked_all_to_all``: an all-to-all of just the rows a mask selects, with split sizes that both
   sides derive from their own copy of the mask (no extra exchange of counts).
 * ``CommWorker``: one background thread per rank, with its own process group (and CUDA stream), that
@@ -89,10 +90,11 @@ def readers_of(keys_now: torch.Tensor, keys_next: torch.Tensor, next_src: torch.
     return torch.where(unique[position] == keys_now, bits[position], torch.zeros_like(keys_now))
 
 
-def exchange_masks(
-    tables: RowWiseShardedTables, now: DistContext, nxt: DistContext, comm: TimedTransport
-) -> OverlapMasks:
-    """Decide OL/NOL at the owners and send every requester its marks and counts (one all-to-all)."""
+def owner_marks(
+    tables: RowWiseShardedTables, now: DistContext, nxt: DistContext
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The owner's OL/NOL decision for steps n and n+1: (readers per step-n row it was asked for,
+    OL flag per step-(n+1) row, ``[contributor, destination]`` counts of the hot gradients)."""
     world, rank, device = tables.world_size, tables.rank, now.recv_ids.device
     keys_now, keys_next = tables.row_keys(now), tables.row_keys(nxt)
     readers = readers_of(keys_now, keys_next, source_ranks(nxt.recv_splits, device))
@@ -102,19 +104,62 @@ def exchange_masks(
     bits = (destinations[:, None] >> torch.arange(world, device=device)) & 1
     counts = torch.zeros(world, world, dtype=torch.int64, device=device)
     counts.index_add_(0, source_ranks(now.recv_splits, device), bits)  # [contributor, destination]
-    readers_parts = torch.split(readers, now.recv_splits)
-    ol_parts = torch.split(ol_recv.to(torch.int64), nxt.recv_splits)
-    send = torch.cat([t for q in range(world) for t in (readers_parts[q], ol_parts[q], counts[:, q])])
-    input_splits = [a + b + world for a, b in zip(now.recv_splits, nxt.recv_splits)]
-    output_splits = [a + b + world for a, b in zip(now.send_splits, nxt.send_splits)]
-    received = comm.all_to_all("input_dist.overlap_masks", send, input_splits, output_splits)
-    pieces = torch.split(received, [n for pair in zip(now.send_splits, nxt.send_splits) for n in (*pair, world)])
-    empty = torch.zeros(0, dtype=torch.int64, device=device)
-    hot_readers = torch.cat([empty, *pieces[0::3]])
-    ol_send = torch.cat([empty, *pieces[1::3]]).bool()
-    hot_counts = torch.stack(pieces[2::3]).sum(0).tolist()
+    return readers, ol_recv, counts
+
+
+def as_floats(values: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n]`` as the float32 ``[2n]`` of its bits (exact: only bytes move)."""
+    return values.to(torch.int64).contiguous().view(torch.float32)
+
+
+def as_ints(values: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``as_floats`` (a copy, so the int64 view is aligned)."""
+    return values.clone().view(torch.int64)
+
+
+def prefetch_exchange(
+    tables: RowWiseShardedTables, now: DistContext, nxt: DistContext, comm: TimedTransport
+) -> tuple[OverlapMasks, torch.Tensor, torch.Tensor]:
+    """(worker) Step n+1's rows, with the owners' marks and optimizer state, in one all-to-all.
+
+    Each owner sends every requester, in one flat float32 segment: the rows of its step-(n+1) ids
+    (with zch ids, each row's key and reset step: ``row_notes``), their packed optimizer state, their
+    OL flags, the readers bitmask of each of its step-n ids (int64 bits) and the hot-gradient counts
+    (int64 bits). Every size is known to both ends from the
+    routing, so no count travels on its own. Why the state of every row and not only of the OL rows:
+    which rows are OL is what the message tells the requester, so a part sized by it could not be
+    received in the same exchange; the state is ``state_width`` floats a row (one for row-wise
+    Adagrad). Returns (marks, rows in send order, packed state of this rank's OL rows).
+    """
+    world, device = tables.world_size, now.recv_ids.device
+    readers, ol_recv, counts = owner_marks(tables, now, nxt)
+    rows = tables.row_notes(nxt, tables.lookup(nxt))  # zch: each row with its key and reset step
+    dim = rows.shape[1]
+    state = tables.state_rows(nxt, torch.ones_like(ol_recv))
+    width = state.shape[1]
+    parts = zip(
+        torch.split(rows, nxt.recv_splits), torch.split(state, nxt.recv_splits),
+        torch.split(ol_recv.to(torch.float32), nxt.recv_splits), torch.split(readers, now.recv_splits),
+    )  # fmt: skip
+    send = [
+        torch.cat([r.flatten(), s.flatten(), o, as_floats(h), as_floats(counts[:, q])])
+        for q, (r, s, o, h) in enumerate(parts)
+    ]
+    sizes = [n * (dim + width + 1) + 2 * m + 2 * world for n, m in zip(nxt.send_splits, now.send_splits)]
+    received = comm.all_to_all("embedding_comm.prefetch", torch.cat(send), [p.numel() for p in send], sizes)
+    pieces = [
+        torch.split(segment, [n * dim, n * width, n, 2 * m, 2 * world])
+        for segment, n, m in zip(torch.split(received, sizes), nxt.send_splits, now.send_splits)
+    ]
+    empty = torch.zeros(0, dtype=torch.float32, device=device)
+    got_rows = torch.cat([empty, *(p[0] for p in pieces)]).view(-1, dim)
+    got_state = torch.cat([empty, *(p[1] for p in pieces)]).view(-1, width)
+    ol_send = torch.cat([empty, *(p[2] for p in pieces)]) != 0
+    hot_readers = as_ints(torch.cat([empty, *(p[3] for p in pieces)]))
+    hot_counts = as_ints(torch.stack([p[4] for p in pieces])).view(world, world).sum(0).tolist()
     ol_unique, next_unique = _unique_counts(tables, nxt, ol_recv)
-    return OverlapMasks(readers != 0, ol_recv, hot_readers, ol_send, hot_counts, ol_unique, next_unique)
+    masks = OverlapMasks(readers != 0, ol_recv, hot_readers, ol_send, hot_counts, ol_unique, next_unique)
+    return masks, tables.take_row_notes(nxt, got_rows), got_state[ol_send]
 
 
 def _unique_counts(tables: RowWiseShardedTables, nxt: DistContext, ol_recv: torch.Tensor) -> tuple[list, list]:

@@ -21,6 +21,14 @@ the update is one function of (row, state, summed gradient) applied row by row, 
 compute the same bits. Cold rows are never hot rows, so the worker and the main thread never write
 the same row. ``settle()`` (before evaluation and checkpoints) waits for the cold update.
 
+Collectives per step (steady state): the worker's routing of batch n+1 (counts, then ids), its one
+prefetch exchange (rows, optimizer state and the owners' marks together:
+``overlap.prefetch_exchange``), the main thread's hot-gradient all-to-all and dense all-reduce, the
+worker's cold-gradient all-to-all: six, one more than the synchronous schedule's five (counts, ids,
+rows, gradients, all-reduce); tests/trainer/engines/test_collective_counts.py pins them. The cold
+gradients of step n could still ride batch n+2's ids exchange (same pairs of ranks, needed before
+that batch's lookup), which would make five; that needs a per-destination payload in the routing.
+
 A non-finite step (``FreeScaleEngine``: every rank learns it from the dense all-reduce) applies no
 hot, OL or cold update: batch n+1's prefetched rows were read before batch n's update, and with no
 update they are already final, so they are used as they came.
@@ -54,7 +62,7 @@ from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.comm import ranks_per_node
 from freescale.trainer.engines.engine import FreeScaleEngine, has_nonfinite
-from freescale.trainer.engines.overlap import CommWorker, OverlapMasks, adopt, exchange_masks, masked_all_to_all
+from freescale.trainer.engines.overlap import CommWorker, OverlapMasks, adopt, masked_all_to_all, prefetch_exchange
 from freescale.trainer.engines.sharded import DistContext
 from freescale.trainer.engines.sparse_optim import sum_by_row
 
@@ -175,27 +183,20 @@ class PECEngine(FreeScaleEngine):
         return Ahead(batch, routed, prefetched, time.perf_counter())
 
     def _prefetch(self, batch: Batch, now: DistContext, routed: Future) -> tuple[torch.Tensor, torch.Tensor]:
-        """(worker) Route batch n+1, agree on OL/NOL with the owners, read and send its rows.
+        """(worker) Route batch n+1, then one exchange: its rows, their optimizer state and the
+        owners' OL/NOL marks (``overlap.prefetch_exchange``).
 
-        Rows and OL state are read *before* ``routed`` resolves: the main thread's hot update of
-        batch n waits for it, so OL rows are read as they were before that update.
+        Rows and state are read *before* ``routed`` resolves: the main thread's hot update of batch n
+        waits for it, so OL rows are read as they were before that update.
         """
         comm = self.worker.comm
         try:
             ctx = self.start_routing(batch, comm).finish()
-            masks = exchange_masks(self.tables, now, ctx, comm)
-            rows = self.tables.lookup(ctx)
-            state = self.tables.state_rows(ctx, masks.ol_recv)
+            masks, received, ol_state = prefetch_exchange(self.tables, now, ctx, comm)
         except BaseException as error:
             routed.set_exception(error)
             raise
         self.worker.publish(routed, (ctx, masks))
-        payload = self.tables.row_notes(ctx, rows)
-        received = comm.all_to_all("embedding_comm.prefetch", payload, ctx.recv_splits, ctx.send_splits)
-        received = self.tables.take_row_notes(ctx, received)
-        ol_state = masked_all_to_all(
-            comm, "embedding_comm.prefetch_state", state, masks.ol_recv, ctx.recv_splits, masks.ol_send, ctx.send_splits
-        )
         return received, ol_state
 
     # hot gradients: one hop to owners and next readers --------------------------------------------

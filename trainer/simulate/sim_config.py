@@ -55,9 +55,15 @@ class ComputeConfig:
     the analytic FLOPs of docs/design.md#cost-model divided by ``peak_tflops × mfu``. ``mfu`` (the share of peak a
     real run reaches) is never a datasheet figure: profiles state it as an assumption. ``scale``
     multiplies the result (a calibration run on this host measures it: the trainer's forward and
-    backward against what the cost model predicts for the same micro-batches). ``per_micro_batch_s``
-    is a fixed cost per rank per step (kernel launches, the fit's constant ``d``), ``step_overhead_s``
-    the rest of a step on every rank (data loading, optimizer). ``cost_error_cv``: the cost model's
+    backward against what the cost model predicts for the same micro-batches).
+
+    Fixed costs, which FLOPs do not see (a small model's GPU step is bound by kernel launches, not by
+    its arithmetic): ``per_micro_batch_s`` per rank and step outside the layers (collate, embedding
+    gathers, the loss) and ``per_layer_s`` per layer of ``workload.num_layers`` (each layer's forward
+    and backward launches) complete the analytic model; a calibrated cost model measured its own
+    model's fixed cost (the fit's constant ``d``, its file's ``per_micro_batch_s``) and uses that
+    instead. ``step_overhead_s``: the rest of a step on every rank (the optimizer, data loading).
+    ``cost_error_cv``: the cost model's
     per-sample error (``freescale calibrate`` reports the fit's mean relative error): the planner and
     the balancer place by predicted cost, the ranks spend the actual one. ``prefetch_host_s``
     (``overlap = pec`` only): seconds of each step's prefetch that are not its collectives — the
@@ -71,7 +77,8 @@ class ComputeConfig:
     peak_tflops: float | None = None
     mfu: float = 0.4
     scale: float = 1.0
-    per_micro_batch_s: float | None = None  # None: the calibrated file's per_micro_batch_s, else 0
+    per_micro_batch_s: float | None = None  # analytic model's fixed cost per micro-batch (None: 0)
+    per_layer_s: float = 0.0  # analytic model's fixed cost per layer and micro-batch (launches)
     step_overhead_s: float = 0.0
     cost_error_cv: float = 0.0  # per-sample error of the cost model: samples are placed by predicted cost
     prefetch_host_s: float = 0.0  # PEC: the prefetch's non-collective seconds per step (see above)
@@ -85,6 +92,7 @@ class ComputeConfig:
         _positive(self.scale, "compute.scale")
         if self.per_micro_batch_s is not None:
             _positive(self.per_micro_batch_s, "compute.per_micro_batch_s", allow_zero=True)
+        _positive(self.per_layer_s, "compute.per_layer_s", allow_zero=True)
         _positive(self.step_overhead_s, "compute.step_overhead_s", allow_zero=True)
         _positive(self.cost_error_cv, "compute.cost_error_cv", allow_zero=True)
         _positive(self.prefetch_host_s, "compute.prefetch_host_s", allow_zero=True)

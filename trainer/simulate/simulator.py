@@ -23,8 +23,12 @@ routing (counts and ids all-to-alls) one step ahead, exposed only where it outla
 and puts the row all-to-all and the embedding-gradient all-to-all (in flight during the dense
 all-reduce, sharing the link: ``side_by_side``) on the critical path. ``pec`` leaves the OL share
 (``batch_overlap_rate``) of the embedding gradients and the dense all-reduce there; the rest
-(routing, ids, rows, NOL gradients) runs one step ahead and is exposed only where it outlasts the
-previous step's compute.
+(routing: counts, ids, then the rows with their optimizer state and the owners' marks in one
+exchange; the NOL gradients) runs one step ahead and is exposed only where it outlasts the previous
+step's compute. ``COLLECTIVES_PER_STEP`` counts them as the engines issue them.
+
+Compute per rank and step: the per-sample cost (calibrated or analytic FLOPs), plus the fixed costs
+FLOPs do not see (``compute.per_micro_batch_s``, ``per_layer_s`` per layer, ``step_overhead_s``).
 
 Ranks need not leave a collective together (``network.completion_spread``): a rank released early
 starts its next step early and waits for the others at the next collective, so that share of the
@@ -60,6 +64,14 @@ from freescale.trainer.simulate.sim_inputs import LengthSource, OwnLayout
 
 SCHEMA_VERSION = 1
 ID_BYTES = 8
+# PEC's prefetch exchange carries, besides each row: its optimizer state (row-wise Adagrad: one
+# float32), its OL flag (one float32) and the readers bitmask of a step-n id (int64)
+PREFETCH_MARK_BYTES = 4 + 4 + ID_BYTES
+# Collectives per step in steady state, as the engines issue them (tests/trainer/engines/
+# test_collective_counts.py pins both): none (TorchRec's pipeline schedule) counts, ids, rows,
+# gradients, dense all-reduce; pec counts, ids, prefetch (rows + state + marks), hot gradients,
+# dense all-reduce, cold gradients. ``time_steps`` charges one latency for each.
+COLLECTIVES_PER_STEP = {"none": 5, "pec": 6}
 JITTER_SOLVE_STEPS = 4096
 # The planner's outlier budget (max_outlier_fraction) is a share of the samples it plans: a pool of a
 # few steps would hide what it does over an epoch, so it always plans at least this many steps.
@@ -94,8 +106,9 @@ class SampleCost:
 
 
 def sample_cost(compute: ComputeConfig, workload: WorkloadConfig) -> SampleCost:
-    """A calibrated cost model (seconds; FLOPs need ``peak_tflops``) or the analytic FLOPs of docs/design.md#cost-model
-    at ``peak_tflops × mfu``, times ``compute.scale``."""
+    """A calibrated cost model (seconds; FLOPs need ``peak_tflops``) with its measured fixed cost per
+    micro-batch, or the analytic FLOPs of docs/design.md#cost-model at ``peak_tflops × mfu`` plus the
+    profile's fixed costs (``per_micro_batch_s + per_layer_s × num_layers``); times ``compute.scale``."""
     throughput = None if compute.peak_tflops is None else compute.peak_tflops * 1e12 * compute.mfu
     if compute.cost_model is not None:
         model = CostModel.from_file(compute.cost_model)
@@ -106,7 +119,7 @@ def sample_cost(compute: ComputeConfig, workload: WorkloadConfig) -> SampleCost:
         model = CostModel.from_model(
             ModelConfig(d_model=d, num_layers=workload.num_layers, num_heads=1, num_negatives=workload.negatives)
         )
-        per_mb = 0.0
+        per_mb = (compute.per_micro_batch_s or 0.0) + compute.per_layer_s * workload.num_layers
         origin = f"analytic FLOPs at {compute.peak_tflops} TFLOPS x mfu {compute.mfu}"
     if model.units == "seconds":
         factor = compute.scale
@@ -114,8 +127,6 @@ def sample_cost(compute: ComputeConfig, workload: WorkloadConfig) -> SampleCost:
         raise ValueError(f"{compute.cost_model}: the cost model is in FLOPs; give compute.peak_tflops to convert")
     else:
         factor = compute.scale / throughput
-    if compute.per_micro_batch_s is not None:
-        per_mb = compute.per_micro_batch_s
     return SampleCost(model, factor, per_mb * compute.scale, origin)
 
 
@@ -358,20 +369,25 @@ def time_steps(
         critical = released + net.side_by_side(released, net.all_to_all(0.0), dense, net.all_reduce(0.0)) + balancer
         background = counts + net.all_to_all(unique * ID_BYTES)
         background_bytes = routing_bytes
+        background_collectives = 2
     else:
         rate = float(wl.batch_overlap_rate or 0.0)
         released = net.all_to_all(rate * rows)  # the OL exchange; the dense all-reduce after it
         critical = released + dense + balancer
-        # + the owners' marks (``overlap.exchange_masks``: int64 readers and OL flags per id, now and next)
-        routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(2 * ID_BYTES * unique)
-        background = routing + net.all_to_all(rows) + net.all_to_all((1.0 - rate) * rows)
-        background_bytes = routing_bytes + 2 * ID_BYTES * unique + (2.0 - rate) * rows
+        # the rows ride with their state and the owners' marks (``overlap.prefetch_exchange``); the
+        # main thread's hot gradients wait for that exchange, so it is part of the routing they wait on
+        prefetch = rows + PREFETCH_MARK_BYTES * unique
+        routing = counts + net.all_to_all(unique * ID_BYTES) + net.all_to_all(prefetch)
+        background = routing + net.all_to_all((1.0 - rate) * rows)
+        background_bytes = routing_bytes + prefetch + (1.0 - rate) * rows
+        background_collectives = 4
     window = np.roll(busy.max(axis=1), 1)  # batch n+1's prefetch runs while batch n computes (steady state)
     hidden = np.minimum(background, window)
     # the bytes moved while compute runs: the hidden share of the background exchanges' payload
     hidden_share = np.divide(hidden, background, out=np.zeros_like(hidden), where=background > 0)
     hidden_mbytes = 1e-6 * background_bytes.mean(axis=1) * hidden_share
     busy = busy + overlap_slowdowns(np.roll(hidden, -1), np.roll(hidden_mbytes, -1), w, cfg.network, rng)
+    exchanges = float(background.mean())  # the one-step-ahead collectives alone, before any host work
     if routing is not None:  # PEC's worker: its host work (data stage, lookups, cold update) comes first
         background, routing = background + cfg.compute.prefetch_host_s, routing + cfg.compute.prefetch_host_s
     own_wait, exposed_bg = prefetch_waits(busy, background, routing)
@@ -404,6 +420,8 @@ def time_steps(
             "critical": 1e3 * float(critical.mean()),
             "exposed_prefetch": 1e3 * float(exposed_bg.mean() + own_wait.mean()),
             "hidden_prefetch": 1e3 * float(hidden.mean()),
+            "prefetch": 1e3 * exchanges,  # the collectives run one step ahead, all of them
+            "prefetch_latency": 1e3 * background_collectives * float(net.all_to_all(0.0)),  # their latency part
             "balancer": 1e3 * float(balancer.mean()),
             "dense_all_reduce": 1e3 * dense,
         },

@@ -1,5 +1,5 @@
 """PEC's pieces (trainer/engines/overlap.py) on one process: ``segment_counts``, ``readers_of``,
-``masked_all_to_all``, ``exchange_masks``, ``adopt`` and ``CommWorker`` (a gloo world of one)."""
+``masked_all_to_all``, ``prefetch_exchange``, ``adopt`` and ``CommWorker`` (a gloo world of one)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from freescale.trainer.engines.comm import build_transport
 from freescale.trainer.engines.overlap import (
     CommWorker,
     adopt,
-    exchange_masks,
     masked_all_to_all,
+    prefetch_exchange,
     readers_of,
     segment_counts,
 )
@@ -68,16 +68,20 @@ def test_masked_all_to_all_sends_just_the_rows_the_masks_select(gloo_world_of_on
 
 
 @pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
-def test_exchange_masks_marks_the_rows_two_consecutive_steps_share(gloo_world_of_one, overlap: float) -> None:
-    """One rank owns and requests every row: the owner's marks and the requester's agree, and the
-    OL counts are the planted overlap (item and action ids are equal, so both tables have it)."""
+def test_prefetch_exchange_marks_the_rows_two_consecutive_steps_share(gloo_world_of_one, overlap: float) -> None:
+    """One rank owns and requests every row: the owner's marks and the requester's agree, the OL
+    counts are the planted overlap (item and action ids are equal, so both tables have it), and the
+    same exchange brings the rows and the OL rows' optimizer state."""
     case = OverlapCase(world_size=1, steps=2, overlap=overlap, ids_per_rank=16, duplicates=4)
     engine = make_engine(case.run_config("none"), 0, 1, torch.device("cpu"), "none")
     try:
         first, second = overlap_batches(case, 0)
         now, nxt = engine.start_routing(first).finish(), engine.start_routing(second).finish()
-        masks = exchange_masks(engine.tables, now, nxt, engine.comm)
+        engine.tables.optimizers[0].state["momentum"].uniform_()  # state values the exchange must carry
+        masks, rows, ol_state = prefetch_exchange(engine.tables, now, nxt, engine.comm)
         keys_now, keys_next = engine.tables.row_keys(now), engine.tables.row_keys(nxt)
+        want_rows = engine.tables.lookup(nxt)
+        want_state = engine.tables.state_rows(nxt, masks.ol_recv)
     finally:
         engine.close()
     sets = global_id_sets(case)
@@ -89,6 +93,7 @@ def test_exchange_masks_marks_the_rows_two_consecutive_steps_share(gloo_world_of
     assert torch.equal(masks.ol_send, masks.ol_recv)
     assert masks.hot_counts == [int(masks.hot_recv.sum())] == [2 * planted]
     assert masks.ol_unique == [planted, planted] and masks.next_unique == [16, 16]
+    assert torch.equal(rows, want_rows) and torch.equal(ol_state, want_state)
 
 
 def test_adopt_marks_every_nested_cuda_tensor_for_the_callers_stream(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,8 +32,8 @@ def run(w: StepWork, overlap: str = "pec", **network) -> dict:
 
 
 def background_mbytes(events: float = 1e4) -> float:
-    """What PEC overlaps per rank and step at rate 0: routing (counts, ids, the owners' int64 reader and
-    OL marks), rows, NOL gradients."""
+    """What PEC overlaps per rank and step at rate 0: routing (counts, ids), rows with 16 bytes of
+    optimizer state and owners' marks each (``overlap.prefetch_exchange``), NOL gradients."""
     unique = events + WORKLOAD.negatives
     return 1e-6 * (2 * 8 + unique * 8 + 2 * 8 * unique + 2 * unique * WORKLOAD.row_bytes)
 

@@ -421,8 +421,10 @@ def test_write_plot_and_summary_from_a_distribution(tmp_path) -> None:
     report = json.loads((out / "simulate.json").read_text())
     assert report["profile"]["name"] == "h100_nvlink_ib400"
     assert report["cost"]["origin"].startswith("analytic FLOPs")
-    # planning beats random batching at scale (the quick model of docs/design.md#balancing: ≈0% vs > 80%)
-    assert find(report, 64, "plan")["straggler_pct"] < 5 < 50 < find(report, 64, "random")["straggler_pct"]
+    # planning beats random batching at scale (the quick model of docs/design.md#balancing: ≈0% vs > 80%
+    # of the per-sample work; the profile's fixed costs per micro-batch, layer and step, the same on
+    # every rank, dilute the imbalance to ~23% of the step)
+    assert find(report, 64, "plan")["straggler_pct"] < 5 < 15 < find(report, 64, "random")["straggler_pct"]
     assert Path(out / "simulate.png").exists()
 
 
