@@ -15,14 +15,18 @@ come from the H200 calibration (benchmarks/results/gpu/nvidia-h200/, see the pro
    baseline). Step time, exposed communication and their ratios side by side; the cut of exposed
    *embedding* communication (exposed communication less the dense all-reduce, which both keep on
    the critical path) against TorchRec is the paper's measure (up to 90.3% on 256 H100s).
-3. **Break-even**: for the issue's model (d_model 256, 4 layers, k = 8), the step time above which
+3. **Hierarchical all-to-all** (``network.all_to_all``, the trainer's ``engine.all_to_all``): for
+   the issue's model at rate 0.1, ``plan/none`` and ``plan/pec`` with every all-to-all through the
+   node first, against flat, at each W: where the fewer messages per exchange pay.
+4. **Break-even**: for the issue's model (d_model 256, 4 layers, k = 8), the step time above which
    PEC's step is no slower than the synchronous one at each W and rate: compute per step is raised
    from none (no fixed costs) until it hides PEC's one-step-ahead exchanges; the term that decides it
    is the larger part of those exchanges (latency per collective × their count, or bytes over the
    link), next to the compute it has to hide behind.
 
 Targets (``target_met``): at W = 256 on the issue's table (d_model 256, 4 layers, k = 8, rate 0.1)
-``plan/pec`` step time ≤ ``plan/none``; PEC's collectives per step ≤ TorchRec pipeline's + 1 (the
+``plan/pec`` step time ≤ ``plan/none``; the hierarchical all-to-all no slower than flat at W = 256
+(both engines); PEC's collectives per step ≤ TorchRec pipeline's + 1 (the
 simulator's ``COLLECTIVES_PER_STEP``, which tests/trainer/engines/test_collective_counts.py pins
 to the engines); the whole sweep under 2 minutes.
 
@@ -196,7 +200,26 @@ def sweep_model(model: Model, world_sizes: tuple[int, ...], source: Any) -> list
     return rows
 
 
-# ------------------------------------------------------------------------------------------ 3. break-even
+# ------------------------------------------------------------------------------------------ 3. hierarchical
+def hierarchical_rows(world_sizes: tuple[int, ...], source: Any, rate: float = 0.1) -> list[dict[str, Any]]:
+    """The issue's model at ``rate``: step time of plan/none and plan/pec with a flat and a
+    hierarchical all-to-all, at each W."""
+    rows = []
+    for w in world_sizes:
+        work = arm_works(ISSUE_MODEL, w, source)["plan"]
+        flat = base_config(ISSUE_MODEL, w, rate)
+        hier = replace(flat, network=replace(flat.network, all_to_all="hierarchical"))
+        row: dict[str, Any] = {"world_size": w, "batch_overlap_rate": rate}
+        for overlap in ("none", "pec"):
+            flat_ms = figures(time_arm(work, overlap, flat))["step_ms"]
+            hier_ms = figures(time_arm(work, overlap, hier))["step_ms"]
+            row[overlap] = {"flat_step_ms": flat_ms, "hierarchical_step_ms": hier_ms,
+                            "hierarchical_over_flat": hier_ms / flat_ms}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ 4. break-even
 def step_gap(work: Any, cfg: Any, extra_s: float) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """(pec − none step seconds, pec row, none row) of ``work`` (built without fixed costs) with
     ``extra_s`` of compute per step."""
@@ -307,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     split: dict[str, Any] = {}
     sweep: list[dict[str, Any]] = []
     even: list[dict[str, Any]] = []
+    hierarchical: list[dict[str, Any]] = []
     done = {"final": False}
 
     collectives_ok = COLLECTIVES_PER_STEP["pec"] <= COLLECTIVES_PER_STEP["none"] + 1
@@ -314,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     def report() -> dict[str, Any]:
         issue = [r for r in sweep if r["model"] == ISSUE_MODEL.name and r["world_size"] == 256
                  and r["batch_overlap_rate"] == 0.1]  # fmt: skip
+        hier_256 = [r for r in hierarchical if r["world_size"] == 256]
         runtime = time.perf_counter() - started
         return {
             "benchmark": "bench_scale",
@@ -333,10 +358,14 @@ def main(argv: list[str] | None = None) -> int:
             "fixed_cost_split": split,
             "sweep": sweep,
             "break_even": even,
+            "hierarchical_all_to_all": hierarchical,
             "issue_table_at_256": issue[0] if issue else None,
             "target_met": {
                 "pec_not_slower_than_none_at_256": bool(issue) and issue[0]["pec_over_none_step"] <= 1.0,
                 "pec_collectives_at_most_torchrec_plus_1": collectives_ok,
+                "hierarchical_no_slower_than_flat_at_256": bool(hier_256) and all(
+                    hier_256[0][o]["hierarchical_over_flat"] <= 1.0 for o in ("none", "pec")
+                ),
                 "runtime_under_2_min": done["final"] and runtime < RUNTIME_TARGET_S,
             },
             "runtime_s": round(runtime, 1),
@@ -348,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder.run("fixed-cost split", fixed_cost_split, keep=split.update)
     for model in models:
         recorder.run(f"sweep {model.name}", sweep_model, model, world_sizes, source, keep=sweep.extend)
+    recorder.run("hierarchical all-to-all", hierarchical_rows, world_sizes, source, keep=hierarchical.extend)
     recorder.run("break-even", break_evens, world_sizes, source, keep=even.extend)
     done["final"] = True
     final = recorder.save(final=True)
@@ -358,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  W {r['world_size']:5d} rate {r['batch_overlap_rate']:.2f}: {shown}  decided by "
               f"{r.get('deciding_term', '-')}; projected step {r['projected_none_step_ms']:.2f} ms, "
               f"PEC pays: {r['pec_pays_at_projected_step']}")  # fmt: skip
+    print(f"hierarchical all-to-all vs flat, {ISSUE_MODEL.name}, rate 0.1 (step ms, flat -> hierarchical)")
+    for r in hierarchical:
+        parts = [f"{o} {r[o]['flat_step_ms']:.2f} -> {r[o]['hierarchical_step_ms']:.2f} "
+                 f"({r[o]['hierarchical_over_flat']:.3f}x)" for o in ("none", "pec")]  # fmt: skip
+        print(f"  W {r['world_size']:5d}: " + "; ".join(parts))
     print(f"collectives per step {COLLECTIVES_PER_STEP}; targets {final['target_met']}; {final['runtime_s']} s")
     if out is not None:
         write_plot(even, out.with_suffix(".png"))

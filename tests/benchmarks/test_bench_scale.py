@@ -19,8 +19,15 @@ def test_bench_scale_quick_reports_every_point_and_the_break_even(tmp_path: Path
     report = json.loads(out.read_text())
     assert report["projection"] is True and report["complete"] is True
     assert set(report["target_met"]) == {
-        "pec_not_slower_than_none_at_256", "pec_collectives_at_most_torchrec_plus_1", "runtime_under_2_min"
+        "pec_not_slower_than_none_at_256", "pec_collectives_at_most_torchrec_plus_1", "runtime_under_2_min",
+        "hierarchical_no_slower_than_flat_at_256",
     }  # fmt: skip
+    assert [r["world_size"] for r in report["hierarchical_all_to_all"]] == [8, 64]
+    for row in report["hierarchical_all_to_all"]:  # one node of 8 at W = 8: the flat exchange exactly
+        for overlap in ("none", "pec"):
+            figures = row[overlap]
+            assert figures["hierarchical_over_flat"] == figures["hierarchical_step_ms"] / figures["flat_step_ms"]
+            assert row["world_size"] > 8 or figures["hierarchical_over_flat"] == 1.0
     assert report["target_met"]["pec_collectives_at_most_torchrec_plus_1"] is True
     assert report["target_met"]["pec_not_slower_than_none_at_256"] is False  # --quick stops at W = 64
     assert len(report["sweep"]) == 2 * 3  # W 8, 64 x three rates, one model
