@@ -272,6 +272,18 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+# --zch-* options other than --zch-size, with their defaults (None on the parser: a value given
+# without --zch-size is refused rather than ignored)
+ZCH_DEFAULTS = {
+    "zch_max_probe": 16,
+    "zch_bucket_size": 64,
+    "zch_policy": "lru",
+    "zch_ttl": None,
+    "zch_admission": 1,
+    "zch_lookup_events": 65_536,
+}
+
+
 def _add_zch_options(p: argparse.ArgumentParser) -> None:
     """``stats``' ZCH replay (docs/stats.md#zch-replay): off unless ``--zch-size`` is given."""
     p.add_argument(
@@ -280,29 +292,35 @@ def _add_zch_options(p: argparse.ArgumentParser) -> None:
         help="replay the item ids in event-time order through a zero-collision table of this many rows "
         "(raw sources); reports hit/insert/collision/eviction rates and occupancy",
     )
-    p.add_argument("--zch-max-probe", type=int, default=16, help="slots probed per id (default 16)")
-    p.add_argument("--zch-bucket-size", type=int, default=64, help="rows per bucket (default 64)")
-    p.add_argument("--zch-policy", default="lru", help="eviction policy: lru (default), lfu or ttl")
+    p.add_argument("--zch-max-probe", type=int, help="slots probed per id (default 16)")
+    p.add_argument("--zch-bucket-size", type=int, help="rows per bucket (default 64)")
+    p.add_argument("--zch-policy", help="eviction policy: lru (default), lfu or ttl")
     p.add_argument("--zch-ttl", type=int, help="policy ttl: seconds of event time an id may stay unseen")
-    p.add_argument("--zch-admission", type=int, default=1, help="policy lfu: sightings before an id takes a slot")
+    p.add_argument("--zch-admission", type=int, help="policy lfu: sightings before an id takes a slot (default 1)")
     p.add_argument(
-        "--zch-lookup-events", type=int, default=65_536, help="events per lookup call (a training step's ids)"
+        "--zch-lookup-events", type=int, help="events per lookup call (a training step's ids; default 65,536)"
     )
 
 
 def _zch_options(args: argparse.Namespace) -> Any:
+    given = [name for name in ZCH_DEFAULTS if getattr(args, name) is not None]
     if args.zch_size is None:
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{option} applies to the ZCH replay, which runs only with --zch-size")
         return None
     from freescale.pipeline.stats.zch_replay import replay_config
 
+    value = {name: default if getattr(args, name) is None else getattr(args, name)
+             for name, default in ZCH_DEFAULTS.items()}  # fmt: skip
     return replay_config(
-        args.zch_lookup_events,
+        value["zch_lookup_events"],
         zch_size=args.zch_size,
-        bucket_size=args.zch_bucket_size,
-        max_probe=args.zch_max_probe,
-        policy=args.zch_policy,
-        ttl=args.zch_ttl,
-        admission_threshold=args.zch_admission,
+        bucket_size=value["zch_bucket_size"],
+        max_probe=value["zch_max_probe"],
+        policy=value["zch_policy"],
+        ttl=value["zch_ttl"],
+        admission_threshold=value["zch_admission"],
     )
 
 

@@ -136,6 +136,9 @@ def test_cli_prints_the_replay_beside_modulo_and_refuses_a_bad_size(churn, tmp_p
     assert main([*command, "--zch-size", "100"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--zch-size: 100 is not a multiple" in err
+    assert main([*command, "--zch-max-probe", "4"]) == 2  # was ignored without --zch-size
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--zch-max-probe applies to the ZCH replay, which runs only with --zch-size" in err
     assert main([*command, "--zch-size", "1024", "--zch-policy", "lfu"]) == 0
     out = capsys.readouterr().out
     assert "ZCH replay" in out and "collide" in out and "id % T" in out
