@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ TORCHREC_PIPELINES = ("auto", "sparse_dist", "base", "none")
 OVERLAPS = ("auto", "pec", "none")
 BALANCERS = ("none", "online", "auto")
 TRANSPORTS = ("auto", "torch", "copy_engine")
-ALL_TO_ALLS = ("flat", "hierarchical")
+ALL_TO_ALLS = ("flat", "hierarchical", "auto")
 ID_MODES = ("exact", "hashed", "zch")
 ZCH_POLICIES = ("ttl", "lru", "lfu")  # kernels.zch.POLICIES, without importing torch here
 LOSSES = ("sampled_softmax", "full_softmax")
@@ -281,9 +281,9 @@ class EngineConfig:
         _choice("engine.all_to_all", self.all_to_all, ALL_TO_ALLS)
         _check(self.ranks_per_node >= 0, "engine.ranks_per_node", "must be >= 0 (0: the launcher's ranks per node)",
                self.ranks_per_node)  # fmt: skip
-        if self.ranks_per_node and self.all_to_all != "hierarchical":
+        if self.ranks_per_node and self.all_to_all == "flat":
             raise ValueError(
-                f"engine.ranks_per_node is used only with engine.all_to_all 'hierarchical', got {self.all_to_all!r}"
+                "engine.ranks_per_node is used only with engine.all_to_all 'hierarchical' or 'auto', got 'flat'"
             )
         _choice("engine.balancer", self.balancer, BALANCERS)
         _check(self.threads >= 1, "engine.threads", "must be >= 1", self.threads)
@@ -323,6 +323,11 @@ class EngineConfig:
                 f"engine.transport {self.transport!r} applies to the freescale engine; "
                 "engine.name 'torchrec' runs TorchRec's own all-to-alls (leave engine.transport = 'auto')"
             )
+        if self.all_to_all != "flat" and self.name == "torchrec":
+            raise ValueError(
+                f"engine.all_to_all {self.all_to_all!r} applies to the freescale engine; "
+                "engine.name 'torchrec' runs TorchRec's own all-to-alls (leave engine.all_to_all = 'flat')"
+            )
 
     def resolved_backend(self) -> str:
         """gloo on CPU and for ranks sharing GPUs (``share_gpus``), else nccl on CUDA."""
@@ -333,16 +338,33 @@ class EngineConfig:
     def nodes_of(self, world_size: int, local_world_size: int) -> int:
         """Ranks per node of the ``all_to_all = "hierarchical"`` exchange (0 for ``"flat"``):
         ``ranks_per_node``, or when 0 the launcher's ranks per node (``local_world_size``). A world
-        that does not split into whole nodes is one line naming where the node size came from."""
+        that does not split into whole nodes is one line naming where the node size came from;
+        for ``"auto"`` it is 0 (auto then stays flat)."""
         if self.all_to_all == "flat":
             return 0
         per_node = self.ranks_per_node or local_world_size
         if per_node < 1 or world_size % per_node:
+            if self.all_to_all == "auto":
+                return 0
             source = "engine.ranks_per_node" if self.ranks_per_node else "the launcher's ranks per node, --nproc"
             raise ValueError(
                 f"engine.all_to_all 'hierarchical': {world_size} ranks do not split into nodes of {per_node} ({source})"
             )
         return per_node
+
+    def all_to_all_candidates(self, world_size: int, local_world_size: int) -> tuple[str, ...]:
+        """What ``engine.all_to_all`` may resolve to for this world: as given, or for ``"auto"`` flat
+        and hierarchical where the ranks form two or more whole nodes (else flat)."""
+        if self.all_to_all != "auto":
+            return (self.all_to_all,)
+        per_node = self.nodes_of(world_size, local_world_size)
+        return ("flat", "hierarchical") if per_node and world_size // per_node > 1 else ("flat",)
+
+    def resolved(self, balancer: str, all_to_all: str) -> EngineConfig:
+        """This config with the balancer and all-to-all its ``auto`` resolved to (``ranks_per_node``
+        dropped for flat); the overlap is passed to the engine on its own (``runner.make_engine``)."""
+        per_node = self.ranks_per_node if all_to_all == "hierarchical" else 0
+        return replace(self, balancer=balancer, all_to_all=all_to_all, ranks_per_node=per_node)
 
 
 @dataclass

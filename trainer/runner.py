@@ -103,39 +103,48 @@ def resolve_overlap(cfg: RunConfig, device: torch.device) -> str:
 
 @dataclass
 class Choices:
-    """What this run builds: the resolved ``engine.overlap`` and ``engine.balancer``, and the
-    prediction that decided them where either was ``auto`` (rank 0 only; None otherwise)."""
+    """What this run builds: the resolved ``engine.overlap``, ``engine.balancer`` and
+    ``engine.all_to_all``, and the prediction that decided them where any was ``auto`` (rank 0
+    only; None otherwise)."""
 
     overlap: str
     balancer: str
     prediction: dict[str, Any] | None = None
+    all_to_all: str = "flat"
 
 
 def resolve_choices(cfg: RunConfig, device: torch.device, dataset: PreparedDataset, world_size: int) -> Choices:
-    """``engine.overlap`` and ``engine.balancer`` for this run (collective: every rank builds the same).
+    """``engine.overlap``, ``engine.balancer`` and ``engine.all_to_all`` for this run (collective:
+    every rank builds the same).
 
     Explicit values run as given. ``auto`` is decided by the simulator's prediction for this run
     (trainer/simulate/auto.py) among what can run here: PEC only where ``overlap_choice`` gives its
-    thread room. Rank 0 predicts and logs the prediction next to the pick; the others receive the pick.
+    thread room; a hierarchical all-to-all only over two or more whole nodes. Rank 0 predicts and
+    logs the prediction next to the pick; the others receive the pick.
     """
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    all_to_alls = cfg.engine.all_to_all_candidates(world_size, local)
     if cfg.engine.name == "torchrec":
-        return Choices("torchrec", cfg.engine.balancer)
+        return Choices("torchrec", cfg.engine.balancer, None, all_to_alls[0])
     runnable = resolve_overlap(cfg, device)
     overlaps = ("none", "pec") if cfg.engine.overlap == "auto" and runnable == "pec" else (runnable,)
     balancers = ("none", "online") if cfg.engine.balancer == "auto" else (cfg.engine.balancer,)
-    if len(overlaps) == 1 and len(balancers) == 1:
-        return Choices(overlaps[0], balancers[0])
+    if len(overlaps) == 1 and len(balancers) == 1 and len(all_to_alls) == 1:
+        return Choices(overlaps[0], balancers[0], None, all_to_alls[0])
     prediction = None
-    pick = torch.zeros(2, dtype=torch.int64, device=device)
+    pick = torch.zeros(3, dtype=torch.int64, device=device)
     if dist.get_rank() == 0:
         from freescale.trainer.simulate.auto import predict, probe
 
-        predicted = predict(cfg, probe(dataset, world_size, cfg.data.seed), world_size, overlaps, balancers)
+        seen = probe(dataset, world_size, cfg.data.seed)
+        per_node = cfg.engine.nodes_of(world_size, local) if len(all_to_alls) > 1 else 0
+        predicted = predict(cfg, seen, world_size, overlaps, balancers, all_to_alls, per_node)
         print(predicted.line(), flush=True)
         prediction = predicted.to_dict()
         pick[0], pick[1] = overlaps.index(predicted.overlap), balancers.index(predicted.balancer)
+        pick[2] = all_to_alls.index(predicted.all_to_all)
     dist.broadcast(pick, src=0)
-    return Choices(overlaps[int(pick[0])], balancers[int(pick[1])], prediction)
+    return Choices(overlaps[int(pick[0])], balancers[int(pick[1])], prediction, all_to_alls[int(pick[2])])
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -218,7 +227,7 @@ class Trainer:
         self.tracker = BestTracker(metric, cfg.eval.patience)
         self.choices = resolve_choices(cfg, device, self.dataset, world_size)
         self.overlap = self.choices.overlap
-        built = replace(cfg, engine=replace(cfg.engine, balancer=self.choices.balancer))  # auto resolved
+        built = replace(cfg, engine=cfg.engine.resolved(self.choices.balancer, self.choices.all_to_all))
         self.engine = make_engine(built, rank, world_size, device, self.overlap)
         self.checkpointer = self.engine.checkpointer() if cfg.checkpoint.dir else None
         self.offset = clock_offsets()[rank]

@@ -48,6 +48,7 @@ ZCH = {"ids": "zch", "zch_size": 1024}
         ({"engine": {"transport": "copy_engine"}}, "engine.transport 'copy_engine' needs engine.device 'cuda'"),
         ({"engine": {"name": "torchrec", "transport": "torch"}}, "engine.transport 'torch' applies to the freescale"),
         ({"engine": {"all_to_all": "ring"}}, "engine.all_to_all"),
+        ({"engine": {"name": "torchrec", "all_to_all": "auto"}}, "engine.all_to_all 'auto' applies to the freescale"),
         ({"engine": {"ranks_per_node": 2}}, "engine.ranks_per_node is used only with engine.all_to_all 'hierarchical'"),
         ({"engine": {"all_to_all": "hierarchical", "ranks_per_node": -1}}, "engine.ranks_per_node must be >= 0"),
         ({"model_extra": {"ids": "zch"}}, r"model_extra.zch_size must be set \(>= 1\)"),
@@ -81,6 +82,14 @@ def test_nodes_of_a_hierarchical_all_to_all() -> None:
         EngineConfig(all_to_all="hierarchical", ranks_per_node=4).nodes_of(6, 6)
     with pytest.raises(ValueError, match="nodes of 4 \\(the launcher's ranks per node, --nproc\\)"):
         EngineConfig(all_to_all="hierarchical").nodes_of(6, 4)
+    auto = EngineConfig(all_to_all="auto")
+    assert auto.nodes_of(6, 4) == 0 and auto.all_to_all_candidates(6, 4) == ("flat",)  # no whole nodes: flat
+    assert auto.all_to_all_candidates(8, 8) == ("flat",)  # one node
+    assert auto.all_to_all_candidates(16, 8) == ("flat", "hierarchical")
+    assert EngineConfig(all_to_all="hierarchical").all_to_all_candidates(16, 8) == ("hierarchical",)
+    picked = EngineConfig(all_to_all="auto", ranks_per_node=4, balancer="auto")
+    assert picked.resolved("none", "flat") == EngineConfig(balancer="none")
+    assert picked.resolved("online", "hierarchical").ranks_per_node == 4
 
 
 def test_config_round_trip_overrides_and_model_table(tmp_path: Path) -> None:

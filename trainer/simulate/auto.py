@@ -82,28 +82,44 @@ class Prediction:
     balancer: str
     profile: str
     inputs: dict[str, Any] = field(default_factory=dict)
+    all_to_all: str = "flat"
 
     def line(self) -> str:
         """One log line: the inputs, every candidate's predicted step, the pick."""
         shown = ", ".join(f"{name} {ms:.3f} ms" for name, ms in self.step_ms.items())
         facts = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
         return (f"engine auto: predicted step {shown} on {self.profile} ({facts}) -> "
-                f"overlap={self.overlap}, balancer={self.balancer}")  # fmt: skip
+                f"overlap={self.overlap}, balancer={self.balancer}, all_to_all={self.all_to_all}")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_ms": self.step_ms, "overlap": self.overlap, "balancer": self.balancer,
-                "profile": self.profile, "inputs": self.inputs}  # fmt: skip
+                "all_to_all": self.all_to_all, "profile": self.profile, "inputs": self.inputs}  # fmt: skip
 
 
-def candidates(overlaps: tuple[str, ...], balancers: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(overlap, balancer) pairs in tie-break order: the simpler first."""
-    return list(product(overlaps, balancers))
+def candidates(
+    overlaps: tuple[str, ...], balancers: tuple[str, ...], all_to_alls: tuple[str, ...] = ("flat",)
+) -> list[tuple[str, str, str]]:
+    """(overlap, balancer, all_to_all) triples in tie-break order: the simpler first."""
+    return list(product(overlaps, balancers, all_to_alls))
+
+
+def candidate_name(overlap: str, balancer: str, all_to_all: str, all_to_alls: tuple[str, ...]) -> str:
+    """``overlap/balancer``, and ``/all_to_all`` where that is a choice too."""
+    return f"{overlap}/{balancer}" + (f"/{all_to_all}" if len(all_to_alls) > 1 else "")
 
 
 def predict(
-    cfg: RunConfig, seen: Probe, world_size: int, overlaps: tuple[str, ...], balancers: tuple[str, ...]
+    cfg: RunConfig,
+    seen: Probe,
+    world_size: int,
+    overlaps: tuple[str, ...],
+    balancers: tuple[str, ...],
+    all_to_alls: tuple[str, ...] = ("flat",),
+    ranks_per_node: int = 0,
 ) -> Prediction:
-    """The simulator's step time of every (overlap, balancer) candidate for this run; the fastest wins."""
+    """The simulator's step time of every (overlap, balancer, all_to_all) candidate for this run; the
+    fastest wins. ``ranks_per_node``: the run's nodes (else the profile's), what a hierarchical
+    all-to-all groups by."""
     profile = HardwareProfile.load(cfg.engine.auto_profile)
     compute = profile.compute
     if cfg.engine.balancer_cost_model:
@@ -115,17 +131,24 @@ def predict(
         num_layers=cfg.model.num_layers, negatives=cfg.model.num_negatives,
         batch_overlap_rate=seen.batch_overlap_rate, balancer_min_gain=cfg.engine.balancer_min_gain,
     )  # fmt: skip
-    sim = SimConfig(
-        world_sizes=(world_size,), arms=tuple(dict.fromkeys(arms[b] for b in balancers)), overlaps=overlaps,
-        seed=cfg.engine.seed, compute=compute, network=profile.network, jitter=profile.jitter, workload=workload,
-    )  # fmt: skip
-    report = simulate(sim, LengthSource(origin="the run's first steps", kind="data", values=seen.lengths))
+    network = profile.network if not ranks_per_node else replace(profile.network, ranks_per_node=ranks_per_node)
+    lengths = LengthSource(origin="the run's first steps", kind="data", values=seen.lengths)
     step_ms = {}
-    for overlap, balancer in candidates(overlaps, balancers):
-        row = find(report, world_size, arms[balancer], overlap)
-        step_ms[f"{overlap}/{balancer}"] = 1e3 * row["step_s"]
+    for all_to_all in all_to_alls:
+        sim = SimConfig(
+            world_sizes=(world_size,), arms=tuple(dict.fromkeys(arms[b] for b in balancers)), overlaps=overlaps,
+            seed=cfg.engine.seed, compute=compute, network=replace(network, all_to_all=all_to_all),
+            jitter=profile.jitter, workload=workload,
+        )  # fmt: skip
+        report = simulate(sim, lengths)
+        for overlap, balancer in product(overlaps, balancers):
+            name = candidate_name(overlap, balancer, all_to_all, all_to_alls)
+            step_ms[name] = 1e3 * find(report, world_size, arms[balancer], overlap)["step_s"]
+    order = [candidate_name(*c, all_to_alls) for c in candidates(overlaps, balancers, all_to_alls)]
+    step_ms = {name: step_ms[name] for name in order}  # tie-break order: the simpler first
     best = min(step_ms, key=lambda name: step_ms[name])  # first of equals: the simpler candidate
-    overlap, balancer = best.split("/")
+    overlap, balancer, *rest = best.split("/")
+    all_to_all = rest[0] if rest else all_to_alls[0]
     inputs = {"W": world_size, "k": seen.micro_batch_size, "batch_overlap_rate": round(seen.batch_overlap_rate, 4),
               "samples": int(seen.lengths.size), "median_length": float(np.median(seen.lengths))}  # fmt: skip
-    return Prediction(step_ms, overlap, balancer, profile.name, inputs)
+    return Prediction(step_ms, overlap, balancer, profile.name, inputs, all_to_all)

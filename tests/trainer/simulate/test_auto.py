@@ -15,7 +15,7 @@ from train_cli import prepare_tiny, run_toml, train
 from freescale.model_config import ModelConfig
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.trainer.config import DataConfig, EngineConfig, RunConfig
-from freescale.trainer.runner import resolve_choices
+from freescale.trainer.runner import Choices, resolve_choices
 from freescale.trainer.simulate.auto import Probe, batch_overlap_rate, predict, probe
 from freescale.trainer.simulate.sim_config import HardwareProfile
 
@@ -71,6 +71,17 @@ def test_auto_balancer_compares_the_online_arm_and_picks_the_fastest(tmp_path: P
     assert both.step_ms[f"{both.overlap}/{both.balancer}"] == min(both.step_ms.values())
 
 
+def test_auto_all_to_all_goes_hierarchical_where_per_peer_latency_dominates() -> None:
+    """Issue 34's table on 128 nodes of 8 (W = 1,024): routing through the node first is predicted
+    faster for both engines (bench_scale: 0.964x); the prediction names the choice."""
+    both = predict(run_config(), issue_probe(), 1024, ("none", "pec"), ("none",), ("flat", "hierarchical"), 8)
+    assert set(both.step_ms) == {f"{o}/none/{a}" for o in ("none", "pec") for a in ("flat", "hierarchical")}
+    for overlap in ("none", "pec"):
+        assert both.step_ms[f"{overlap}/none/hierarchical"] < both.step_ms[f"{overlap}/none/flat"]
+    assert both.all_to_all == "hierarchical" and "all_to_all=hierarchical" in both.line()
+    assert both.to_dict()["all_to_all"] == "hierarchical"
+
+
 def test_explicit_choices_are_never_predicted() -> None:
     cfg = run_config(overlap="pec", balancer="online")
     choices = resolve_choices(cfg, torch.device("cpu"), None, 4)  # no dataset read, no collective
@@ -90,6 +101,23 @@ def test_resolve_choices_predicts_on_rank_zero_from_the_runs_own_data(tmp_path: 
     assert choices.overlap == "none" and choices.prediction is not None
     assert choices.balancer == choices.prediction["balancer"]
     assert set(choices.prediction["step_ms"]) == {"none/none", "none/online"}
+
+
+def test_resolve_choices_predicts_the_all_to_all_over_whole_nodes(tmp_path: Path, monkeypatch) -> None:
+    """``engine.all_to_all = "auto"`` on 2 nodes of 1 rank (the launcher's LOCAL_WORLD_SIZE): flat and
+    hierarchical are both predicted and the pick is the prediction's; on one node nothing is predicted."""
+    dataset = PreparedDataset(prepare_tiny(tmp_path))
+    cfg = run_config(overlap="none", all_to_all="auto")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert resolve_choices(cfg, torch.device("cpu"), dataset, 2) == Choices("none", "none", None, "flat")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        choices = resolve_choices(cfg, torch.device("cpu"), dataset, 2)
+    finally:
+        dist.destroy_process_group()
+    assert set(choices.prediction["step_ms"]) == {"none/none/flat", "none/none/hierarchical"}
+    assert choices.all_to_all == choices.prediction["all_to_all"]
 
 
 @pytest.mark.slow
