@@ -20,8 +20,8 @@ from train_cli import FREESCALE, prepare_tiny_windows, run_toml, run_train
 from freescale.pipeline.dataset import loader
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, read_record
-from freescale.trainer.config import ModelExtraConfig
-from freescale.trainer.continuation import check_continuation
+from freescale.trainer.config import ModelExtraConfig, RunConfig
+from freescale.trainer.continuation import check_continuation, check_eval_data
 
 ZCH = {"num_items": 0, "ids": "zch", "zch_size": 128, "zch_bucket_size": 16, "zch_max_probe": 8}
 COMMON = {"model_extra": ZCH, "logging": {"log_every": 2}}
@@ -197,3 +197,12 @@ def test_check_continuation_names_the_table_that_cannot_carry_over() -> None:
         check_continuation(zch_record, other_actions, zch, (128, 8), "c")
     with pytest.raises(ValueError, match=r"table 'item' of c has model_extra.zch_bucket_size = 32, this run's has 16"):
         check_continuation(_record(old, **{"model_extra.zch_bucket_size": 32}), new, zch, (128, 8), "c")
+
+
+def test_eval_data_path_needs_ids_that_mean_this_runs_rows() -> None:
+    trained = DataIdentity("w0", "f0", {"item": "a", "action": "x"})
+    evaluated = DataIdentity("w1", "f1", {"item": "b", "action": "x"})
+    zch = ModelExtraConfig(num_items=0, num_actions=8, ids="zch", zch_size=128, zch_bucket_size=16, zch_max_probe=8)
+    check_eval_data(RunConfig(model_extra=zch), trained, evaluated)  # raw item ids: read-only lookups
+    with pytest.raises(ValueError, match=r"^eval.data_path: table 'item': w1 has other item ids than data.path w0"):
+        check_eval_data(RunConfig(), trained, evaluated)
