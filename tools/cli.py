@@ -8,6 +8,7 @@ with status 2 instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -391,6 +392,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="the run config TOML the checkpoint was trained with")
     p.add_argument("--checkpoint", required=True, help="a step directory, e.g. runs/x/ckpt/best/step_00000200")
+    p.add_argument(
+        "--data",
+        default="",
+        help="score the users of this prepared dataset instead (eval.data_path: the next time window's)",
+    )
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (default 1)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="overrides engine.device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE")
@@ -658,7 +664,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from freescale.trainer.launch import launch
 
-    return launch(args.config, args.nproc, args.device, args.overrides, evaluate_checkpoint=args.checkpoint)
+    overrides = [*args.overrides, *([f"eval.data_path={json.dumps(args.data)}"] if args.data else [])]
+    return launch(args.config, args.nproc, args.device, overrides, evaluate_checkpoint=args.checkpoint)
 
 
 COMMANDS = {

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from freescale.trainer.config import RunConfig
+from freescale.trainer.config import ModelExtraConfig, RunConfig
 
 if TYPE_CHECKING:
     from freescale.pipeline.dataset.manifest import Manifest
@@ -62,9 +62,13 @@ class DataIdentity:
             vocabularies[table] = listed.xxh64 if listed else ""
         return cls(path, manifest.fingerprint or "", vocabularies)
 
-    def other_ids(self, other: DataIdentity) -> list[str]:
-        """The model tables whose vocabulary differs from ``other``'s (rows mean other ids)."""
-        return [table for table in MODEL_TABLES if self.vocabularies.get(table) != other.vocabularies.get(table)]
+    def other_ids(self, other: DataIdentity, tables: tuple[str, ...] = MODEL_TABLES) -> list[str]:
+        """The ``tables`` whose vocabulary differs from ``other``'s (their rows mean other ids)."""
+        return [table for table in tables if self.vocabularies.get(table) != other.vocabularies.get(table)]
+
+    def same_data(self, other: DataIdentity) -> bool:
+        """The same prepared data (fingerprint and vocabularies), wherever it lives now."""
+        return self.fingerprint == other.fingerprint and not self.other_ids(other)
 
     def describe(self) -> str:
         return f"{self.path} (fingerprint {self.fingerprint[:12] or 'none'})"
@@ -78,10 +82,15 @@ class RunRecord:
     data: DataIdentity
     model: dict[str, Any]  # model_options()
     evals: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl eval lines up to the step
+    # the run's step when it started reading ``data`` (0, or the step it continued onto it from, with
+    # checkpoint.continue_on_new_data): the loader reads ``data``'s step ``step - data_start``
+    data_start: int = 0
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunRecord:
-        return cls(values["run_id"], DataIdentity(**values["data"]), dict(values["model"]), list(values["evals"]))
+        data = DataIdentity(**values["data"])
+        start = int(values.get("data_start", 0))  # records before continue_on_new_data: 0
+        return cls(values["run_id"], data, dict(values["model"]), list(values["evals"]), start)
 
 
 @dataclass(frozen=True)
@@ -177,17 +186,30 @@ def check_model(run: RunRecord, expected: dict[str, Any], where: str) -> None:
             )
 
 
-def check_data(run: RunRecord, data: DataIdentity, where: str, allowed: bool, whole: bool) -> None:
-    """Refuse a checkpoint trained on other data: other vocabularies (``whole=False``, evaluation: the
-    rows would stand for other ids) or, for a resume, any other dataset (``whole=True``: the loader's
-    position belongs to the checkpoint's data). ``allowed``: ``checkpoint.allow_other_data``."""
-    tables = run.data.other_ids(data)
-    if allowed or not (tables or (whole and run.data.fingerprint != data.fingerprint)):
+def vocabulary_tables(extra: ModelExtraConfig) -> tuple[str, ...]:
+    """The model tables whose rows stand for the dataset's vocabulary (``protocol.resolve_tables``): items
+    with ``ids = "exact"``; actions unless ``ids = "hashed"`` with ``num_actions`` (modulo). Hashed and
+    zch item rows are keyed by the raw id itself, so they mean the same items on any dataset."""
+    tables = ("item",) if extra.ids == "exact" else ()
+    if not (extra.ids == "hashed" and extra.num_actions):
+        tables += ("action",)
+    return tables
+
+
+def check_data(
+    run: RunRecord, data: DataIdentity, where: str, allowed: bool, whole: bool, tables: tuple[str, ...] = MODEL_TABLES
+) -> None:
+    """Refuse a checkpoint trained on other data: other vocabularies of ``tables`` (``whole=False``,
+    evaluation: the rows would stand for other ids) or, for a resume, any other dataset (``whole=True``:
+    the loader's position belongs to the checkpoint's data). ``allowed``: ``checkpoint.allow_other_data``."""
+    other = run.data.other_ids(data, tables)
+    if allowed or not (other or (whole and not run.data.same_data(data))):
         return
-    differs = f"other {' and '.join(tables)} ids" if tables else "the same ids, other samples"
+    differs = f"other {' and '.join(other)} ids" if other else "other samples, rows of the same ids"
+    hint = " or checkpoint.continue_on_new_data = true to continue the run onto it (the next window)" if whole else ""
     raise ValueError(
         f"{where} was trained on {run.data.describe()}, this run reads {data.describe()} ({differs}); "
-        "set checkpoint.allow_other_data = true to load it on other data deliberately (fine-tuning)"
+        f"set checkpoint.allow_other_data = true to load it on other data deliberately (fine-tuning){hint}"
     )
 
 

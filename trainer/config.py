@@ -382,6 +382,9 @@ class EvalConfig:
     metric: str = "ndcg"  # ndcg | hr (at eval.k): what picks the best checkpoint and early stopping
     patience: int = 0  # > 0: stop after this many evaluations without a better validation metric
     exclude_history: bool = False  # full ranking leaves out items already in the user's history
+    # "": evaluate this run's data.path users; a prepared dataset: evaluate its users instead (the next time
+    # window's, docs/training.md#streaming-windows)
+    data_path: str = ""
 
     def __post_init__(self) -> None:
         for name in ("every", "num_candidates", "patience"):
@@ -410,6 +413,9 @@ class CheckpointConfig:
     resume: str = ""  # "" | "latest" | a step directory (checkpoint.dir/step_00000012)
     # load (resume, evaluate) a checkpoint trained on another dataset: fine-tuning on other data, deliberately
     allow_other_data: bool = False
+    # resume onto another dataset (the next time window): tables, identity tables and optimizers carry over,
+    # the step counter goes on, the new data is read from its first step (docs/training.md#streaming-windows)
+    continue_on_new_data: bool = False
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", "must be >= 0", self.every)
@@ -421,6 +427,12 @@ class CheckpointConfig:
             "checkpoint.dir",
             "is required when checkpoint.every, checkpoint.steps or checkpoint.resume is set",
             self.dir,
+        )
+        _check(
+            bool(self.resume) or not self.continue_on_new_data,
+            "checkpoint.continue_on_new_data",
+            "needs checkpoint.resume (the checkpoint to continue from)",
+            self.continue_on_new_data,
         )
 
 

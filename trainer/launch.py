@@ -154,6 +154,7 @@ def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str
             f"{cfg.data.path} (balanced world sizes: {divisors}; or prepare again with --group-size)"
         )
     check_table_sizes(cfg, manifest.table_sizes())
+    check_eval_path(cfg, manifest)
     return check_checkpoint(cfg, manifest, world_size, evaluate_checkpoint)
 
 
@@ -171,7 +172,9 @@ def check_checkpoint(
         check_world_size,
         model_options,
         run_record_of,
+        vocabulary_tables,
     )
+    from freescale.trainer.continuation import check_continuation, continues
     from freescale.trainer.eval.protocol import table_rows
 
     if evaluate_checkpoint:
@@ -192,9 +195,30 @@ def check_checkpoint(
             f"per rank, each rank's buckets) does not reshard; evaluate it with --nproc {record.world_size}"
         )
     data = DataIdentity.of(cfg.data.path, manifest)
-    check_data(run, data, where, cfg.checkpoint.allow_other_data, whole=not evaluate_checkpoint)
-    check_model(run, model_options(cfg, table_rows(cfg.model_extra, manifest.table_sizes())), where)
+    rows = table_rows(cfg.model_extra, manifest.table_sizes())
+    if not evaluate_checkpoint and continues(run, data, cfg):  # the next window: docs/training.md#streaming-windows
+        check_continuation(run, data, cfg.model_extra, rows, where)
+    else:
+        tables = vocabulary_tables(cfg.model_extra)
+        check_data(run, data, where, cfg.checkpoint.allow_other_data, not evaluate_checkpoint, tables)
+    check_model(run, model_options(cfg, rows), where)
     return record
+
+
+def check_eval_path(cfg: RunConfig, manifest: Manifest) -> None:
+    """``eval.data_path``: a finished dataset whose ids mean this run's rows (``continuation.check_eval_data``)."""
+    from freescale.pipeline.dataset.manifest import load_manifest
+    from freescale.trainer.checkpoint_record import DataIdentity
+    from freescale.trainer.continuation import check_eval_data
+
+    if not cfg.eval.data_path:
+        return
+    try:
+        evaluated = load_manifest(cfg.eval.data_path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"eval.data_path: {error}") from None
+    trained = DataIdentity.of(cfg.data.path, manifest)
+    check_eval_data(cfg, trained, DataIdentity.of(cfg.eval.data_path, evaluated))
 
 
 def check_cuda_devices(cfg: RunConfig, nproc: int, visible: int) -> None:

@@ -39,6 +39,7 @@ from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
 from freescale.trainer.config import RunConfig
+from freescale.trainer.continuation import continues, data_start
 from freescale.trainer.cpus import cores_per_rank, pin_to_cpus
 from freescale.trainer.data.batches import collate, eval_samples, split_query
 from freescale.trainer.engines.registry import make_engine
@@ -237,17 +238,24 @@ class Trainer:
         self.run_id = new_run_id()  # a resumed run takes its checkpoint's (``_resume``)
         self.data_identity = DataIdentity.of(cfg.data.path, self.dataset.info)
         self.model_options = model_options(cfg, (self.tables.num_items, self.tables.num_actions))
+        self.data_start = 0  # the run's step at which it began reading data.path (``continuation.py``)
+        self.eval_dataset = self.dataset
+        if cfg.eval.data_path:  # another window's users (the launcher checked their ids mean this run's rows)
+            self.eval_dataset = PreparedDataset(
+                cfg.eval.data_path, cache_dir=cfg.data.cache_dir or None, verify=cfg.data.verify
+            )
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
         start, evals = self._resume()
-        end = total_steps(self.cfg, self.dataset, self.world_size)
+        end = self.data_start + total_steps(self.cfg, self.dataset, self.world_size)  # data.max_steps: this dataset's
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
             keep_metrics_before(self.metrics_file, start)
         self._restore_tracker(evals)
-        batches = make_loader(self.cfg, self.dataset, self.collate_cfg, self.rank, self.world_size, start, end)
+        first, last = start - self.data_start, end - self.data_start  # the dataset's own steps
+        batches = make_loader(self.cfg, self.dataset, self.collate_cfg, self.rank, self.world_size, first, last)
         progress = self._progress(start, end)
         if self.rank == 0:
             self._announce()
@@ -365,14 +373,19 @@ class Trainer:
         step = self.checkpointer.load(path)
         record = read_record(path)
         evals: list[dict[str, Any]] = []
+        onto = ""
         if record is not None and record.run is not None:
             self.run_id, evals = record.run.run_id, record.run.evals
+            self.data_start = data_start(record, self.data_identity, self.cfg)
+            if continues(record.run, self.data_identity, self.cfg):  # best-model selection: this window's evaluations
+                evals = []
+                onto = f", continuing onto {self.cfg.data.path} from its first step"
         if self.rank == 0:
-            print(f"resumed from {path} at step {step}", flush=True)
+            print(f"resumed from {path} at step {step}{onto}", flush=True)
         return step, evals
 
     def _run_record(self, evals: list[dict[str, Any]]) -> RunRecord:
-        return RunRecord(self.run_id, self.data_identity, self.model_options, evals)
+        return RunRecord(self.run_id, self.data_identity, self.model_options, evals, self.data_start)
 
     def _save(self, root: str, step: int, evals: list[dict[str, Any]] | None = None) -> str:
         """A checkpoint of the current state; its record holds the evaluations so far (rank 0's)."""
@@ -406,7 +419,7 @@ class Trainer:
         if self._eval_samples is None:
             holdout = self.collate_cfg.holdout_events
             self._eval_samples = eval_samples(
-                self.dataset, self.world_size, self.rank, self.cfg.eval.max_users, holdout
+                self.eval_dataset, self.world_size, self.rank, self.cfg.eval.max_users, holdout
             )
         return self._eval_samples
 
@@ -424,7 +437,8 @@ class Trainer:
             seed=self.cfg.data.seed,
             exclude_history=ev.exclude_history,
         )
-        return {"split": split, **result, "seconds": time.perf_counter() - started}
+        data = self.cfg.eval.data_path or self.cfg.data.path  # which users: the run's or another window's
+        return {"split": split, **result, "data": data, "seconds": time.perf_counter() - started}
 
     def _evaluate(self, step: int) -> None:
         """Score validation (test when eval.validation is off); a new best also scores test on this
@@ -556,7 +570,8 @@ class Trainer:
                 figures = best["test"] if split == "test" else figures
                 if figures:
                     metrics = ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if "@" in k)
-                    lines.append(f"{split}: {metrics} ({figures['users']} users, {figures['protocol']} ranking)")
+                    users = f"{figures['users']} users of {figures.get('data', self.cfg.data.path)}"
+                    lines.append(f"{split}: {metrics} ({users}, {figures['protocol']} ranking)")
         return lines
 
 

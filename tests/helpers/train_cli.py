@@ -78,3 +78,26 @@ def prepare_tiny(root: Path, seed: int = 3, strategy: str = "planned") -> str:
         )
     )
     return out
+
+
+def prepare_tiny_windows(root: Path, days: float = 2.0, item_lifetime_days: float = 1.0) -> list[str]:
+    """The ``tiny`` preset over ``days`` days with item churn, prepared as one dataset per day
+    (``prepare --time-window 1d``, docs/data.md#time-windows); returns the windows' dataset paths."""
+    from freescale.pipeline.time_windows import prepare_windows
+
+    generate(
+        preset("tiny", seed=3, markov_prob=0.5, window_days=days, item_lifetime_days=item_lifetime_days),
+        str(root / "src"),
+    )
+    out = str(root / "windows")
+    config = PrepareConfig(
+        sources=str(root / "src" / "sources.toml"),
+        output=out,
+        samples=SampleConfig(max_uih_len=64),
+        model=ModelConfig(**MODEL),
+        balance=BalanceConfig(group_size=4, micro_batch_size=8, seed=1),
+        workers=1,
+        progress=False,
+        memory_limit=512 * 2**20,
+    )
+    return prepare_windows(config, 86_400).datasets(out)
