@@ -32,7 +32,6 @@ from .transport_base import (
     TransportHandle,
     TransportUnavailableError,
     as_bytes,
-    check_send,
     counts_list,
     row_bytes,
 )
@@ -123,11 +122,7 @@ class TorchDistTransport(Transport):
         return recv.tolist()
 
     def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
-        self._check_open()
-        sc = counts_list(send_counts, self.world_size, "send_counts")
-        send = check_send(send_buffer, sc)
-        rc = self.exchange_counts(sc) if recv_counts is None else counts_list(recv_counts, self.world_size,
-                                                                               "recv_counts")  # fmt: skip
+        send, sc, rc = self._exchange_plan(send_buffer, send_counts, recv_counts)
         recv = send.new_empty((sum(rc), *send.shape[1:]))
         if row_bytes(send) == 0:  # the same on every rank: rows of one collective share shape and dtype
             return WorkHandle([], recv, rc)

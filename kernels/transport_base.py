@@ -74,6 +74,18 @@ class Transport(ABC):
     def exchange_counts(self, send_counts: Counts) -> list[int]:
         """How many rows every rank will send to this one (a blocking all-to-all of the counts)."""
 
+    def _exchange_plan(
+        self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None
+    ) -> tuple[Tensor, list[int], list[int]]:
+        """What a ``start`` checks first: the send buffer (contiguous, rows matching ``send_counts``),
+        the send counts, and the receive counts (exchanged when not given)."""
+        self._check_open()
+        sc = counts_list(send_counts, self.world_size, "send_counts")
+        send = check_send(send_buffer, sc)
+        if recv_counts is None:
+            return send, sc, self.exchange_counts(sc)
+        return send, sc, counts_list(recv_counts, self.world_size, "recv_counts")
+
     def all_to_all(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> Tensor:
         """Synchronous convenience: ``start(...).wait()``."""
         return self.start(send_buffer, send_counts, recv_counts).wait()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .transport_base import Counts, Transport, TransportHandle, check_send, counts_list
+from .transport_base import Counts, Transport, TransportHandle, counts_list
 
 
 @dataclass(frozen=True)
@@ -131,11 +131,7 @@ class HierarchicalTransport(Transport):
         return self.finish(first.wait(), gathered, [1] * self.world_size).squeeze(1).tolist()
 
     def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
-        self._check_open()
-        sc = counts_list(send_counts, self.world_size, "send_counts")
-        send = check_send(send_buffer, sc)
-        rc = self.exchange_counts(sc) if recv_counts is None else counts_list(recv_counts, self.world_size,
-                                                                               "recv_counts")  # fmt: skip
+        send, sc, rc = self._exchange_plan(send_buffer, send_counts, recv_counts)
         gathered = self._swap_node_counts(sc)
         per_node = self.layout.ranks_per_node
         to_peers = [sum(sc[n * per_node + local] for n in range(self.layout.nodes)) for local in range(per_node)]
