@@ -43,7 +43,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -154,15 +154,19 @@ class Inputs:
         return [self.q, self.k, self.v, self.layer.pos_bias, self.layer.time_bias]
 
 
-def triton_call(x: Inputs, config=None, time_bias: bool = True, autograd: bool = False) -> Callable[[], torch.Tensor]:
+def triton_call(x: Inputs, config=None, time_bias: bool = True, autograd: bool = False,
+                pos_bias: bool = True) -> Callable[[], torch.Tensor]:  # fmt: skip
     """The kernel through ``hstu_attention`` (default tiles), or with ``config``'s tiles: forward only,
-    or (``autograd``) through an autograd function running both kernels with those tiles."""
+    or (``autograd``) through an autograd function running both kernels with those tiles. Without
+    ``time_bias`` the time bias is empty; without ``pos_bias`` the position bias has one entry (every
+    score reads the same one): the floor the biases' per-score work sits on."""
     from freescale.kernels import hstu_attention_triton as tri
     from freescale.kernels.hstu_attention import hstu_attention
 
     j, layer = x.jagged, x.layer
     bias = layer.time_bias if time_bias else layer.time_bias[:0]
-    args = (x.q, x.k, x.v, j.offsets, j.timestamps, j.query_times, layer.pos_bias, bias, layer.num_heads, j.max_len)
+    position = layer.pos_bias if pos_bias else layer.pos_bias[:1]
+    args = (x.q, x.k, x.v, j.offsets, j.timestamps, j.query_times, position, bias, layer.num_heads, j.max_len)
     if config is None:
         return lambda: hstu_attention(*args)
     if not autograd:
@@ -284,18 +288,34 @@ def max_error(x: Inputs, s: Settings) -> float:
 
 
 def forward_sweep() -> list:
-    """Forward tile configurations besides the default (GPU_CONFIG), timed on the longest uniform point."""
-    from freescale.kernels.hstu_attention_triton import AttentionKernelConfig
+    """Forward configurations besides the default (GPU_CONFIG), timed on the longest uniform point:
+    other tiles, the time-bucket comparison span (1: only tiles of one bucket skip the log), fast SiLU."""
+    from freescale.kernels.hstu_attention_triton import GPU_CONFIG, AttentionKernelConfig
 
-    return [AttentionKernelConfig(fwd_block_m=m, fwd_block_n=n, fwd_warps=w, fwd_stages=st)
-            for m, n, w, st in ((64, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3))]  # fmt: skip
+    tiles = [AttentionKernelConfig(fwd_block_m=m, fwd_block_n=n, fwd_warps=w, fwd_stages=st)
+             for m, n, w, st in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3))]  # fmt: skip
+    variants = [replace(GPU_CONFIG, time_span=1), replace(GPU_CONFIG, time_span=8),
+                replace(GPU_CONFIG, fast_silu=True)]  # fmt: skip
+    return tiles + variants
+
+
+def sweep_label(cfg) -> str:
+    """``triton fwd 128x32 w8 s2`` plus what differs from the default besides tiles."""
+    from freescale.kernels.hstu_attention_triton import GPU_CONFIG
+
+    label = f"triton fwd {cfg.fwd_block_m}x{cfg.fwd_block_n} w{cfg.fwd_warps} s{cfg.fwd_stages}"
+    if cfg.time_span != GPU_CONFIG.time_span:
+        label += f" span{cfg.time_span}"
+    if cfg.fast_silu != GPU_CONFIG.fast_silu:
+        label += " fast_silu" if cfg.fast_silu else " exact_silu"
+    return label
 
 
 def backward_sweep() -> list:
-    """Backward tile configurations besides the default, timed forward + backward on ``heavy``."""
-    from freescale.kernels.hstu_attention_triton import AttentionKernelConfig
+    """Backward configurations besides the default, timed forward + backward on ``heavy``."""
+    from freescale.kernels.hstu_attention_triton import GPU_CONFIG, AttentionKernelConfig
 
-    return [AttentionKernelConfig(bwd_block=b, bwd_warps=w) for b, w in ((64, 8), (32, 8))]
+    return [AttentionKernelConfig(bwd_block=32, bwd_warps=8), replace(GPU_CONFIG, fast_silu=True)]
 
 
 def bench_workload(s: Settings, work: Workload, dtype: torch.dtype) -> dict:
@@ -311,12 +331,13 @@ def bench_workload(s: Settings, work: Workload, dtype: torch.dtype) -> dict:
     if s.sweep and work.name == f"uniform_{max(s.uniform_lengths)}":
         arms.append(measure_arm("triton fwd, no time bias", triton_call(x, time_bias=False), work, s,
                                 False))  # fmt: skip
+        arms.append(measure_arm("triton fwd, no time bias, one position bias", triton_call(
+            x, time_bias=False, pos_bias=False), work, s, False))  # fmt: skip
         for cfg in forward_sweep():
-            label = f"triton fwd {cfg.fwd_block_m}x{cfg.fwd_block_n} w{cfg.fwd_warps} s{cfg.fwd_stages}"
-            arms.append(measure_arm(label, triton_call(x, cfg), work, s, False))
+            arms.append(measure_arm(sweep_label(cfg), triton_call(x, cfg), work, s, False))
     if s.sweep and work.name == "heavy":
         for cfg in backward_sweep():
-            label = f"triton fwd+bwd, bwd {cfg.bwd_block} w{cfg.bwd_warps}"
+            label = f"triton fwd+bwd, bwd {cfg.bwd_block} w{cfg.bwd_warps}" + (" fast_silu" if cfg.fast_silu else "")
             arms.append(measure_arm(label, with_backward(x, triton_call(x, cfg, autograd=True)), work, s, True))
     try:
         row["triton_vs_torch_max_rel_error"] = max_error(x, s)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .time_bucket_edges import bucket_edges
 from .triton_support import HAS_TRITON, interpreter_enabled, jit_lazily, next_pow2, tl, triton
 
 if HAS_TRITON:
@@ -60,13 +61,20 @@ class AttentionKernelConfig:
     bwd_block: int = 32
     bwd_warps: int = 4
     bwd_stages: int = 1
+    # A tile whose gaps span at most ``time_span`` consecutive buckets buckets them by comparing against
+    # the bucket edges (``time_span - 1`` integer comparisons per score) instead of a log and a division.
+    time_span: int = 4
+    # bf16/fp16 on a GPU: SiLU's sigmoid as ``0.5 + 0.5·tanh(s/2)`` with the hardware's tanh.approx
+    # (one special-function op per score instead of an exp and a reciprocal; absolute error <= 2^-12
+    # on the sigmoid). float32 inputs and the interpreter always take the exact form.
+    fast_silu: bool = False
 
     def __post_init__(self) -> None:
         for name in ("fwd_block_m", "fwd_block_n", "bwd_block"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"AttentionKernelConfig.{name} must be a power of two >= 16, got {value}")
-        for name in ("fwd_warps", "bwd_warps", "fwd_stages", "bwd_stages"):
+        for name in ("fwd_warps", "bwd_warps", "fwd_stages", "bwd_stages", "time_span"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AttentionKernelConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -75,7 +83,7 @@ TIME_CLAMP = 2**30 - 1  # rebased times stay within +-(2^30 - 1) s: any differen
 _TIME_FAR = tl.constexpr(2**30) if HAS_TRITON else None  # past every rebased time (masked lanes' stand-in)
 
 GPU_CONFIG = AttentionKernelConfig()
-INTERPRETER_CONFIG = AttentionKernelConfig(16, 16, 1, 1, 16, 1, 1)  # small tiles: numpy runs every program
+INTERPRETER_CONFIG = AttentionKernelConfig(16, 16, 1, 1, 16, 1, 1, 4)  # small tiles: numpy runs every program
 
 
 def default_config(device: torch.device) -> AttentionKernelConfig:
@@ -88,7 +96,7 @@ def default_config(device: torch.device) -> AttentionKernelConfig:
 
 # The kernels call the helpers by these names; ``_bind`` sets them to the jitted helpers of the current
 # interpreter mode before every launch.
-_dot = _time_bucket = _scores = _load_rows = _add_diagonals = None
+_dot = _time_bucket = _time_buckets = _scores = _sigmoid = _load_rows = _add_diagonals = _attend = None
 
 
 def _dot_impl(a, b, PRECISION: tl.constexpr, COMPILED: tl.constexpr):
@@ -108,33 +116,59 @@ def _time_bucket_impl(delta, num_buckets, COMPILED: tl.constexpr):
     return tl.minimum(tl.maximum(scaled.to(tl.int32), 0), num_buckets - 1)
 
 
-def _scores_impl(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, num_pos, num_buckets,
-                 HAS_TIME: tl.constexpr, COMPILED: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """Scores ``q·kᵀ + biases`` of a tile (float32) and its time buckets (0 without a time bias).
+def _time_buckets_impl(tq, tk, mask_m, mask_n, EDGES, num_buckets, SPAN: tl.constexpr, COMPILED: tl.constexpr):
+    """Time buckets of a tile's gaps ``tq_i - tk_j`` (int32).
 
-    A tile whose gaps all fall into one bucket takes the time bias once instead of per score: every
-    gap lies between (earliest query time - latest key time) and (latest query time - earliest key
-    time), and the bucket is monotone in a positive gap, so equal buckets at both bounds mean one
-    bucket for the tile. Far from the diagonal of a long history that is the common case.
+    Every gap lies between the tile's lowest (earliest query time - latest key time) and highest
+    (latest query time - earliest key time), and the bucket does not decrease with a positive gap. So
+    when the lowest gap is positive and the two bounds are at most ``SPAN - 1`` buckets apart, a gap's
+    bucket is the lowest one plus the number of the next ``SPAN - 1`` bucket edges it reaches: integer
+    comparisons instead of a ``log`` and a division per score. Far from the diagonal of a history that
+    is the common case; other tiles take the formula per score. The edge loads stay outside the
+    branch (Triton 3.6 does not pipeline a loop with a load inside a branch).
     """
+    far = _TIME_FAR
+    lowest = tl.reduce(tl.where(mask_m, tq, far), 0, tl.standard._elementwise_min)
+    highest = tl.reduce(tl.where(mask_m, tq, -far), 0, tl.standard._elementwise_max)
+    gap_lo = lowest - tl.reduce(tl.where(mask_n, tk, -far), 0, tl.standard._elementwise_max)
+    gap_hi = highest - tl.reduce(tl.where(mask_n, tk, far), 0, tl.standard._elementwise_min)
+    first = _time_bucket(gap_lo, num_buckets, COMPILED)
+    gap = tq[:, None] - tk[None, :]
+    bucket = gap * 0 + first
+    for i in tl.static_range(1, SPAN):
+        bucket += (gap >= tl.load(EDGES + first + i)).to(tl.int32)
+    if (gap_lo < 1) | (_time_bucket(gap_hi, num_buckets, COMPILED) - first >= SPAN):
+        bucket = _time_bucket(gap, num_buckets, COMPILED)
+    return bucket
+
+
+def _scores_impl(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, EDGES, num_pos, num_buckets,
+                 HAS_TIME: tl.constexpr, SPAN: tl.constexpr, BELOW: tl.constexpr, COMPILED: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """Scores ``q·kᵀ + biases`` of a tile (float32) and its time buckets (0 without a time bias).
+    ``BELOW``: every key of the tile precedes every query (no distance below 1 to clamp)."""
     s = _dot(q, tl.trans(k), PRECISION, COMPILED)
-    distance = tl.minimum(tl.maximum(rm[:, None] - rn[None, :], 0), num_pos - 1)
+    if BELOW:
+        distance = tl.minimum(rm[:, None] - rn[None, :], num_pos - 1)
+    else:
+        distance = tl.minimum(tl.maximum(rm[:, None] - rn[None, :], 0), num_pos - 1)
     s += tl.load(PB + distance).to(tl.float32)
     bucket = (distance * 0).to(tl.int32)
     if HAS_TIME:
         tk = tl.load(TS + start + rn, mask=mask_n, other=0)
-        far = _TIME_FAR
-        lowest = tl.reduce(tl.where(mask_m, tq, far), 0, tl.standard._elementwise_min)
-        highest = tl.reduce(tl.where(mask_m, tq, -far), 0, tl.standard._elementwise_max)
-        gap_lo = lowest - tl.reduce(tl.where(mask_n, tk, -far), 0, tl.standard._elementwise_max)
-        gap_hi = highest - tl.reduce(tl.where(mask_n, tk, far), 0, tl.standard._elementwise_min)
-        first = _time_bucket(gap_lo, num_buckets, COMPILED)
-        if (gap_lo >= 1) & (first == _time_bucket(gap_hi, num_buckets, COMPILED)):
-            bucket += first
-        else:
-            bucket = _time_bucket(tq[:, None] - tk[None, :], num_buckets, COMPILED)
-        s += tl.load(TB + bucket).to(tl.float32)  # no load inside the branch: Triton 3.6 cannot pipeline it
+        bucket = _time_buckets(tq, tk, mask_m, mask_n, EDGES, num_buckets, SPAN, COMPILED)
+        s += tl.load(TB + bucket).to(tl.float32)
     return s, bucket
+
+
+def _sigmoid_impl(s, FAST: tl.constexpr):
+    """``sigmoid(s)``; ``FAST``: through the hardware's ``tanh.approx`` (compiled bf16/fp16 only)."""
+    if FAST:
+        half = 0.5 * s
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [half], dtype=tl.float32,
+                                      is_pure=True, pack=1)  # fmt: skip
+        return 0.5 + 0.5 * t
+    return 1.0 / (1.0 + tl.exp(-s))
 
 
 def _add_diagonals_impl(scratch, pos_row, r, kk, offset, num_pos, pos_width, BLOCK: tl.constexpr):
@@ -160,12 +194,31 @@ def _load_rows_impl(PTR, rows, stride, col, mask_rows, mask_d):
 # --------------------------------------------------------------------------------------------------
 
 
+def _attend_impl(acc, q, rm, tq, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, PB, TB, EDGES,
+                 stride_k, stride_v, num_pos, num_buckets, BLOCK_N: tl.constexpr, HAS_TIME: tl.constexpr,
+                 SPAN: tl.constexpr, BELOW: tl.constexpr, FAST_SILU: tl.constexpr, COMPILED: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """``acc`` plus one key tile's ``silu(scores) / n · v``; ``BELOW``: the tile lies wholly below the
+    causal diagonal of the query block (no mask to apply)."""
+    rn = n0 + tl.arange(0, BLOCK_N)
+    mask_n = rn < n
+    k = _load_rows(K, start + rn, stride_k, col, mask_n, mask_d)
+    v = _load_rows(V, start + rn, stride_v, col, mask_n, mask_d)
+    s, _ = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, EDGES, num_pos, num_buckets,
+                   HAS_TIME, SPAN, BELOW, COMPILED, PRECISION)  # fmt: skip
+    p = s * _sigmoid(s, FAST_SILU) * inv_n
+    if not BELOW:
+        p = tl.where((rm[:, None] >= rn[None, :]) & mask_m[:, None], p, 0.0)
+    return acc + _dot(p.to(v.dtype), v, PRECISION, COMPILED)
+
+
 def _hstu_fwd_kernel(
-    Q, K, V, OUT, OFF, TS, QT, PB, TB,
+    Q, K, V, OUT, OFF, TS, QT, PB, TB, EDGES,
     stride_q, stride_k, stride_v, stride_o,
     num_heads, num_pos, num_buckets, num_blocks,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_TIME: tl.constexpr, COMPILED: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_TIME: tl.constexpr, SPAN: tl.constexpr, FAST_SILU: tl.constexpr, COMPILED: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     block = num_blocks - 1 - tl.program_id(0)
     pair = tl.program_id(1)
@@ -185,16 +238,15 @@ def _hstu_fwd_kernel(
     tq = tl.load(QT + start + rm, mask=mask_m, other=0)
     inv_n = 1.0 / n.to(tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
-    for n0 in range(0, tl.minimum(m0 + BLOCK_M, n), BLOCK_N):
-        rn = n0 + tl.arange(0, BLOCK_N)
-        mask_n = rn < n
-        k = _load_rows(K, start + rn, stride_k, col, mask_n, mask_d)
-        v = _load_rows(V, start + rn, stride_v, col, mask_n, mask_d)
-        s, _ = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, num_pos, num_buckets,
-                       HAS_TIME, COMPILED, PRECISION)  # fmt: skip
-        valid = (rm[:, None] >= rn[None, :]) & mask_m[:, None]
-        p = tl.where(valid, s / (1.0 + tl.exp(-s)) * inv_n, 0.0)
-        acc += _dot(p.to(v.dtype), v, PRECISION, COMPILED)
+    below = (m0 // BLOCK_N) * BLOCK_N  # key tiles before it precede every query of the block
+    for n0 in range(0, below, BLOCK_N):
+        acc = _attend(acc, q, rm, tq, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, PB, TB, EDGES,
+                      stride_k, stride_v, num_pos, num_buckets, BLOCK_N, HAS_TIME, SPAN, True, FAST_SILU,
+                      COMPILED, PRECISION)  # fmt: skip
+    for n0 in range(below, tl.minimum(m0 + BLOCK_M, n), BLOCK_N):
+        acc = _attend(acc, q, rm, tq, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, PB, TB, EDGES,
+                      stride_k, stride_v, num_pos, num_buckets, BLOCK_N, HAS_TIME, SPAN, False, FAST_SILU,
+                      COMPILED, PRECISION)  # fmt: skip
     out = OUT + (start + rm)[:, None] * stride_o + col[None, :]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -205,11 +257,12 @@ def _hstu_fwd_kernel(
 
 
 def _hstu_bwd_kernel(
-    Q, K, V, DO, DQ, DK, DV, OFF, BLKOFF, TS, QT, PB, TB, SCR, DPOS, DTIME,
+    Q, K, V, DO, DQ, DK, DV, OFF, BLKOFF, TS, QT, PB, TB, EDGES, SCR, DPOS, DTIME,
     stride_q, stride_k, stride_v, stride_do, stride_dq, stride_dk, stride_dv,
     num_heads, num_pos, num_buckets, num_blocks, pos_width,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BUCKETS_POW2: tl.constexpr,
-    HAS_TIME: tl.constexpr, COMPILED: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_TIME: tl.constexpr, SPAN: tl.constexpr, FAST_SILU: tl.constexpr, COMPILED: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     jb = num_blocks - 1 - tl.program_id(0)
     b = tl.program_id(1)
@@ -242,10 +295,10 @@ def _hstu_bwd_kernel(
             q = _load_rows(Q, start + rm, stride_q, col, mask_m, mask_d)
             do = _load_rows(DO, start + rm, stride_do, col, mask_m, mask_d)
             tq = tl.load(QT + start + rm, mask=mask_m, other=0)
-            s, bucket = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, num_pos, num_buckets,
-                                HAS_TIME, COMPILED, PRECISION)  # fmt: skip
+            s, bucket = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, EDGES, num_pos,
+                                num_buckets, HAS_TIME, SPAN, False, COMPILED, PRECISION)  # fmt: skip
             valid = (rm[:, None] >= rn[None, :]) & mask_m[:, None]
-            sig = 1.0 / (1.0 + tl.exp(-s))
+            sig = _sigmoid(s, FAST_SILU)
             p = tl.where(valid, s * sig * inv_n, 0.0)
             dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, COMPILED)
             g = _dot(do, tl.trans(v), PRECISION, COMPILED)
@@ -282,10 +335,10 @@ def _hstu_bwd_kernel(
             mask_c = rc < n
             kc = _load_rows(K, start + rc, stride_k, col, mask_c, mask_d)
             vc = _load_rows(V, start + rc, stride_v, col, mask_c, mask_d)
-            s, _ = _scores(qn, kc, rn, rc, tn, TS, start, mask_n, mask_c, PB, TB, num_pos, num_buckets,
-                           HAS_TIME, COMPILED, PRECISION)  # fmt: skip
+            s, _ = _scores(qn, kc, rn, rc, tn, TS, start, mask_n, mask_c, PB, TB, EDGES, num_pos, num_buckets,
+                           HAS_TIME, SPAN, False, COMPILED, PRECISION)  # fmt: skip
             valid = (rn[:, None] >= rc[None, :]) & mask_n[:, None]
-            sig = 1.0 / (1.0 + tl.exp(-s))
+            sig = _sigmoid(s, FAST_SILU)
             g = _dot(don, tl.trans(vc), PRECISION, COMPILED)
             ds = tl.where(valid, g * inv_n * sig * (1.0 + s * (1.0 - sig)), 0.0)
             dq += _dot(ds.to(kc.dtype), kc, PRECISION, COMPILED)
@@ -304,7 +357,10 @@ def _bind() -> tuple[object, object]:
     these module-level names, so they are (re)bound before every launch."""
     globals()["_dot"] = jit_lazily(_dot_impl)
     globals()["_time_bucket"] = jit_lazily(_time_bucket_impl)
+    globals()["_time_buckets"] = jit_lazily(_time_buckets_impl)
     globals()["_scores"] = jit_lazily(_scores_impl)
+    globals()["_sigmoid"] = jit_lazily(_sigmoid_impl)
+    globals()["_attend"] = jit_lazily(_attend_impl)
     globals()["_load_rows"] = jit_lazily(_load_rows_impl)
     globals()["_add_diagonals"] = jit_lazily(_add_diagonals_impl)
     return jit_lazily(_hstu_fwd_kernel), jit_lazily(_hstu_bwd_kernel)
@@ -330,6 +386,16 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if interpreter_enabled() or torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
+def _edges(time_bias: Tensor, cfg: AttentionKernelConfig) -> Tensor:
+    """The bucket edges the kernels compare gaps against (``time_bucket_edges``), padded for a tile's
+    ``time_span - 1`` look-ahead past its first bucket."""
+    return bucket_edges(max(time_bias.numel(), 1), cfg.time_span, time_bias.device)
+
+
+def _fast_silu(cfg: AttentionKernelConfig, dtype: torch.dtype) -> bool:
+    return cfg.fast_silu and dtype != torch.float32 and not interpreter_enabled()
+
+
 def forward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, timestamps: Tensor, query_times: Tensor,
             pos_bias: Tensor, time_bias: Tensor, num_heads: int, max_len: int,
             config: AttentionKernelConfig | None = None) -> Tensor:  # fmt: skip
@@ -347,10 +413,12 @@ def forward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, timestamps: Tensor
     times, queries = rebased_times(offsets, timestamps, query_times)
     fwd[(num_blocks, batch * num_heads)](
         q, k, v, out, offsets, times, queries, pos_bias, time_bias if has_time else pos_bias,
+        _edges(time_bias, cfg),
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         num_heads, pos_bias.numel(), max(time_bias.numel(), 1), num_blocks,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_M=cfg.fwd_block_m, BLOCK_N=cfg.fwd_block_n,
-        HAS_TIME=has_time, COMPILED=not interpreter_enabled(), PRECISION=_precision(q.dtype),
+        HAS_TIME=has_time, SPAN=cfg.time_span, FAST_SILU=_fast_silu(cfg, q.dtype),
+        COMPILED=not interpreter_enabled(), PRECISION=_precision(q.dtype),
         num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages,
     )  # fmt: skip
     return out
@@ -385,11 +453,12 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, tim
     times, queries = rebased_times(offsets, timestamps, query_times)
     bwd[(num_blocks, batch)](
         q, k, v, grad, dq, dk, dv, offsets, first_row, times, queries, pos_bias,
-        time_bias if has_time else pos_bias, scratch, pos_part, time_part,
+        time_bias if has_time else pos_bias, _edges(time_bias, cfg), scratch, pos_part, time_part,
         q.stride(0), k.stride(0), v.stride(0), grad.stride(0), dq.stride(0), dk.stride(0), dv.stride(0),
         num_heads, pos_bias.numel(), max(time_bias.numel(), 1), num_blocks, pos_width,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK=block, BUCKETS_POW2=buckets_pow2,
-        HAS_TIME=has_time, COMPILED=not interpreter_enabled(), PRECISION=_precision(q.dtype),
+        HAS_TIME=has_time, SPAN=cfg.time_span, FAST_SILU=_fast_silu(cfg, q.dtype),
+        COMPILED=not interpreter_enabled(), PRECISION=_precision(q.dtype),
         num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages,
     )  # fmt: skip
     dpos[:pos_width] = pos_part.sum(0)

@@ -22,8 +22,12 @@ def test_bench_hstu_attention_small_cpu_run(tmp_path: Path) -> None:
         assert all(arm["status"] == "ok" for arm in row["arms"]), row["arms"]
         assert row["triton_vs_torch_max_rel_error"] < 1e-4  # float32 on CPU: the two attentions agree
     heavy = {arm["arm"] for arm in report["results"][0]["arms"]}
-    assert {"triton fwd+bwd", "torch fwd+bwd", "triton fwd+bwd, bwd 64 w8", "triton fwd+bwd, bwd 32 w8"} <= heavy
-    assert len(report["results"][2]["arms"]) == 4 + 1 + 4  # the arms, no time bias, the forward sweep
+    sweep = {"triton fwd+bwd, bwd 32 w8", "triton fwd+bwd, bwd 32 w4 fast_silu"}
+    assert {"triton fwd+bwd", "torch fwd+bwd", *sweep} <= heavy
+    longest = {arm["arm"] for arm in report["results"][2]["arms"]}
+    assert len(longest) == 4 + 2 + 6  # the arms, the two bias floors, the forward sweep
+    assert {"triton fwd, no time bias, one position bias", "triton fwd 128x32 w8 s2 span1",
+            "triton fwd 128x32 w8 s2 fast_silu"} <= longest  # fmt: skip
     assert report["results"][1]["arms"][-1]["arm"] == "compiled fwd+bwd"  # torch.compile, after the rest
     targets = report["targets"]
     assert {"heavy_fwd_bwd_speedup_vs_padded_torch", "uniform_40_fwd_share_of_matmul", "target_met"} <= targets.keys()

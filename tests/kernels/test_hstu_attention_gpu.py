@@ -61,3 +61,28 @@ def test_model_picks_the_kernel_on_cuda() -> None:
     from freescale.trainer.model.transducer import resolve_attention
 
     assert resolve_attention("auto", "hstu", torch.device(CUDA)) == "triton"
+
+
+def test_fast_silu_stays_within_bf16_rounding() -> None:
+    """``fast_silu`` (the hardware tanh.approx for the sigmoid) at real sizes: forward and gradients
+    within the same bf16 tolerance as the exact kernel."""
+    from hstu_attention_cases import run_tiles
+
+    from freescale.kernels import hstu_attention_triton as tri
+
+    case = make_case([4096, 1, 700, 33], num_heads=4, head_dim=64, num_pos=4096, buckets=64, seed=6,
+                     dtype=torch.bfloat16, device=CUDA, max_gap=100_000)  # fmt: skip
+    fast = tri.AttentionKernelConfig(fast_silu=True)
+    assert_close(run_tiles(case, fast), run(case, "reference"), rel=3e-2, context="fast_silu bf16")
+
+
+def test_bucket_edges_match_the_cuda_log() -> None:
+    """The edges searched on the GPU bucket every gap near them as ``time_bucket`` does on the GPU."""
+    from freescale.kernels.hstu_attention_ref import time_bucket
+    from freescale.kernels.time_bucket_edges import NEVER, bucket_edges
+
+    edges = bucket_edges(64, 4, CUDA).to(torch.int64)
+    reached = edges[:64][edges[:64] < NEVER]
+    gaps = (reached[:, None] + torch.arange(-3, 4, device=CUDA)[None, :]).flatten().clamp(1, NEVER - 1)
+    by_edges = (gaps[:, None] >= edges[None, 1:64]).sum(1)
+    assert torch.equal(by_edges, time_bucket(gaps, 64))
