@@ -14,8 +14,10 @@ bytes crossing the network are the same. Rows arrive from node 0's ranks in loca
 1's...: the flat transport's order, so the result is bitwise the flat one.
 
 Before step 1 the ranks of a node swap how many rows each sends to every node (``N`` integers per
-peer, a fixed size), which is what the regrouping between the steps needs. ``start`` runs that
-swap and launches step 1; ``wait`` finishes step 1, regroups and runs step 2.
+peer, a fixed size), which is what the regrouping between the steps needs. Without known receive
+counts, those swapped counts then cross the nodes as step 2 does and give them: two small
+collectives before the data, as the flat transport's one count exchange. ``start`` runs the swap
+and launches step 1; ``wait`` finishes step 1, regroups and runs step 2.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .transport_base import Counts, Transport, TransportHandle, counts_list
+from .transport_base import Counts, Transport, TransportHandle, check_send, counts_list
 
 
 @dataclass(frozen=True)
@@ -122,17 +124,17 @@ class HierarchicalTransport(Transport):
     def exchange_counts(self, send_counts: Counts) -> list[int]:
         """One count per rank, through the same two steps (fixed sizes: no counts of the counts)."""
         self._check_open()
-        counts = counts_list(send_counts, self.world_size, "send_counts")
-        sent = torch.tensor(counts, dtype=torch.int64, device=self.count_device)
-        nodes, per_node = self.layout.nodes, self.layout.ranks_per_node
-        gathered = [[1] * nodes for _ in range(per_node)]
-        first = self.node.start(self._by_local_index(sent.unsqueeze(1), [1] * self.world_size),
-                                [nodes] * per_node, [nodes] * per_node)  # fmt: skip
-        return self.finish(first.wait(), gathered, [1] * self.world_size).squeeze(1).tolist()
+        return self._exchange_both_counts(counts_list(send_counts, self.world_size, "send_counts"))[1]
 
     def start(self, send_buffer: Tensor, send_counts: Counts, recv_counts: Counts | None = None) -> TransportHandle:
-        send, sc, rc = self._exchange_plan(send_buffer, send_counts, recv_counts)
-        gathered = self._swap_node_counts(sc)
+        self._check_open()
+        sc = counts_list(send_counts, self.world_size, "send_counts")
+        send = check_send(send_buffer, sc)
+        if recv_counts is None:  # the count exchange's first step also gives what the regrouping needs
+            gathered, rc = self._exchange_both_counts(sc)
+        else:
+            gathered = self._gathered(self._swap_node_counts(sc))
+            rc = counts_list(recv_counts, self.world_size, "recv_counts")
         per_node = self.layout.ranks_per_node
         to_peers = [sum(sc[n * per_node + local] for n in range(self.layout.nodes)) for local in range(per_node)]
         first = self.node.start(self._by_local_index(send, sc), to_peers, [sum(row) for row in gathered])
@@ -152,13 +154,25 @@ class HierarchicalTransport(Transport):
         by_node = [counts[n * per_node : (n + 1) * per_node] for n in range(self.layout.nodes)]
         return regroup(rows, by_node)
 
-    def _swap_node_counts(self, send_counts: list[int]) -> list[list[int]]:
-        """``gathered[l][n]``: rows node peer ``l`` sends this rank in step 1 that are bound for node ``n``."""
+    def _swap_node_counts(self, send_counts: list[int]) -> Tensor:
+        """``[g·N, 1]``: row ``l·N + n`` = rows node peer ``l`` sends this rank in step 1 that are bound
+        for node ``n`` (``_gathered`` makes the table of it)."""
         nodes, per_node = self.layout.nodes, self.layout.ranks_per_node
         mine = torch.tensor(send_counts, dtype=torch.int64, device=self.count_device)
-        mine = mine.view(nodes, per_node).t().contiguous().view(-1, 1)
-        got = self.node.start(mine, [nodes] * per_node, [nodes] * per_node).wait()
-        return got.view(per_node, nodes).tolist()
+        return self.node.start(self._by_local_index(mine.unsqueeze(1), [1] * self.world_size), [nodes] * per_node,
+                               [nodes] * per_node).wait()  # fmt: skip
+
+    def _gathered(self, swapped: Tensor) -> list[list[int]]:
+        return swapped.view(self.layout.ranks_per_node, self.layout.nodes).tolist()
+
+    def _exchange_both_counts(self, send_counts: list[int]) -> tuple[list[list[int]], list[int]]:
+        """The node swap of the counts, then its result across the nodes as step 2 would send it: each
+        node peer ``l`` told this rank how many rows it sends to this local index on every node, so the
+        cross step of those gives the receive counts. Two small collectives instead of three."""
+        nodes, per_node = self.layout.nodes, self.layout.ranks_per_node
+        swapped = self._swap_node_counts(send_counts)
+        ones = [[1] * nodes for _ in range(per_node)]
+        return self._gathered(swapped), self.finish(swapped, ones, [1] * self.world_size).squeeze(1).tolist()
 
     def close(self) -> None:
         self.node.close()

@@ -72,6 +72,37 @@ def _check_against_flat(hier: HierarchicalTransport, flat, rank: int, world: int
     assert torch.equal(second.wait(), want * 2) and torch.equal(first.wait(), want)
 
 
+def _starts_per_exchange(hier: HierarchicalTransport, send: torch.Tensor, sc: list[int], known) -> dict[str, int]:
+    """How many exchanges one hierarchical all-to-all starts on its node and cross transports."""
+    calls = {"node": 0, "cross": 0}
+    originals = {name: getattr(hier, name).start for name in calls}
+
+    def counting(name: str):
+        def start(*args, **kwargs):
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return start
+
+    for name in calls:
+        getattr(hier, name).start = counting(name)
+    try:
+        hier.start(send, sc, known).wait()
+    finally:
+        for name, original in originals.items():
+            getattr(hier, name).start = original
+    return calls
+
+
+def _check_collective_counts(hier: HierarchicalTransport, flat, rank: int, world: int) -> None:
+    """Unknown receive counts: the node swap of the counts doubles as the count exchange's first step,
+    so two small exchanges precede the data's two (three before); known: the swap alone."""
+    sc = _counts(rank, world, 0)
+    send = torch.cat([_rows(rank, d, sc[d], (2,), torch.float32) for d in range(world)])
+    assert _starts_per_exchange(hier, send, sc, None) == {"node": 2, "cross": 2}
+    assert _starts_per_exchange(hier, send, sc, flat.exchange_counts(sc)) == {"node": 2, "cross": 1}
+
+
 def worker(rank: int, world: int, init_file: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))  # fmt: skip
@@ -82,6 +113,7 @@ def worker(rank: int, world: int, init_file: str) -> None:
             hier = make_transport(TransportConfig(transport="torch", ranks_per_node=per_node), timeout=timeout)
             assert isinstance(hier, HierarchicalTransport) and hier.layout.ranks_per_node == per_node
             _check_against_flat(hier, flat, rank, world)
+            _check_collective_counts(hier, flat, rank, world)
             hier.close()
         side = dist.new_group(backend="gloo")  # a group other than the default one (PEC's worker has one)
         hier = make_transport(TransportConfig(transport="torch", ranks_per_node=2), group=side)
