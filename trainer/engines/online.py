@@ -17,14 +17,18 @@ whose step calls the same method) and with any ``engine.transport``: every excha
    is exchanged twice. A step whose placement moves nothing (already balanced, e.g. planned data)
    runs the engine's ordinary forward/backward: no dispatch, no combine.
 2. *Dispatch* (``dispatch``, one all-to-all): a sample moves as one unit of
-   ``kernels.dispatch_jagged`` rows, one row per position: its input item row, input action row and
-   target row (``3d`` floats, the differentiable part) and the input timestamp and target id (int64
-   bits carried as two float32 each). After a destination's units, each home sends its negatives
-   (rows and ids, padded to the units' width) once to every rank that received one of its samples.
-   The destination makes the received floats leaves, runs the model and the loss.
-3. *Combine* (``combine``, one all-to-all): the leaves' gradients go back through the transport and
-   ``combine_jagged`` into home order; each source's negatives' gradients and its partial loss ride
-   in the same message and are summed at home in source-rank order. ``torch.autograd.backward``
+   ``kernels.dispatch_jagged`` rows, one row per *event*: its item row and action row (``2d``
+   floats, the differentiable part) and its timestamp and item id (int64 bits carried as two float32
+   each). A position's target is the next event, so inputs and targets share the rows: each item row
+   crosses once, not once as an input and again as a target (``P + 1`` rows of ``2d + 4`` floats
+   for ``P`` positions, about two thirds of ``P`` rows of ``3d + 6``). After a destination's units,
+   each home sends its negatives (rows and ids, padded to the units' width) once to every rank that
+   received one of its samples. The destination makes the received floats leaves, reads inputs and
+   targets out of them (``input_event_rows``), runs the model and the loss.
+3. *Combine* (``combine``, one all-to-all): the leaves' gradients (an event's input and target
+   gradients already summed) go back through the transport and ``combine_jagged`` into home order;
+   each source's negatives' gradients and its partial loss ride in the same message and are summed
+   at home in source-rank order. ``torch.autograd.backward``
    from the home unit tensors reaches the unique-row leaves, and the step continues as usual
    (``grad_dist``, dense all-reduce, sparse and dense updates).
 
@@ -101,10 +105,16 @@ class StepPlan:
         """Global indices of the samples this rank computes (source-major, home order within)."""
         return np.flatnonzero(self.dest == self.rank)
 
-    def value_counts_from(self) -> list[int]:
-        """Positions this rank receives from each source."""
+    def positions_from(self) -> list[int]:
+        """Positions (inputs) this rank computes of each source's samples."""
         got = self.received()
         return np.bincount(self.homes[got], weights=self.positions[got], minlength=self.world_size).astype(int).tolist()
+
+    def events_from(self) -> list[int]:
+        """Events (unit rows: the positions and each sample's final target) this rank receives from each source."""
+        got = self.received()
+        events = self.positions[got] + 1
+        return np.bincount(self.homes[got], weights=events, minlength=self.world_size).astype(int).tolist()
 
     def sources(self) -> np.ndarray:
         """Whether each home rank sends at least one sample here."""
@@ -121,19 +131,30 @@ class StepPlan:
 
 @dataclass
 class Received:
-    """What this rank computes: leaves of the units and of each source's negatives."""
+    """What this rank computes: leaves of the units (one row per event) and of each source's negatives."""
 
-    units: torch.Tensor  # [P, 3d] leaf: input item, input action, target rows
-    timestamps: torch.Tensor  # [P] input times
-    query_times: torch.Tensor  # [P] target times (the HSTU time bias reads both)
-    target_ids: torch.Tensor  # [P]
+    units: torch.Tensor  # [E, 2d] leaf: item row, action row of every event of the samples placed here
+    timestamps: torch.Tensor  # [E] event times (the HSTU time bias reads inputs' and targets')
+    item_ids: torch.Tensor  # [E] (targets' ids score the sampled softmax)
     negatives: torch.Tensor  # [ΣK_s, d] leaf
     negative_ids: torch.Tensor  # [ΣK_s]
 
 
+def input_event_rows(positions: np.ndarray) -> np.ndarray:
+    """Rows of every input among the events of samples with ``positions`` inputs each (``positions + 1``
+    events: the inputs, then the final target), in order; an input's target is the next row."""
+    events = positions + 1
+    first_event = np.repeat(np.cumsum(events) - events, positions)
+    first_position = np.repeat(np.cumsum(positions) - positions, positions)
+    return first_event + np.arange(int(positions.sum())) - first_position
+
+
 def bits(values: torch.Tensor) -> torch.Tensor:
     """int64 ``[n]`` as float32 ``[n, 2]`` (exact: the bits ride along, as PEC does with row keys)."""
-    return values.to(torch.int64).contiguous().view(torch.float32).view(-1, 2)
+    flat = values.to(torch.int64).reshape(-1)
+    if not flat.numel():  # an empty batch's tensors may have stride 0, which a dtype view refuses
+        return torch.zeros(0, 2, dtype=torch.float32, device=flat.device)
+    return flat.contiguous().view(torch.float32).view(-1, 2)
 
 
 def unbits(values: torch.Tensor) -> torch.Tensor:
@@ -183,8 +204,7 @@ class OnlineBalancing:
         leaves = [rows.requires_grad_() for rows in unique_rows]
         with self.timer.stage("forward", "compute"):
             rows = self.tables.feature_rows(ctx, leaves)
-            units = torch.cat([rows["item"][batch.input_index], rows["action"][batch.input_index],
-                               rows["item"][batch.target_index]], dim=1)  # fmt: skip
+            units = torch.cat([rows["item"], rows["action"]], dim=1)  # per event: inputs and targets share it
             negatives = rows["neg"]
         received, dispatch_plan = self._timed(
             "dispatch", "dispatch", "comm", self._dispatch, batch, units, negatives, plan
@@ -242,14 +262,12 @@ class OnlineBalancing:
     def _dispatch(
         self, batch: Batch, units: torch.Tensor, negatives: torch.Tensor, plan: StepPlan
     ) -> tuple[Received, DispatchPlan]:
-        """One all-to-all: each sample's unit rows to its rank, then (to every rank that got one of
-        them) this home's negatives, padded to the unit rows' width."""
+        """One all-to-all: each sample's unit rows (one per event) to its rank, then (to every rank
+        that got one of them) this home's negatives, padded to the unit rows' width."""
         w, d = self.world_size, self.tables.dim
         dest = torch.from_numpy(plan.dest[plan.mine()]).to(self.device)
-        times, query_times = batch.attention_times()
-        target_ids = batch.item_ids[batch.target_index]
-        payload = torch.cat([units.detach(), bits(times), bits(query_times), bits(target_ids)], dim=1)
-        sent = dispatch_jagged(JaggedRows(payload, (batch.lengths - 1).to(self.device)), dest, w)
+        payload = torch.cat([units.detach(), bits(batch.timestamps), bits(batch.item_ids)], dim=1)
+        sent = dispatch_jagged(JaggedRows(payload, batch.lengths.to(self.device)), dest, w)
         route = sent.plan
         own = torch.cat([negatives.detach(), bits(batch.negative_ids)], dim=1)
         own = torch.nn.functional.pad(own, (0, payload.shape[1] - own.shape[1]))
@@ -257,7 +275,7 @@ class OnlineBalancing:
         k = int(plan.negatives[self.rank])
         negative_counts = [k if t else 0 for t in plan.targets()]
         send = interleave(torch.split(sent.buffer.values, unit_counts), [own[:n] for n in negative_counts])
-        from_units = plan.value_counts_from()
+        from_units = plan.events_from()
         from_negatives = [int(n) if got else 0 for n, got in zip(plan.negatives, plan.sources())]
         received = self.comm.all_to_all(
             "balancer.dispatch",
@@ -267,10 +285,9 @@ class OnlineBalancing:
         )
         values, negs = deinterleave(received, from_units, from_negatives)
         received_rows = Received(
-            units=values[:, : 3 * d].clone().requires_grad_(),
-            timestamps=unbits(values[:, 3 * d : 3 * d + 2]),
-            query_times=unbits(values[:, 3 * d + 2 : 3 * d + 4]),
-            target_ids=unbits(values[:, 3 * d + 4 :]),
+            units=values[:, : 2 * d].clone().requires_grad_(),
+            timestamps=unbits(values[:, 2 * d : 2 * d + 2]),
+            item_ids=unbits(values[:, 2 * d + 2 :]),
             negatives=negs[:, :d].clone().requires_grad_(),
             negative_ids=unbits(negs[:, d : d + 2]),
         )
@@ -282,12 +299,16 @@ class OnlineBalancing:
         A home's partial is ``Σ its positions here ℓ / P_home`` against the home's own negatives.
         """
         d, w = self.tables.dim, self.world_size
-        lengths = torch.from_numpy(plan.positions[plan.received()])
-        layout = build_layout(lengths, self.cfg.model_extra.length_group_ratio).to(self.device)
-        units = got.units
-        outputs = self.model(units[:, :d], units[:, d : 2 * d], layout, got.timestamps, got.query_times)
+        positions = plan.positions[plan.received()]
+        layout = build_layout(torch.from_numpy(positions), self.cfg.model_extra.length_group_ratio).to(self.device)
+        inputs = torch.from_numpy(input_event_rows(positions)).to(self.device)
+        targets = inputs + 1
+        events = got.units
+        outputs = self.model(events[inputs, :d], events[inputs, d:], layout, got.timestamps[inputs],
+                             got.timestamps[targets])  # fmt: skip
+        target_rows, target_ids = events[targets, :d], got.item_ids[targets]
         loss = outputs.sum() * 0.0 + got.negatives.sum() * 0.0  # every parameter in the graph, even when empty
-        home_positions, from_source, sources = plan.home_positions(), plan.value_counts_from(), plan.sources()
+        home_positions, from_source, sources = plan.home_positions(), plan.positions_from(), plan.sources()
         partials, p0, k0 = [], 0, 0
         for s in range(w):
             if not sources[s]:
@@ -295,9 +316,9 @@ class OnlineBalancing:
             p1, k1 = p0 + from_source[s], k0 + int(plan.negatives[s])
             terms = sampled_softmax_terms(
                 outputs[p0:p1],
-                units[p0:p1, 2 * d :],
+                target_rows[p0:p1],
                 got.negatives[k0:k1],
-                got.target_ids[p0:p1],
+                target_ids[p0:p1],
                 got.negative_ids[k0:k1],
                 self.cfg.model_extra.temperature,
             )
@@ -321,18 +342,18 @@ class OnlineBalancing:
         d = self.tables.dim
         unit_grads = got.units.grad if got.units.grad is not None else torch.zeros_like(got.units)
         neg_grads = got.negatives.grad if got.negatives.grad is not None else torch.zeros_like(got.negatives)
-        from_units = plan.value_counts_from()
+        from_units = plan.events_from()
         sources = plan.sources()
         negative_blocks, k0, i = [], 0, 0
         for s, present in enumerate(sources):
             if not present:
-                negative_blocks.append(neg_grads.new_zeros(0, 3 * d))
+                negative_blocks.append(neg_grads.new_zeros(0, 2 * d))
                 continue
             k = int(plan.negatives[s])
             loss_row = neg_grads.new_zeros(1, d)
             loss_row[0, 0] = partials[i]
             block = torch.cat([neg_grads[k0 : k0 + k], loss_row])
-            negative_blocks.append(torch.nn.functional.pad(block, (0, 2 * d)))
+            negative_blocks.append(torch.nn.functional.pad(block, (0, d)))
             k0, i = k0 + k, i + 1
         send = interleave(torch.split(unit_grads, from_units), negative_blocks)
         send_counts = [a + b.shape[0] for a, b in zip(from_units, negative_blocks)]
@@ -345,7 +366,7 @@ class OnlineBalancing:
         home_unit_grads = combine_jagged(JaggedRows(values, route.send_lengths), route).values
         negative_grads = torch.zeros(k_home, d, device=self.device)
         loss = torch.zeros((), device=self.device)
-        for block in blocks.view(-1, k_home + 1, 3 * d):
+        for block in blocks.view(-1, k_home + 1, 2 * d):
             negative_grads = negative_grads + block[:k_home, :d]
             loss = loss + block[k_home, 0]
         return home_unit_grads, negative_grads, loss

@@ -360,7 +360,10 @@ def time_steps(
     balancer = np.zeros(n_steps)
     if work.moved_events is not None:  # dispatch and combine, on steps that move samples (lengths ride the routing)
         moves = work.moved_events.sum(axis=1) > 0
-        balancer = 2 * net.all_to_all(work.moved_events * wl.unique_fraction * wl.row_bytes) * moves
+        # per moved event, the engine's unit row: item and action rows plus time and id (dispatch), their
+        # gradients back (combine); rows are per event, not deduplicated (trainer/engines/online.py)
+        dispatch = net.all_to_all(work.moved_events * (2 * wl.row_bytes + 2 * ID_BYTES))
+        balancer = (dispatch + net.all_to_all(work.moved_events * 2 * wl.row_bytes)) * moves
     routing = None  # PEC: the next batch's routing, waited for by each rank right after its compute
     routing_bytes = w * ID_BYTES + unique * ID_BYTES  # counts and ids, per rank
     if overlap == "none":  # TorchRec's schedule: the next step's routing runs during this step's compute
