@@ -379,7 +379,7 @@ class TorchRecEngine:
 
     def close(self) -> None:
         """Nothing left to release after ``finish_training``. The sharded modules keep the default
-        process group in reference cycles: ``runner.release_process_groups`` collects them before it
+        process group in reference cycles: ``rank_process.release_process_groups`` collects them before it
         destroys the groups, so no gloo thread is left to interpreter exit."""
         self.finish_training()
 
