@@ -89,7 +89,7 @@ class JaggedRows:
 
     The payload ``dispatch_jagged``/``combine_jagged`` move, here in kernels/ below the trainer. The
     trainer's ``jagged.JaggedLayout`` (a micro-batch's attention layout: lengths, offsets, length
-    groups, no values) and ``sharded.JaggedIds`` (ids keyed by feature, lengths per key, as in
+    groups, no values) and ``jagged_ids.JaggedIds`` (ids keyed by feature, lengths per key, as in
     TorchRec's ``KeyedJaggedTensor``) are other shapes of jagged data, not copies of this one.
     """
 

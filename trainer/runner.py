@@ -13,14 +13,16 @@ strikes one rank at a time, so every collection shows up as the other ranks' ``s
 loop therefore freezes what exists at start (``gc.freeze``: never scanned again), disables automatic
 collection and collects at each log flush instead: every rank at the same step, outside step timing,
 followed by a barrier so rank 0's log writing is not charged to the next step as idle time either.
+
+The rank's process (device, process group) is set up in ``rank_process.py``; what the run reads in
+``run_data.py``; the engine's ``auto`` choices in ``engine_choices.py``; the loop's checkpoint,
+evaluation and logging hooks in ``run_checkpoints.py``, ``run_eval.py`` and ``run_logs.py``.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -33,173 +35,26 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from freescale.pipeline.dataset import loader
 from freescale.pipeline.dataset.reader import PreparedDataset
-from freescale.pipeline.dataset.samples import CollateConfig
-from freescale.trainer.checkpoint_dirs import resolve_resume, step_dir
-from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, model_options, new_run_id, read_record
+from freescale.trainer.checkpoint_record import DataIdentity, model_options, new_run_id
 from freescale.trainer.config import RunConfig
-from freescale.trainer.continuation import continues, data_start
-from freescale.trainer.cpus import cores_per_rank, pin_to_cpus
-from freescale.trainer.data.batches import collate, eval_samples, split_query
+from freescale.trainer.cpus import pin_to_cpus
+from freescale.trainer.engine_choices import resolve_choices
 from freescale.trainer.engines.registry import make_engine
 from freescale.trainer.errors import TrainingError
-from freescale.trainer.eval.evaluate import evaluate
-from freescale.trainer.eval.protocol import BestTracker, IdTables, resolve_tables, sized_config
-from freescale.trainer.metrics import bubbles
-from freescale.trainer.metrics.instrument import StepRecord, clock_offsets, gather_records
-from freescale.trainer.metrics.trace import plot_timeline, write_trace
-from freescale.trainer.metrics.zch import zch_lines
+from freescale.trainer.eval.protocol import BestTracker
+from freescale.trainer.metrics.instrument import StepRecord, clock_offsets
 from freescale.trainer.peers import end_stopped_peers
-
-
-def collate_config(cfg: RunConfig, tables: IdTables | None = None, window_stride: int = 0) -> CollateConfig:
-    """How this run collates: table sizes and vocabularies (``tables``, from the dataset), held-out
-    events (2 with ``eval.validation``: validation + test) and prepare's window stride."""
-    vocabularies = {"item_vocab": tables.item_vocab, "action_vocab": tables.action_vocab} if tables else {}
-    if tables is not None and tables.mode == "zch":
-        vocabularies["item_pool"] = tables.item_pool
-    return CollateConfig.for_model(
-        cfg.model,
-        cfg.model_extra,
-        holdout_last=cfg.data.holdout_last,
-        seed=cfg.data.seed,
-        holdout_events=2 if cfg.eval.validation else 1,
-        window_stride=window_stride,
-        **vocabularies,
-    )
-
-
-def run_tables(cfg: RunConfig, dataset: PreparedDataset) -> tuple[RunConfig, IdTables, CollateConfig]:
-    """``cfg`` with its tables sized from ``dataset``, the id tables, and how the run collates: what
-    every rank (and a reference that replays a rank's step) derives from the config and the data."""
-    tables = resolve_tables(cfg, dataset)
-    cfg = sized_config(cfg, tables)  # engines size their tables from model_extra
-    return cfg, tables, collate_config(cfg, tables, dataset.info.window_stride)
-
-
-def overlap_choice(requested: str, device_type: str, cores_per_rank: int, threads: int) -> str:
-    """``engine.overlap`` on this rank: ``auto`` is PEC where its communication thread can run beside the
-    compute — on CUDA (the communication runs on a stream of its own) or when the rank has a core
-    beyond its ``engine.threads`` compute threads — and synchronous otherwise.
-
-    Why: on a CPU rank with one core, PEC's thread and gloo's collectives take the compute's own core,
-    so nothing is hidden and PEC's extra work (masks, OL state, split gradients) is paid in full
-    (bench_bubbles on 2 cores, one pinned core per rank: forward 30.7 -> 34.3 ms/step with PEC,
-    74.5 vs 77.8 ms per step overall)."""
-    if requested != "auto":
-        return requested
-    return "pec" if device_type == "cuda" or cores_per_rank > threads else "none"
-
-
-def resolve_overlap(cfg: RunConfig, device: torch.device) -> str:
-    """``overlap_choice`` agreed by every rank (collective): ranks must build the same engine."""
-    mine = overlap_choice(cfg.engine.overlap, device.type, cores_per_rank(cfg.engine.pin_cpus), cfg.engine.threads)
-    if cfg.engine.overlap != "auto" or cfg.engine.name == "torchrec":
-        return mine
-    vote = torch.tensor([1 if mine == "pec" else 0], device=device)
-    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
-    return "pec" if int(vote.item()) else "none"
-
-
-@dataclass
-class Choices:
-    """What this run builds: the resolved ``engine.overlap``, ``engine.balancer`` and
-    ``engine.all_to_all``, and the prediction that decided them where any was ``auto`` (rank 0
-    only; None otherwise)."""
-
-    overlap: str
-    balancer: str
-    prediction: dict[str, Any] | None = None
-    all_to_all: str = "flat"
-
-
-def resolve_choices(cfg: RunConfig, device: torch.device, dataset: PreparedDataset, world_size: int) -> Choices:
-    """``engine.overlap``, ``engine.balancer`` and ``engine.all_to_all`` for this run (collective:
-    every rank builds the same).
-
-    Explicit values run as given. ``auto`` is decided by the simulator's prediction for this run
-    (trainer/simulate/auto.py) among what can run here: PEC only where ``overlap_choice`` gives its
-    thread room; a hierarchical all-to-all only over two or more whole nodes. Rank 0 predicts and
-    logs the prediction next to the pick; the others receive the pick.
-    """
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    all_to_alls = cfg.engine.all_to_all_candidates(world_size, local)
-    if cfg.engine.name == "torchrec":
-        return Choices("torchrec", cfg.engine.balancer, None, all_to_alls[0])
-    runnable = resolve_overlap(cfg, device)
-    overlaps = ("none", "pec") if cfg.engine.overlap == "auto" and runnable == "pec" else (runnable,)
-    balancers = ("none", "online") if cfg.engine.balancer == "auto" else (cfg.engine.balancer,)
-    if len(overlaps) == 1 and len(balancers) == 1 and len(all_to_alls) == 1:
-        return Choices(overlaps[0], balancers[0], None, all_to_alls[0])
-    prediction = None
-    pick = torch.zeros(3, dtype=torch.int64, device=device)
-    if dist.get_rank() == 0:
-        from freescale.trainer.simulate.auto import predict, probe
-
-        seen = probe(dataset, world_size, cfg.data.seed)
-        per_node = cfg.engine.nodes_of(world_size, local) if len(all_to_alls) > 1 else 0
-        predicted = predict(cfg, seen, world_size, overlaps, balancers, all_to_alls, per_node)
-        print(predicted.line(), flush=True)
-        prediction = predicted.to_dict()
-        pick[0], pick[1] = overlaps.index(predicted.overlap), balancers.index(predicted.balancer)
-        pick[2] = all_to_alls.index(predicted.all_to_all)
-    dist.broadcast(pick, src=0)
-    return Choices(overlaps[int(pick[0])], balancers[int(pick[1])], prediction, all_to_alls[int(pick[2])])
+from freescale.trainer.rank_process import device_for, process_group_options, release_process_groups, use_deterministic
+from freescale.trainer.run_checkpoints import CheckpointHooks
+from freescale.trainer.run_data import make_loader, run_tables, total_steps
+from freescale.trainer.run_eval import EvaluationHooks
+from freescale.trainer.run_logs import RunLogging, keep_metrics_before
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
     """Seed of a step's torch RNG (dropout): a function of (seed, step, rank) so resume replays it."""
     return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
-
-
-def total_steps(cfg: RunConfig, dataset: PreparedDataset, world_size: int) -> int:
-    return loader.total_steps(dataset, world_size, cfg.data.epochs, cfg.data.max_steps)
-
-
-def make_loader(
-    cfg: RunConfig,
-    dataset: PreparedDataset,
-    collate_cfg: CollateConfig,
-    rank: int,
-    world_size: int,
-    start: int,
-    end: int,
-) -> loader.Loader:
-    """The public loader reading this rank's ``Batch`` of steps ``[start, end)``: the trainer reads the
-    way any user's model does. A resumed run starts at its checkpoint's step, which is all the loader
-    state a run needs (the schedule is a function of the step)."""
-    config = loader.Config(
-        path=cfg.data.path,
-        world_size=world_size,
-        rank=rank,
-        output="batch",
-        start_step=start,
-        num_steps=end - start,
-        seed=cfg.data.seed,
-        num_workers=cfg.data.workers,
-        prefetch_factor=cfg.data.prefetch,
-        collate=collate_cfg,
-        collate_fn=collate,
-    )
-    return loader.Loader(config, dataset)
-
-
-def keep_metrics_before(path: Path, start: int) -> None:
-    """Drop what a run starting at ``start`` writes again: step lines from ``start`` on, evals after it.
-
-    Why: a run resumed into the same ``out_dir`` replays steps from its checkpoint; their lines from
-    the interrupted run would otherwise appear twice. ``start = 0`` empties the file.
-    """
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        step = int(record.get("step", 0))
-        if step < start or ("eval" in record and step <= start):
-            kept.append(line + "\n")
-    path.write_text("".join(kept))
 
 
 @dataclass
@@ -214,7 +69,7 @@ class RunState:
     truncated_events: int = 0  # events beyond model.max_uih_len in the micro-batches this rank read, each once
 
 
-class Trainer:
+class Trainer(CheckpointHooks, EvaluationHooks, RunLogging):
     """One rank of a training run."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
@@ -245,7 +100,6 @@ class Trainer:
                 cfg.eval.data_path, cache_dir=cfg.data.cache_dir or None, verify=cfg.data.verify
             )
 
-    # the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
         start, evals = self._resume()
         end = self.data_start + total_steps(self.cfg, self.dataset, self.world_size)  # data.max_steps: this dataset's
@@ -357,260 +211,6 @@ class Trainer:
 
         return tqdm(total=end - start, initial=0, desc=f"train {self.engine.name}", unit="step", leave=False)
 
-    def _checkpoint_due(self, done: int, end: int) -> bool:
-        ck = self.cfg.checkpoint
-        if self.checkpointer is None:
-            return False
-        return bool((ck.every and done % ck.every == 0) or done in ck.steps or (ck.at_end and done == end))
-
-    def _resume(self) -> tuple[int, list[dict[str, Any]]]:
-        """The step to start at and the evaluations before it (the checkpoint's best-model record); a
-        resumed run goes on under its checkpoint's run id."""
-        ck = self.cfg.checkpoint
-        path = resolve_resume(ck.dir, ck.resume) if self.checkpointer is not None else None
-        if path is None:
-            return 0, []
-        step = self.checkpointer.load(path)
-        record = read_record(path)
-        evals: list[dict[str, Any]] = []
-        onto = ""
-        if record is not None and record.run is not None:
-            self.run_id, evals = record.run.run_id, record.run.evals
-            self.data_start = data_start(record, self.data_identity, self.cfg)
-            if continues(record.run, self.data_identity, self.cfg):  # best-model selection: this window's evaluations
-                evals = []
-                onto = f", continuing onto {self.cfg.data.path} from its first step"
-        if self.rank == 0:
-            print(f"resumed from {path} at step {step}{onto}", flush=True)
-        return step, evals
-
-    def _run_record(self, evals: list[dict[str, Any]]) -> RunRecord:
-        return RunRecord(self.run_id, self.data_identity, self.model_options, evals, self.data_start)
-
-    def _save(self, root: str, step: int, evals: list[dict[str, Any]] | None = None) -> str:
-        """A checkpoint of the current state; its record holds the evaluations so far (rank 0's)."""
-        record = self._run_record(self.state.evals if evals is None else evals)
-        return self.checkpointer.save(root, step, record)
-
-    # logging ---------------------------------------------------------------------------------
-    def _flush(self) -> None:
-        """Gather pending step records on rank 0, append their JSONL lines, collect garbage, realign ranks."""
-        gathered = gather_records(self.state.pending, self.offset)
-        self.state.pending = []
-        self._write_records(gathered)
-        gc.collect()
-        dist.barrier()
-
-    def _write_records(self, gathered: list[list[StepRecord]] | None) -> None:
-        if gathered is None:
-            return
-        for rank, records in enumerate(gathered):
-            if len(self.state.gathered) <= rank:
-                self.state.gathered.append([])
-            self.state.gathered[rank].extend(records)
-        tags = {"engine": self.engine.name, "overlap": self.overlap, "transport": self.engine.transport}
-        lines = [{**tags, **bubbles.step_metrics(ranks)} for ranks in bubbles.analyze(gathered)]
-        self.state.step_lines.extend(lines)
-        with self.metrics_file.open("a") as handle:
-            for line in lines:
-                handle.write(json.dumps(line) + "\n")
-
-    def _eval_users(self) -> list[dict[str, Any]]:
-        if self._eval_samples is None:
-            holdout = self.collate_cfg.holdout_events
-            self._eval_samples = eval_samples(
-                self.eval_dataset, self.world_size, self.rank, self.cfg.eval.max_users, holdout
-            )
-        return self._eval_samples
-
-    def score(self, split: str) -> dict[str, Any]:
-        """HR@k / NDCG@k of ``split`` (validation | test) on the current model (collective)."""
-        started = time.perf_counter()
-        queries = [split_query(sample, split) for sample in self._eval_users()]
-        ev = self.cfg.eval
-        result = evaluate(
-            self.engine,
-            queries,
-            self.collate_cfg,
-            ev.num_candidates,
-            ev.k,
-            seed=self.cfg.data.seed,
-            exclude_history=ev.exclude_history,
-        )
-        data = self.cfg.eval.data_path or self.cfg.data.path  # which users: the run's or another window's
-        return {"split": split, **result, "data": data, "seconds": time.perf_counter() - started}
-
-    def _evaluate(self, step: int) -> None:
-        """Score validation (test when eval.validation is off); a new best also scores test on this
-        model and, with checkpoint.dir, saves it as the best checkpoint (``protocol.BestTracker``)."""
-        result = self.score("validation" if self.cfg.eval.validation else "test")
-        improved = self.tracker.offer(step, result)
-        line = {"step": step, "eval": result, "best": improved}
-        if improved:
-            self.tracker.best_test = self.score("test") if self.cfg.eval.validation else result
-            if self.checkpointer is not None:
-                self.tracker.best_checkpoint = step_dir(str(Path(self.cfg.checkpoint.dir) / "best"), step)
-            if self.cfg.eval.validation:  # kept for the final report and for resume
-                line["test_of_best"] = self.tracker.best_test
-                line["best_checkpoint"] = self.tracker.best_checkpoint
-            if self.checkpointer is not None:
-                self._save_best(step, [*self.state.evals, line])
-        if self.rank == 0:
-            self.state.evals.append(line)
-            with self.metrics_file.open("a") as handle:
-                handle.write(json.dumps(line) + "\n")
-
-    def _restore_tracker(self, evals: list[dict[str, Any]]) -> None:
-        """A resumed run continues the best-validation selection from its checkpoint's record (the same
-        file on every rank, so every rank decides alike), whatever ``logging.out_dir`` it writes to."""
-        for line in evals:
-            if self.tracker.offer(line["step"], line["eval"]):
-                self.tracker.best_test = line.get("test_of_best", line["eval"])
-                self.tracker.best_checkpoint = line.get("best_checkpoint")
-        if self.rank == 0:
-            self.state.evals.extend(evals)
-
-    def _save_best(self, step: int, evals: list[dict[str, Any]]) -> str:
-        """The model of the best validation so far, as ``checkpoint.dir/best/step_N`` (older ones removed)."""
-        root = Path(self.cfg.checkpoint.dir) / "best"
-        path = self._save(str(root), step, evals)
-        if self.rank == 0:
-            for old in root.glob("step_*"):
-                if str(old) != path:
-                    shutil.rmtree(old, ignore_errors=True)
-        return path
-
-    def evaluate_checkpoint(self, path: str) -> dict[str, Any]:
-        """``freescale evaluate``: load ``path``'s model (any world size: DCP reshards) and score
-        validation and test without training; rank 0 writes ``evaluation.json`` to ``logging.out_dir``."""
-        if self.checkpointer is None:
-            from freescale.trainer.checkpoint import FreeScaleCheckpointer
-
-            self.checkpointer = FreeScaleCheckpointer(self.engine)
-        step = self.checkpointer.load(path, check_world_size=False)
-        splits = ("validation", "test") if self.cfg.eval.validation else ("test",)
-        report = {"checkpoint": path, "step": step, **{split: self.score(split) for split in splits}}
-        report["ids"] = self.tables.summary()
-        self.engine.close()
-        if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "evaluation.json").write_text(json.dumps(report, indent=1))
-            for split in splits:
-                print(f"{split} @ step {step}: {json.dumps(report[split])}", flush=True)
-        return report
-
-    def _finish(self, start: int, end: int) -> dict[str, Any] | None:
-        evaluated = self.tracker.history and self.tracker.history[-1].step == end  # e.g. stopped early
-        if self.cfg.eval.at_end and self.cfg.eval.max_users and not evaluated:
-            self._evaluate(end)
-        if end > start and self._checkpoint_due(end, end):  # after the final evaluation: its record holds it
-            self._save(self.cfg.checkpoint.dir, end)
-        truncated = torch.tensor([self.state.truncated_events], dtype=torch.int64, device=self.device)
-        dist.all_reduce(truncated)
-        if self.rank != 0:
-            return None
-        records = self.state.gathered
-        steps = bubbles.analyze(records)
-        summary = bubbles.summarize(steps, self.cfg.logging.skip_steps)
-        title = (
-            f"bubbles: engine={self.engine.name} ({self.engine.describe()}), "
-            f"overlap={self.overlap}, transport={self.engine.transport}, data={self.cfg.data.path}"
-        )
-        table = bubbles.summary_table(summary, title)
-        report = {
-            "engine": self.engine.name,
-            "pipeline": self.engine.describe(),
-            "overlap": self.overlap,
-            "balancer": self.choices.balancer,
-            "auto_prediction": self.choices.prediction,
-            "transport": self.engine.transport,
-            "world_size": self.world_size,
-            "config": self.cfg.to_dict(),
-            "summary": summary,
-            "training": self._training_summary(int(truncated.item()), end),
-            "protocol": self.tracker.report(),
-            "evals": self.state.evals,
-            "steps": self.state.step_lines,
-            "rank_steps": [r.parts() for ranks in steps for r in ranks],
-        }
-        (self.out / "bubbles.json").write_text(json.dumps(report, indent=1, default=str))
-        write_trace(self.out / "trace.json", records, self.cfg.logging.trace_steps)
-        first = steps[min(self.cfg.logging.skip_steps, len(steps) - 1)][0].step if steps else 0
-        plot_timeline(self.out / "timeline.png", records, first, self.cfg.logging.timeline_steps, title)
-        text = "\n".join([table, *self._result_lines(report)])
-        (self.out / "summary.txt").write_text(text + "\n")
-        print(text, flush=True)
-        return report
-
-    def _training_summary(self, truncated: int, end: int) -> dict[str, Any]:
-        return {
-            "steps": end,
-            "loss": self.cfg.model_extra.loss,
-            **self.tables.summary(),
-            "max_uih_len": self.cfg.model.max_uih_len,
-            "events_truncated_by_model_max_uih_len": truncated,
-            "holdout": "validation+test" if self.collate_cfg.holdout_events == 2 else "test",
-        }
-
-    def _result_lines(self, report: dict[str, Any]) -> list[str]:
-        """The summary's closing lines: training facts, then validation and test of the best model."""
-        training, best = report["training"], report["protocol"]
-        lines = [
-            f"loss {training['loss']}, ids {training['ids']} ({training['num_items']} item rows), "
-            f"{training['events_truncated_by_model_max_uih_len']} events cut by model.max_uih_len "
-            f"{training['max_uih_len']}",
-            *zch_lines(report["summary"]),
-        ]
-        if best:
-            where = best["best_checkpoint"] or "not saved (set checkpoint.dir to keep it)"
-            stopped = f", stopped early after {best['evaluations']} evaluations" if best["stopped_early"] else ""
-            lines.append(f"best {best['metric']} at step {best['best_step']}{stopped}; best checkpoint: {where}")
-            for split in ("validation", "test"):
-                figures = best["validation"] if split == "validation" and self.cfg.eval.validation else None
-                figures = best["test"] if split == "test" else figures
-                if figures:
-                    metrics = ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if "@" in k)
-                    users = f"{figures['users']} users of {figures.get('data', self.cfg.data.path)}"
-                    lines.append(f"{split}: {metrics} ({users}, {figures['protocol']} ranking)")
-        return lines
-
-
-def device_for(cfg: RunConfig, local_rank: int) -> torch.device:
-    """This rank's device: ``cuda:<local rank>`` (``engine.share_gpus``: modulo the GPUs visible), or the CPU."""
-    if cfg.engine.device != "cuda":
-        return torch.device("cpu")
-    device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count(), cfg.engine.share_gpus))
-    torch.cuda.set_device(device)
-    return device
-
-
-def cuda_index(local_rank: int, visible: int, share: bool) -> int:
-    """The GPU of local rank ``local_rank`` among ``visible`` ones; with ``share`` ranks wrap around."""
-    if visible == 0:
-        raise TrainingError("engine.device is 'cuda' but no CUDA device is visible")
-    if local_rank < visible:
-        return local_rank
-    if share:
-        return local_rank % visible
-    raise TrainingError(
-        f"local rank {local_rank} has no GPU of its own ({visible} visible); set engine.share_gpus = true "
-        "to run several ranks per GPU"
-    )
-
-
-def process_group_options(backend: str, device: torch.device) -> dict[str, Any]:
-    """``init_process_group`` keywords: NCCL binds its communicator to the rank's GPU (``device_id``);
-    gloo, the backend of ranks sharing a GPU, takes CUDA tensors without one."""
-    return {"device_id": device} if backend == "nccl" and device.type == "cuda" else {}
-
-
-def use_deterministic(enabled: bool) -> None:
-    """``engine.deterministic``: kernels that give the same bits on every run (cuBLAS needs a fixed
-    workspace, set before its first use); an op without such a kernel raises instead of varying."""
-    if enabled:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-
 
 def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, Any] | None:
     """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*);
@@ -650,21 +250,3 @@ def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, An
         else:  # a failed rank ends at once: its error line must reach the log before the launcher's SIGTERM
             dist.destroy_process_group()
     return result
-
-
-def release_process_groups() -> None:
-    """Destroy every process group now, with nothing else still holding one, so that the groups'
-    threads are joined while the interpreter is whole.
-
-    Why: TorchRec's sharded modules (sharding env, KJT all-to-alls, device mesh) hold the default
-    group in reference cycles. ``destroy_process_group`` alone only unregistered it: its gloo worker
-    and transport threads, connections and the works holding tensors lived on until the interpreter's
-    finalization destroyed them, in an unspecified order with the interpreter half torn down, and a
-    TorchRec rank aborted there after its run had finished ("terminate called without an active
-    exception", about 1 bench_pec run in 12). With the cycles collected first, the last reference
-    goes with the registry's and the group is destroyed inside ``destroy_process_group``
-    (``tests/trainer/test_rank_exit.py`` checks that no gloo thread reaches interpreter exit).
-    """
-    gc.collect()
-    dist.destroy_process_group()
-    gc.collect()  # anything that held a group only through the registry's cycles

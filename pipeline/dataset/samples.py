@@ -63,7 +63,7 @@ class CollateConfig:
     ) -> CollateConfig:
         """From the run config's ``[model]`` (``ModelConfig``) and ``[model_extra]`` tables: the trainer
         and ``calibrate`` collate the same way. ``tables``: ``item_vocab``/``action_vocab``,
-        ``holdout_events``, ``window_stride`` (``runner.collate_config``)."""
+        ``holdout_events``, ``window_stride`` (``run_data.collate_config``)."""
         return cls(
             num_items=extra.num_items,
             num_actions=extra.num_actions,

@@ -78,7 +78,7 @@ def test_bad_typed_values_name_the_key(item: str, needle: str) -> None:
 
 
 def test_every_command_uses_this_parser() -> None:
-    from freescale.tools.cli import generator_overrides
+    from freescale.tools.commands.generate import generator_overrides
     from freescale.trainer import config
     from freescale.trainer.simulate import sim_report
 

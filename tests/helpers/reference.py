@@ -16,8 +16,9 @@ import torch
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.engine import batch_features, batch_loss, table_specs
-from freescale.trainer.engines.sharded import init_rows, split_features
+from freescale.trainer.engines.jagged_ids import split_features
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer, make_sparse_optimizer
+from freescale.trainer.engines.table_layout import init_rows
 from freescale.trainer.model.transducer import SequentialTransducer
 
 

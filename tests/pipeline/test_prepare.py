@@ -111,10 +111,11 @@ def test_many_parts_and_buckets_hold_the_same_samples(tiny_sources, prepared, tm
     from streaming import StreamingDataset
 
     from freescale.pipeline import prepare as prepare_module
+    from freescale.pipeline import prepare_phases
     from freescale.pipeline.steps import writer
 
     monkeypatch.setattr(writer, "PART_SIZE", 7)
-    monkeypatch.setattr(prepare_module, "PART_SIZE", 7)
+    monkeypatch.setattr(prepare_phases, "PART_SIZE", 7)
     job = prepare_module.PrepareJob(make_config(tiny_sources, str(tmp_path / "many"), workers=1))
     monkeypatch.setattr(job, "_bucket_size", lambda plan: 3)
     manifest = job.run()

@@ -612,13 +612,13 @@ def test_s3_output_left_by_a_killed_job_is_resumed_not_refused(tiny_sources, s3_
 def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatch) -> None:
     """A job stopped after its first part was written (marker set), re-run with --overwrite: the
     first part's marker must not make the rerun skip a part it no longer has."""
-    from freescale.pipeline import prepare as prepare_module
+    from freescale.pipeline import prepare_phases
     from freescale.pipeline.steps import writer
 
     monkeypatch.setattr(writer, "PART_SIZE", 7)
-    monkeypatch.setattr(prepare_module, "PART_SIZE", 7)
+    monkeypatch.setattr(prepare_phases, "PART_SIZE", 7)
     reference = prepare(make_config(tiny_sources, str(tmp_path / "reference")))
-    real_write_part = prepare_module.write_part
+    real_write_part = prepare_phases.write_part
 
     def write_one_part_then_die(*args):
         written = real_write_part(*args)
@@ -626,11 +626,11 @@ def test_overwrite_after_a_kill_between_parts(tiny_sources, tmp_path, monkeypatc
             raise KeyboardInterrupt  # killed right after part 1 was marked written
         return written
 
-    monkeypatch.setattr(prepare_module, "write_part", write_one_part_then_die)
+    monkeypatch.setattr(prepare_phases, "write_part", write_one_part_then_die)
     out = str(tmp_path / "ds")
     with pytest.raises(KeyboardInterrupt):
         prepare(make_config(tiny_sources, out, overwrite=True))
-    monkeypatch.setattr(prepare_module, "write_part", real_write_part)
+    monkeypatch.setattr(prepare_phases, "write_part", real_write_part)
     assert prepare(make_config(tiny_sources, out, overwrite=True)) == reference
     assert output_files(out) == output_files(str(tmp_path / "reference"))
 

@@ -18,7 +18,8 @@ from freescale.trainer.config import EngineConfig, RunConfig
 from freescale.trainer.engines.overlap import CommWorker
 from freescale.trainer.launch import check_cuda_devices
 from freescale.trainer.metrics.instrument import StepTimer
-from freescale.trainer.runner import TrainingError, cuda_index, process_group_options, use_deterministic
+from freescale.trainer.rank_process import cuda_index, process_group_options, use_deterministic
+from freescale.trainer.runner import TrainingError
 
 
 def run_config(**engine: object) -> RunConfig:

@@ -90,7 +90,8 @@ def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> No
 
     from freescale.trainer.config import RunConfig
     from freescale.trainer.data.batches import collate
-    from freescale.trainer.runner import run_tables, step_seed
+    from freescale.trainer.run_data import run_tables
+    from freescale.trainer.runner import step_seed
 
     dataset = PreparedDataset(tiny_dataset)
     cfg, _, collate_cfg = run_tables(RunConfig.from_toml(run_a["config"]), dataset)  # tables sized as the run's

@@ -130,7 +130,8 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> 
 @pytest.mark.parametrize("overlap", ["none", "pec"])
 def test_nonfinite_step_updates_nothing(one_rank_group, overlap: str) -> None:
     from freescale.trainer.data.batches import collate
-    from freescale.trainer.runner import collate_config, make_engine
+    from freescale.trainer.run_data import collate_config
+    from freescale.trainer.runner import make_engine
 
     cfg = tiny_run_config(overlap, temperature=1e-45)  # logits overflow: the loss is NaN/inf
     engine = make_engine(cfg, 0, 1, torch.device("cpu"), cfg.engine.overlap)

@@ -1,4 +1,4 @@
-"""The runner's choices (trainer/runner.py): ``overlap_choice``."""
+"""The runner's choices (trainer/engine_choices.py): ``overlap_choice``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,6 @@ import pytest
 def test_auto_overlap_is_pec_where_its_thread_has_room(
     requested: str, device: str, cores: int, threads: int, expected: str
 ) -> None:
-    from freescale.trainer.runner import overlap_choice
+    from freescale.trainer.engine_choices import overlap_choice
 
     assert overlap_choice(requested, device, cores, threads) == expected

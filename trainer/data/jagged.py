@@ -50,7 +50,7 @@ class JaggedLayout:
     from them (length groups, per-position sample and position). It holds no values: the flat
     ``[N, d]`` tensors travel beside it. Two other jagged containers differ in meaning and stay
     separate: ``kernels.dispatch.JaggedRows`` is a payload of per-sample rows that moves between
-    ranks as units (values, lengths, optional dense/labels), and ``sharded.JaggedIds`` holds ids
+    ranks as units (values, lengths, optional dense/labels), and ``jagged_ids.JaggedIds`` holds ids
     keyed by feature with lengths per *key* (TorchRec's ``KeyedJaggedTensor`` subset the tables read).
     """
 

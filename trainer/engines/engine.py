@@ -40,8 +40,11 @@ from freescale.trainer.checkpoint import FreeScaleCheckpointer
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.comm import TimedHandle, TimedTransport, build_transport, ranks_per_node
-from freescale.trainer.engines.sharded import DistContext, JaggedIds, PendingInputDist, RowWiseShardedTables, TableSpec
+from freescale.trainer.engines.input_dist import DistContext, PendingInputDist
+from freescale.trainer.engines.jagged_ids import JaggedIds
+from freescale.trainer.engines.sharded import RowWiseShardedTables
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
+from freescale.trainer.engines.table_layout import TableSpec
 from freescale.trainer.engines.zch_shard import item_zch_config
 from freescale.trainer.metrics.instrument import StepTimer
 from freescale.trainer.model.transducer import SequentialTransducer, sampled_softmax_loss

@@ -72,8 +72,8 @@ from freescale.trainer.data.batches import Batch
 from freescale.trainer.data.jagged import build_layout
 from freescale.trainer.engines.balancer import imbalance, place_samples, rank_loads
 from freescale.trainer.engines.engine import FreeScaleEngine
+from freescale.trainer.engines.input_dist import DistContext
 from freescale.trainer.engines.pec import PECEngine
-from freescale.trainer.engines.sharded import DistContext
 from freescale.trainer.model.transducer import sampled_softmax_terms
 
 

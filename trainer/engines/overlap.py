@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from freescale.trainer.engines.comm import SideSeconds, TimedTransport, build_transport
-from freescale.trainer.engines.sharded import DistContext, RowWiseShardedTables, source_ranks
+from freescale.trainer.engines.input_dist import DistContext, source_ranks
+from freescale.trainer.engines.sharded import RowWiseShardedTables
 
 
 def segment_counts(mask: torch.Tensor, splits: list[int]) -> list[int]:

@@ -62,8 +62,8 @@ from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.comm import ranks_per_node
 from freescale.trainer.engines.engine import FreeScaleEngine, has_nonfinite
+from freescale.trainer.engines.input_dist import DistContext
 from freescale.trainer.engines.overlap import CommWorker, OverlapMasks, adopt, masked_all_to_all, prefetch_exchange
-from freescale.trainer.engines.sharded import DistContext
 from freescale.trainer.engines.sparse_optim import sum_by_row
 
 MAX_RANKS = 63  # readers of a row travel as an int64 bitmask

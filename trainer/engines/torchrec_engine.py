@@ -43,8 +43,8 @@ from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.engine import batch_loss, batch_queries, table_specs
 from freescale.trainer.engines.kjt import batch_to_kjt
-from freescale.trainer.engines.sharded import init_rows
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
+from freescale.trainer.engines.table_layout import init_rows
 from freescale.trainer.metrics.instrument import StageSpan, StepTimer
 from freescale.trainer.model.transducer import SequentialTransducer
 
@@ -379,7 +379,7 @@ class TorchRecEngine:
 
     def close(self) -> None:
         """Nothing left to release after ``finish_training``. The sharded modules keep the default
-        process group in reference cycles: ``runner.release_process_groups`` collects them before it
+        process group in reference cycles: ``rank_process.release_process_groups`` collects them before it
         destroys the groups, so no gloo thread is left to interpreter exit."""
         self.finish_training()
 

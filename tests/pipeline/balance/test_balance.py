@@ -374,7 +374,8 @@ def test_straggler_floor_bounds_every_plan() -> None:
 
 def test_prepare_flag_sets_free_outliers() -> None:
     """``freescale prepare --free-outliers off`` reaches the planner; the default is auto."""
-    from freescale.tools.cli import build_parser, prepare_config_from_args
+    from freescale.tools.cli import build_parser
+    from freescale.tools.commands.prepare import prepare_config_from_args
 
     base = ["prepare", "--sources", "s.toml", "--output", "out"]
     args = build_parser().parse_args(base)

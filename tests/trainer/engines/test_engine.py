@@ -12,7 +12,7 @@ from freescale.model_config import ModelConfig
 from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.batches import collate
 from freescale.trainer.engines.engine import batch_features, batch_loss
-from freescale.trainer.engines.sharded import split_features
+from freescale.trainer.engines.jagged_ids import split_features
 from freescale.trainer.model.transducer import SequentialTransducer
 
 

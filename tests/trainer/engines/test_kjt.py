@@ -8,7 +8,7 @@ from trainer_samples import collate_cfg, make_samples
 
 from freescale.trainer.data.batches import collate
 from freescale.trainer.engines.engine import batch_features
-from freescale.trainer.engines.sharded import split_features
+from freescale.trainer.engines.jagged_ids import split_features
 
 
 def test_sharded_tables_read_torchrec_keyed_jagged_tensors() -> None:

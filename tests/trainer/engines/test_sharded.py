@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from freescale.trainer.engines.sharded import append_notes, init_rows, shard_bounds, split_notes
+from freescale.trainer.engines.input_dist import append_notes, split_notes
+from freescale.trainer.engines.table_layout import init_rows, shard_bounds
 
 
 def test_table_shards_concatenate_to_the_whole_table() -> None:

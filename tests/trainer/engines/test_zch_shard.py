@@ -16,7 +16,7 @@ from online_check import OnlineCase, differences, train_online_modes
 from pec_check import OverlapCase, RankPool, mismatches, train_case
 
 from freescale.kernels.zch_rows import hashed_uniform
-from freescale.trainer.engines.sharded import JaggedIds
+from freescale.trainer.engines.jagged_ids import JaggedIds
 from freescale.trainer.runner import make_engine
 
 ZCH = {"zch_size": 8, "zch_bucket_size": 8, "zch_max_probe": 8}  # one bucket: 8 ids fill it, the 9th evicts

@@ -1,5 +1,5 @@
 """``engine.overlap = "auto"`` / ``engine.balancer = "auto"`` decided by the simulator's prediction
-(trainer/simulate/auto.py, ``runner.resolve_choices``)."""
+(trainer/simulate/auto.py, ``engine_choices.resolve_choices``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from train_cli import prepare_tiny, run_toml, train
 from freescale.model_config import ModelConfig
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.trainer.config import DataConfig, EngineConfig, RunConfig
-from freescale.trainer.runner import Choices, resolve_choices
+from freescale.trainer.engine_choices import Choices, resolve_choices
 from freescale.trainer.simulate.auto import Probe, batch_overlap_rate, predict, probe
 from freescale.trainer.simulate.sim_config import HardwareProfile
 
