@@ -30,7 +30,7 @@ mode its CPU kernel runs (training mode raises on CPU: recorded), on the same id
 empty tables, and tables full of other ids (every probe runs ``max_probe`` slots and falls back);
 ours also on a table that holds the queried ids (hits) and inserting (training mode).
 
-    python benchmarks/bench_zch.py            # ~15 minutes on 2 shared cores
+    python benchmarks/bench_zch.py            # 32 minutes on this project's shared 2-core host
     python benchmarks/bench_zch.py --quick    # smoke run, no result file unless --out
 """
 
@@ -425,6 +425,7 @@ def plot(windows: list[dict[str, Any]], kernel: dict[str, Any] | None, out: Path
             ax.plot(xs, [scale * w[arm][key] for w in windows if arm in w], marker=marker, label=arm)
     axes[0].axhline(0.5, color="grey", ls=":", label="zch target 0.5%")
     axes[0].set(title="collision rate (% of lookups)", xlabel="training window", yscale="symlog")
+    axes[0].set_ylim(bottom=0)
     axes[1].set(title="NDCG@10 on the next window", xlabel="training window")
     axes[2].set(title="samples/s", xlabel="training window")
     for ax in axes[:3]:
