@@ -31,6 +31,7 @@ bench: setup
 	$(PY) benchmarks/bench_online.py
 	$(PY) benchmarks/bench_simulate.py
 	$(PY) benchmarks/bench_quality.py
+	$(PY) benchmarks/bench_zch.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache .ruff_cache

@@ -1,0 +1,535 @@
+"""Zero-collision ids (``model_extra.ids = "zch"``) on a stream with id churn, window by window:
+collision rate, occupancy, next-window NDCG@10 / HR@10 and samples/s of three arms with the same data,
+model and steps, then the probe kernel alone against TorchRec's ``HashZchManagedCollisionModule``.
+
+The stream: ``freescale generate`` with item churn (``item_lifetime_days`` equal to the window, so
+each window holds about twice the items alive at any instant) and user churn, item ids read as strings
+(``id_types.item = "string"``: 63-bit hashed ids, as production ids are; the generator's own ids
+are consecutive integers, which a modulo folds without collision inside any range shorter than the
+table), cut into one prepared dataset per day (``prepare --time-window 1d --time-range``). Arms, each
+one run continued window after window (``checkpoint.continue_on_new_data``), trained on window t and
+evaluated on window t+1's users (``eval.data_path``, leave-one-out on the last event, full ranking):
+
+* ``oracle``: a row for every id of the whole stream. A zch table of 1.5x the stream's distinct items
+  whose probe covers the whole bucket (``zch_max_probe = zch_bucket_size``): an id keeps its row
+  for the whole run, nothing is evicted or shared (the JSON has its measured evictions and collisions,
+  which must be 0). ``ids = "exact"`` itself cannot continue across windows (each window's dataset has
+  its own vocabulary, refused by design), so the exact vocabulary of the whole stream is this table.
+* ``hashed``: raw id modulo ``rows``; ``zch``: a zch table of ``rows`` slots (lru, 64-row buckets,
+  16 probes). ``rows`` = 1.25x the peak live item count (the most distinct items of one window),
+  rounded up to whole buckets. Same rows for both.
+
+Step time: ``hashed`` maps raw ids to rows in the loader as ``ids = "exact"`` does, with no identity
+table, so it is the exact-id path at the same rows; zch's target is against it (and the oracle's is
+printed too). Collision rates: zch and the oracle from the run's own counters (trained lookups,
+negatives included); ``hashed`` from every item event of the window (a lookup collides when another
+item of the same window has its row).
+
+Kernel: ``ZchTable.lookup(train=False)`` against TorchRec's ``remap`` in eval (read-only) mode, the only
+mode its CPU kernel runs (training mode raises on CPU: recorded), on the same ids and table shape:
+empty tables, and tables full of other ids (every probe runs ``max_probe`` slots and falls back);
+ours also on a table that holds the queried ids (hits) and inserting (training mode).
+
+    python benchmarks/bench_zch.py            # 32 minutes on this project's shared 2-core host
+    python benchmarks/bench_zch.py --quick    # smoke run, no result file unless --out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from measure import FREESCALE, Points, describe
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_zch.json"
+ARMS = ("oracle", "hashed", "zch")
+DAY_S = 86_400
+
+
+@dataclass
+class Settings:
+    # the stream
+    n_users: int = 32_000
+    n_items: int = 36_000  # items alive at any instant (slots)
+    item_lifetime_days: float = 1.0  # = the window: a window holds about 2 x n_items distinct items
+    user_lifetime_days: float = 1.0
+    windows: int = 7  # days; trained on windows 0..windows-2, each evaluated on the next
+    median: float = 60.0
+    sigma: float = 0.9
+    zipf: float = 0.9
+    markov_prob: float = 0.6
+    # the model and its training
+    max_uih_len: int = 30
+    micro_batch_size: int = 32
+    steps_per_window: int = 40  # a subsample of the window's users (steps x micro_batch_size samples)
+    eval_users: int = 400  # next-window users evaluated (leave-one-out, last event)
+    d_model: int = 32
+    num_layers: int = 1
+    num_heads: int = 2
+    num_negatives: int = 128
+    inbatch_negatives: int = 32
+    dense_lr: float = 0.005
+    sparse_lr: float = 0.1
+    threads: int = 2
+    # the tables
+    rows_factor: float = 1.25  # hashed / zch rows = this x the peak live item count
+    oracle_factor: float = 1.5  # oracle slots = this x the stream's distinct items
+    bucket_size: int = 64
+    max_probe: int = 16
+    policy: str = "lru"
+    # the kernel
+    kernel_slots: int = 65_536
+    kernel_batches: tuple[int, ...] = (8_192, 65_536)
+    kernel_repeats: int = 15
+    seed: int = 0
+
+
+QUICK = Settings(n_users=300, n_items=300, windows=3, median=15.0, steps_per_window=3, eval_users=30,
+                 kernel_slots=4_096, kernel_batches=(1_024,), kernel_repeats=3)  # fmt: skip
+
+
+# ---------------------------------------------------------------- the stream
+
+
+def make_stream(s: Settings, work: Path) -> list[str]:
+    """Generate the churned stream, read item ids as strings (63-bit hashed), prepare one dataset per day."""
+    from freescale.datasets.presets import preset
+    from freescale.datasets.synthetic import generate
+    from freescale.pipeline.balance import BalanceConfig
+    from freescale.pipeline.config import PrepareConfig, SampleConfig
+    from freescale.pipeline.time_windows import prepare_windows
+
+    config = preset("demo", n_users=s.n_users, n_items=s.n_items, median=s.median, sigma=s.sigma,
+                    max_len=400, zipf=s.zipf, markov_prob=s.markov_prob, window_days=float(s.windows),
+                    item_lifetime_days=s.item_lifetime_days, user_lifetime_days=s.user_lifetime_days,
+                    click_files=2, purchase_files=1, seed=s.seed)  # fmt: skip
+    generate(config, str(work / "sources"))
+    sources = work / "sources" / "sources.toml"
+    hashed = work / "sources" / "sources_hashed_items.toml"
+    hashed.write_text(sources.read_text().replace("[sources.columns]", '[sources.id_types]\nitem = "string"\n\n'
+                                                                         "[sources.columns]"))  # fmt: skip
+    start = config.start_time
+    index = prepare_windows(
+        PrepareConfig(
+            sources=str(hashed),
+            output=str(work / "windows"),
+            samples=SampleConfig(max_uih_len=s.max_uih_len),
+            balance=BalanceConfig(group_size=1, micro_batch_size=s.micro_batch_size, seed=s.seed),
+            workers=1,
+            progress=False,
+            overwrite=True,
+            time_range=(start, start + s.windows * DAY_S),
+        ),
+        DAY_S,
+    )
+    return index.datasets(str(work / "windows"))
+
+
+def window_items(path: str) -> np.ndarray:
+    """Every item event (raw id) of a prepared window, in sample order."""
+    from freescale.pipeline.dataset.reader import PreparedDataset
+
+    dataset = PreparedDataset(path)
+    parts = [np.asarray(sample["item_ids"], dtype=np.int64)
+             for i in range(dataset.n_micro_batches) for sample in dataset.micro_batch(i)]  # fmt: skip
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def round_up(value: float, multiple: int) -> int:
+    return int(-(-int(np.ceil(value)) // multiple) * multiple)
+
+
+def table_sizes(distinct_per_window: list[int], stream_distinct: int, s: Settings) -> dict[str, int]:
+    """Rows of each arm: hashed and zch 1.25x the peak live item count (whole buckets), the oracle 1.5x
+    the stream's distinct items."""
+    peak = max(distinct_per_window)
+    rows = round_up(s.rows_factor * peak, s.bucket_size)
+    return {"peak_live_items": peak, "rows": rows,
+            "oracle_rows": round_up(s.oracle_factor * stream_distinct, s.bucket_size)}  # fmt: skip
+
+
+def modulo_collisions(items: np.ndarray, rows: int, earlier_rows: np.ndarray | None = None) -> dict[str, Any]:
+    """``raw id % rows`` on one window's item events: the share of lookups whose row another item of the
+    window also uses (``collision_rate``), the share of rows used (``occupancy``), the share of the
+    window's distinct items sharing a row, and (``earlier_rows``: rows used by earlier windows) the
+    share of lookups landing on a row an earlier window's items trained."""
+    ids, counts = np.unique(items, return_counts=True)
+    row = ids % rows
+    per_row = np.bincount(row, minlength=rows)
+    shared = per_row[row] > 1
+    lookups = int(counts.sum())
+    result = {
+        "lookups": lookups,
+        "collision_rate": float(counts[shared].sum() / lookups) if lookups else 0.0,
+        "items_sharing_a_row": float(shared.mean()) if len(ids) else 0.0,
+        "occupancy": float((per_row > 0).sum() / rows),
+        "distinct_items": len(ids),
+    }
+    if earlier_rows is not None:
+        result["stale_row_rate"] = float(counts[earlier_rows[row]].sum() / lookups) if lookups else 0.0
+    return result
+
+
+# ---------------------------------------------------------------- training
+
+
+def arm_ids(arm: str, sizes: dict[str, int], s: Settings) -> dict[str, Any]:
+    if arm == "hashed":
+        return {"ids": "hashed", "num_items": sizes["rows"]}
+    if arm == "zch":
+        return {"ids": "zch", "zch_size": sizes["rows"], "zch_bucket_size": s.bucket_size,
+                "zch_max_probe": s.max_probe, "zch_policy": s.policy}  # fmt: skip
+    return {"ids": "zch", "zch_size": sizes["oracle_rows"], "zch_bucket_size": s.bucket_size,
+            "zch_max_probe": s.bucket_size, "zch_policy": s.policy}  # fmt: skip
+
+
+def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: dict[str, int], s: Settings) -> str:
+    from freescale.trainer.config import write_run_toml
+
+    checkpoint: dict[str, Any] = {"dir": str(work / arm / "ckpt")}
+    if window:
+        checkpoint |= {"resume": "latest", "continue_on_new_data": True}
+    tables = {
+        "model": {"d_model": s.d_model, "num_layers": s.num_layers, "num_heads": s.num_heads,
+                  "num_negatives": s.num_negatives, "max_uih_len": s.max_uih_len},
+        "model_extra": {"architecture": "hstu", "loss": "sampled_softmax", "inbatch_negatives": s.inbatch_negatives,
+                        **arm_ids(arm, sizes, s)},
+        "data": {"path": datasets[window], "max_steps": s.steps_per_window, "seed": s.seed},
+        "optimizer": {"dense_lr": s.dense_lr, "sparse_lr": s.sparse_lr},
+        "engine": {"threads": s.threads, "seed": s.seed},
+        "eval": {"k": 10, "max_users": s.eval_users, "validation": False, "data_path": datasets[window + 1]},
+        "checkpoint": checkpoint,
+        "logging": {"out_dir": str(work / arm / f"w{window}"), "log_every": 10, "progress": False},
+    }  # fmt: skip
+    return write_run_toml(work / arm / f"w{window}.toml", tables)
+
+
+def train_window(work: Path, arm: str, window: int, datasets: list[str], sizes: dict[str, int],
+                 s: Settings) -> dict[str, Any]:  # fmt: skip
+    """One arm trained on ``window`` (continuing its run) and evaluated on the next window: its row."""
+    (work / arm).mkdir(parents=True, exist_ok=True)
+    config = write_config(work, arm, window, datasets, sizes, s)
+    start = time.perf_counter()
+    result = subprocess.run([*FREESCALE, "train", "--config", config, "--nproc", "1"], cwd=work,
+                            capture_output=True, text=True)  # fmt: skip
+    if result.returncode:
+        raise RuntimeError(f"{arm} window {window} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    report = json.loads((work / arm / f"w{window}" / "bubbles.json").read_text())
+    summary, test = report["summary"], report["protocol"]["test"]
+    row = {
+        "arm": arm,
+        "window": window,
+        "evaluated_on": window + 1,
+        "seconds": time.perf_counter() - start,
+        "steps": summary["steps"],
+        "step_ms": summary["step_ms"],
+        "samples_per_s": summary["samples_per_s"],
+        "stage_ms": summary.get("stage_ms"),
+        "ndcg@10": test["ndcg@10"],
+        "hr@10": test["hr@10"],
+        "eval_users": test["users"],
+    }
+    zch = summary.get("zch", {}).get("item")
+    if zch is not None:
+        row["zch"] = zch
+        row["collision_rate"] = zch["collision_rate"]
+        row["occupancy"] = zch["occupancy"]
+    return row
+
+
+# ---------------------------------------------------------------- the kernel alone
+
+
+def time_call(fn: Any, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_inserts(config: Any, ids: Any, repeats: int) -> float:
+    """Median seconds of a training lookup of ``ids`` into a fresh empty table (every id inserts)."""
+    from freescale.kernels.zch import ZchTable
+
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        table = ZchTable(config)
+        t0 = time.perf_counter()
+        table.lookup(ids, train=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def kernel_point(s: Settings) -> dict[str, Any]:
+    """``ZchTable.lookup`` against TorchRec's ``HashZchManagedCollisionModule.remap`` on CPU."""
+    import torch
+
+    from freescale.kernels.zch import ZchConfig, ZchTable
+
+    torch.manual_seed(s.seed)
+    slots, buckets = s.kernel_slots, s.kernel_slots // s.bucket_size
+    config = ZchConfig(zch_size=slots, bucket_size=s.bucket_size, max_probe=s.max_probe, policy="lru")
+    gen = torch.Generator().manual_seed(s.seed)
+
+    def random_ids(n: int) -> torch.Tensor:
+        return torch.randint(0, 2**62, (n,), dtype=torch.int64, generator=gen)
+
+    empty = ZchTable(config)
+    full = ZchTable(config)
+    for _ in range(4):  # fill with other ids: every slot held (lru evicts once a probe window is full)
+        full.lookup(random_ids(slots), train=True)
+    holding = ZchTable(config)
+    held = random_ids(int(0.75 * slots))
+    holding.lookup(held, train=True)
+    result: dict[str, Any] = {"slots": slots, "bucket_size": s.bucket_size, "max_probe": s.max_probe,
+                              "threads": torch.get_num_threads(), "occupancy_full": full.occupancy(),
+                              "occupancy_holding": holding.occupancy(), "rows": []}  # fmt: skip
+    try:
+        from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+        from torchrec.sparse.jagged_tensor import JaggedTensor
+
+        def torchrec_module(fill: bool) -> Any:
+            module = HashZchManagedCollisionModule(zch_size=slots, device=torch.device("cpu"),
+                                                   total_num_buckets=buckets, max_probe=s.max_probe)  # fmt: skip
+            if fill:
+                module._hash_zch_identities.data.copy_(random_ids(slots).view(-1, 1))
+            return module.eval()
+
+        tr_empty, tr_full = torchrec_module(False), torchrec_module(True)
+        probe = tr_empty.train()
+        try:
+            probe.remap({"item": JaggedTensor(values=random_ids(16), lengths=torch.tensor([16]))})
+            result["torchrec_train_mode_cpu"] = "ran"
+        except Exception as error:  # the CPU kernel is read-only
+            result["torchrec_train_mode_cpu"] = describe(error, 400)
+        tr_empty.eval()
+        result["torchrec_error"] = None
+    except Exception as error:
+        tr_empty = tr_full = None
+        result["torchrec_error"] = describe(error, 1000)
+    for n in s.kernel_batches:
+        queries = random_ids(n)
+        hits = held[torch.randint(0, len(held), (n,), generator=gen)]
+        row: dict[str, Any] = {"ids": n}
+        row["ours_empty_s"] = time_call(lambda q=queries: empty.lookup(q, train=False), s.kernel_repeats)
+        row["ours_full_miss_s"] = time_call(lambda q=queries: full.lookup(q, train=False), s.kernel_repeats)
+        row["ours_hits_s"] = time_call(lambda q=hits: holding.lookup(q, train=False), s.kernel_repeats)
+        row["ours_insert_s"] = time_inserts(config, queries, s.kernel_repeats)
+        if tr_empty is not None:
+            feature = {"item": JaggedTensor(values=queries, lengths=torch.tensor([n]))}
+            row["torchrec_empty_s"] = time_call(lambda f=feature: tr_empty.remap(f), s.kernel_repeats)
+            row["torchrec_full_miss_s"] = time_call(lambda f=feature: tr_full.remap(f), s.kernel_repeats)
+            row["ours_over_torchrec_empty"] = row["ours_empty_s"] / row["torchrec_empty_s"]
+            row["ours_over_torchrec_full_miss"] = row["ours_full_miss_s"] / row["torchrec_full_miss_s"]
+        row["million_ids_per_s"] = {k[:-2]: n / v / 1e6 for k, v in row.items() if k.endswith("_s")}
+        result["rows"].append(row)
+    return result
+
+
+# ---------------------------------------------------------------- the report
+
+
+def targets(windows: list[dict[str, Any]], kernel: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The issue's targets from the per-window rows (``{"window": t, "oracle": row, "hashed": row, "zch": row}``)."""
+    goals: dict[str, dict[str, Any]] = {}
+    zch_rates = [w["zch"]["collision_rate"] for w in windows if "zch" in w]
+    goals["zch collision rate <= 0.5% of lookups in every window"] = {
+        "per_window": zch_rates, "worst": max(zch_rates) if zch_rates else None,
+        "target_met": bool(zch_rates) and max(zch_rates) <= 0.005,
+    }  # fmt: skip
+    full = [w for w in windows if all(arm in w for arm in ARMS)]
+
+    def mean(arm: str, key: str) -> float | None:
+        return float(np.mean([w[arm][key] for w in full])) if full else None
+
+    z, o, h = mean("zch", "ndcg@10"), mean("oracle", "ndcg@10"), mean("hashed", "ndcg@10")
+    goals["zch NDCG@10 within 3% of the oracle (mean over windows)"] = {
+        "zch": z, "oracle": o, "ratio": z / o if z is not None and o else None,
+        "per_window_ratio": [w["zch"]["ndcg@10"] / w["oracle"]["ndcg@10"] if w["oracle"]["ndcg@10"] else None
+                             for w in full],
+        "target_met": bool(o) and z is not None and z >= 0.97 * o,  # an oracle at 0 measured nothing
+    }  # fmt: skip
+    goals["zch NDCG@10 >= 5% above hashed at the same rows (mean over windows)"] = {
+        "zch": z, "hashed": h, "ratio": z / h if z is not None and h else None,
+        "per_window_ratio": [w["zch"]["ndcg@10"] / w["hashed"]["ndcg@10"] if w["hashed"]["ndcg@10"] else None
+                             for w in full],
+        "target_met": bool(z) and h is not None and z >= 1.05 * h,
+    }  # fmt: skip
+    ratios = [w["zch"]["step_ms"] / w["hashed"]["step_ms"] for w in full]
+    goals["zch step time <= 1.1x exact ids (hashed: no identity table, same rows; median over windows)"] = {
+        "per_window_ratio": ratios, "ratio": statistics.median(ratios) if ratios else None,
+        "zch_over_oracle_per_window": [w["zch"]["step_ms"] / w["oracle"]["step_ms"] for w in full],
+        "target_met": bool(ratios) and statistics.median(ratios) <= 1.1,
+    }  # fmt: skip
+    return goals
+
+
+def print_windows(windows: list[dict[str, Any]]) -> None:
+    print(f"{'window':>6} {'arm':7} {'collision':>9} {'occupancy':>9} {'ndcg@10':>8} {'hr@10':>7} {'samples/s':>9} "
+          f"{'ms/step':>8} {'ndcg/oracle':>11} {'ms/hashed':>9}")  # fmt: skip
+    for w in windows:
+        for arm in ARMS:
+            r = w.get(arm)
+            if r is None:
+                print(f"{w['window']:>6} {arm:7} {'failed':>9}")
+                continue
+            oracle, hashed = w.get("oracle"), w.get("hashed")
+            vs_oracle = r["ndcg@10"] / oracle["ndcg@10"] if oracle and oracle["ndcg@10"] else float("nan")
+            vs_hashed = r["step_ms"] / hashed["step_ms"] if hashed else float("nan")
+            print(f"{w['window']:>6} {arm:7} {100 * r['collision_rate']:8.3f}% {r['occupancy']:9.3f} "
+                  f"{r['ndcg@10']:8.4f} {r['hr@10']:7.4f} {r['samples_per_s']:9.1f} {r['step_ms']:8.1f} "
+                  f"{vs_oracle:11.3f} {vs_hashed:9.3f}")  # fmt: skip
+
+
+def timings(row: dict[str, Any]) -> dict[str, float]:
+    """A kernel row's median seconds per call (``ours_empty_s``, ...), without its rates."""
+    return {k: v for k, v in row.items() if k.endswith("_s") and isinstance(v, float)}
+
+
+def print_kernel(kernel: dict[str, Any]) -> None:
+    print(f"kernel: {kernel['slots']} slots, buckets of {kernel['bucket_size']}, max_probe {kernel['max_probe']}, "
+          f"{kernel['threads']} threads (median ms per call)")  # fmt: skip
+    for row in kernel["rows"]:
+        cells = ", ".join(f"{k[:-2]} {1e3 * v:.2f}" for k, v in timings(row).items())
+        print(f"  {row['ids']:>7} ids: {cells}")
+    if kernel.get("torchrec_error"):
+        print(f"  TorchRec did not run: {kernel['torchrec_error'][:300]}")
+
+
+def plot(windows: list[dict[str, Any]], kernel: dict[str, Any] | None, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    for arm, marker in zip(ARMS, "os^", strict=True):
+        xs = [w["window"] for w in windows if arm in w]
+        panels = ((axes[0], "collision_rate", 100), (axes[1], "ndcg@10", 1), (axes[2], "samples_per_s", 1))
+        for ax, key, scale in panels:
+            ax.plot(xs, [scale * w[arm][key] for w in windows if arm in w], marker=marker, label=arm)
+    axes[0].axhline(0.5, color="grey", ls=":", label="zch target 0.5%")
+    axes[0].set(title="collision rate (% of lookups)", xlabel="training window", yscale="symlog")
+    axes[0].set_ylim(bottom=0)
+    axes[1].set(title="NDCG@10 on the next window", xlabel="training window")
+    axes[2].set(title="samples/s", xlabel="training window")
+    for ax in axes[:3]:
+        ax.legend(fontsize=8)
+    if kernel and kernel["rows"]:
+        row = kernel["rows"][-1]
+        times = timings(row)
+        axes[3].barh([k[:-2] for k in times], [1e3 * v for v in times.values()])
+        axes[3].set(title=f"probe kernel, {row['ids']} ids (ms per call)", xlabel="ms")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny stream, 3 steps a window (smoke run)")
+    parser.add_argument("--steps", type=int, help="training steps per window (default: Settings)")
+    parser.add_argument("--skip-training", action="store_true", help="only the stream's figures and the kernel")
+    parser.add_argument("--out")
+    parser.add_argument("--work")
+    args = parser.parse_args(argv)
+    s = QUICK if args.quick else Settings()
+    if args.steps:
+        s.steps_per_window = args.steps
+    os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
+    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_zch-") as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"bench_zch: generating and preparing {s.windows} windows into {work}", flush=True)
+        datasets = make_stream(s, work)
+        items = [window_items(path) for path in datasets]
+        distinct = [len(np.unique(w)) for w in items]
+        stream_distinct = len(np.unique(np.concatenate(items)))
+        sizes = table_sizes(distinct, stream_distinct, s)
+        stream = {"windows": len(datasets), "events_per_window": [len(w) for w in items],
+                  "distinct_items_per_window": distinct, "stream_distinct_items": stream_distinct,
+                  "items_alive_at_once": s.n_items, **sizes,
+                  "next_window_items_seen_before": [
+                      float(np.isin(items[t + 1], np.concatenate(items[: t + 1])).mean())
+                      for t in range(len(items) - 1)]}  # fmt: skip
+        hashed_stats, used = [], np.zeros(sizes["rows"], dtype=bool)
+        for w in items:
+            hashed_stats.append(modulo_collisions(w, sizes["rows"], used.copy()))
+            used[np.unique(w % sizes["rows"])] = True
+        print(f"bench_zch: {stream_distinct:,} distinct items over {len(datasets)} windows, peak "
+              f"{sizes['peak_live_items']:,} a window; rows {sizes['rows']:,} (hashed, zch), oracle "
+              f"{sizes['oracle_rows']:,}", flush=True)  # fmt: skip
+        windows: list[dict[str, Any]] = [{"window": t} for t in range(len(datasets) - 1)]
+        kernel: dict[str, Any] = {}
+        broken: set[str] = set()
+
+        def report() -> dict[str, Any]:
+            done = [w for w in windows if any(arm in w for arm in ARMS)]
+            return {
+                "benchmark": "bench_zch",
+                "settings": asdict(s),
+                "note": "training reads the first steps_per_window x micro_batch_size samples of each window (a "
+                "subsample of its users); evaluation: eval_users of the next window, leave-one-out on the last "
+                "event, full ranking over the arm's table rows",
+                "stream": stream,
+                "windows": done,
+                "kernel": kernel or None,
+                "targets": (goals := targets(done, kernel)),
+                "target_met": all(g["target_met"] for g in goals.values()) and not recorder.failed,
+                "wall_s": time.perf_counter() - began,
+                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            }
+
+        recorder = Points("bench_zch", out, report)
+        if not args.skip_training:
+            for t, row in enumerate(windows):  # window-major: the arms of a window run back to back
+                for arm in ARMS:
+                    if arm in broken:
+                        continue
+                    print(f"bench_zch: window {t}, {arm} ({time.perf_counter() - began:.0f} s)", flush=True)
+                    value = recorder.run(f"window {t} {arm}", train_window, work, arm, t, datasets, sizes, s)
+                    if value is None:
+                        broken.add(arm)  # its later windows would continue from an older checkpoint
+                        continue
+                    if arm == "hashed":
+                        value |= {
+                            k: hashed_stats[t][k]
+                            for k in ("collision_rate", "occupancy", "items_sharing_a_row", "stale_row_rate")
+                        }
+                    row[arm] = value
+                    recorder.save()
+        print(f"bench_zch: kernel ({time.perf_counter() - began:.0f} s)", flush=True)
+        recorder.run("kernel", kernel_point, s, keep=kernel.update)
+        result = recorder.save(final=True)
+    print_windows(result["windows"])
+    if kernel:
+        print_kernel(kernel)
+    for name, goal in result["targets"].items():
+        print(f"{'met    ' if goal['target_met'] else 'NOT MET'} {name}")
+    for label in recorder.failed:
+        print(f"FAILED  {label} (see failures in the JSON)")
+    if out is not None:
+        plot(result["windows"], kernel, out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    return recorder.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""bench_zch's own functions, so the benchmark cannot rot without a full run: the modulo arm's
+collision accounting, the arms' table sizes, the targets from per-window rows, and the kernel point
+(ours against TorchRec's read-only module) on a tiny table."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("bench_zch")
+
+
+def test_modulo_collisions_count_lookups_whose_row_another_item_of_the_window_uses(bench) -> None:
+    # rows 10: ids 3 and 13 share row 3 (3 + 1 lookups), 5 is alone (2 lookups), 7 alone (1)
+    items = np.array([3, 3, 3, 13, 5, 5, 7], dtype=np.int64)
+    earlier = np.zeros(10, dtype=bool)
+    earlier[7] = True
+    stats = bench.modulo_collisions(items, 10, earlier)
+    assert stats["lookups"] == 7 and stats["distinct_items"] == 4
+    assert stats["collision_rate"] == pytest.approx(4 / 7)
+    assert stats["items_sharing_a_row"] == pytest.approx(2 / 4)
+    assert stats["occupancy"] == pytest.approx(3 / 10)
+    assert stats["stale_row_rate"] == pytest.approx(1 / 7)
+
+
+def test_table_sizes_are_whole_buckets_of_the_peak_and_of_the_stream(bench) -> None:
+    s = bench.Settings()
+    sizes = bench.table_sizes([35_000, 49_815, 40_000], 216_890, s)
+    assert sizes["peak_live_items"] == 49_815
+    assert sizes["rows"] % s.bucket_size == 0 and 1.25 * 49_815 <= sizes["rows"] < 1.25 * 49_815 + s.bucket_size
+    assert sizes["oracle_rows"] % s.bucket_size == 0 and sizes["oracle_rows"] >= 1.5 * 216_890
+
+
+def _row(ndcg: float, step_ms: float, collision: float = 0.0) -> dict:
+    return {"ndcg@10": ndcg, "hr@10": 2 * ndcg, "step_ms": step_ms, "collision_rate": collision}
+
+
+def test_targets_read_every_window_and_refuse_an_oracle_that_measured_nothing(bench) -> None:
+    windows = [
+        {"window": 0, "oracle": _row(0.10, 100), "hashed": _row(0.08, 100, 0.4), "zch": _row(0.099, 105, 0.001)},
+        {"window": 1, "oracle": _row(0.12, 100), "hashed": _row(0.09, 100, 0.5), "zch": _row(0.118, 108, 0.004)},
+    ]
+    goals = bench.targets(windows, None)
+    assert all(goal["target_met"] for goal in goals.values()), goals
+    windows[1]["zch"]["collision_rate"] = 0.006  # one window over 0.5%
+    windows[0]["zch"]["step_ms"] = windows[1]["zch"]["step_ms"] = 120  # 1.2x the exact-id path
+    goals = bench.targets(windows, None)
+    assert not goals["zch collision rate <= 0.5% of lookups in every window"]["target_met"]
+    assert not next(g for name, g in goals.items() if name.startswith("zch step time"))["target_met"]
+    nothing = [{"window": 0, **{arm: _row(0.0, 100) for arm in bench.ARMS}}]
+    assert not any(goal["target_met"] for name, goal in bench.targets(nothing, None).items() if "NDCG" in name)
+
+
+def test_kernel_point_times_ours_and_torchrec_read_only_on_cpu(bench) -> None:
+    s = bench.Settings(kernel_slots=256, kernel_batches=(64,), kernel_repeats=1)
+    kernel = bench.kernel_point(s)
+    (row,) = kernel["rows"]
+    assert kernel["occupancy_full"] == 1.0 and row["ids"] == 64
+    assert all(row[key] > 0 for key in ("ours_empty_s", "ours_full_miss_s", "ours_hits_s", "ours_insert_s"))
+    if kernel["torchrec_error"] is None:  # torchrec installed: its read-only remap ran, training mode did not
+        assert row["torchrec_empty_s"] > 0 and row["torchrec_full_miss_s"] > 0
+        assert kernel["torchrec_train_mode_cpu"] != "ran"
