@@ -440,11 +440,33 @@ def plot(windows: list[dict[str, Any]], kernel: dict[str, Any] | None, out: Path
     plt.close(fig)
 
 
+def rerun_kernel(out: Path, s: Settings) -> int:
+    """The kernel point alone (after a change to the probe code), written into an existing results file
+    whose windows stay as they were measured; its targets are re-judged with the new kernel figures."""
+    if not out.is_file():
+        raise SystemExit(f"bench_zch --kernel-only: {out} does not exist (run the whole benchmark first)")
+    result = json.loads(out.read_text())
+    began = time.perf_counter()
+    kernel = kernel_point(s)
+    result["kernel"] = kernel
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["kernel_rerun"] = {"wall_s": time.perf_counter() - began, "when": when}
+    result["targets"] = targets(result["windows"], kernel)
+    result["target_met"] = all(g["target_met"] for g in result["targets"].values()) and not result.get("failures")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print_kernel(kernel)
+    plot(result["windows"], kernel, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny stream, 3 steps a window (smoke run)")
     parser.add_argument("--steps", type=int, help="training steps per window (default: Settings)")
     parser.add_argument("--skip-training", action="store_true", help="only the stream's figures and the kernel")
+    keep = "rerun only the kernel point, keeping the windows of the results file (--out)"
+    parser.add_argument("--kernel-only", action="store_true", help=keep)
     parser.add_argument("--out")
     parser.add_argument("--work")
     args = parser.parse_args(argv)
@@ -453,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         s.steps_per_window = args.steps
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    if args.kernel_only:
+        return rerun_kernel(out or RESULTS, s)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_zch-") as tmp:
         work = Path(args.work or tmp)

@@ -182,6 +182,10 @@ class ZchTable:
     def window(self, ids: torch.Tensor) -> torch.Tensor:
         """[n, max_probe] shard slots each id probes, nearest first: its home slot, then onwards, wrapping
         in the bucket. An id of another rank's buckets is an error."""
+        return self._probe_window(*self._locate(ids))
+
+    def _locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shard slot of each id's bucket start, home slot inside the bucket); another rank's id is an error."""
         cfg = self.config
         bucket, home = bucket_and_home(ids, cfg.num_buckets, cfg.bucket_size)
         if self.rank is not None:
@@ -190,8 +194,31 @@ class ZchTable:
                 raise ValueError(
                     f"zch: ids of rank {int(owner[owner != self.rank][0])}'s buckets looked up on rank {self.rank}"
                 )
-        offsets = torch.arange(cfg.max_probe, dtype=torch.int64, device=ids.device)
-        return bucket[:, None] * cfg.bucket_size + (home[:, None] + offsets) % cfg.bucket_size - self.first_slot
+        return bucket * cfg.bucket_size - self.first_slot, home
+
+    def _probe_window(self, base: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
+        """``base + (home + probe) mod bucket_size`` for every probe; home < bucket_size and max_probe <=
+        bucket_size, so one conditional subtraction wraps (cheaper than ``%`` on int64)."""
+        cfg = self.config
+        within = home[:, None] + torch.arange(cfg.max_probe, dtype=torch.int64, device=home.device)
+        within = torch.where(within >= cfg.bucket_size, within - cfg.bucket_size, within)
+        return base[:, None] + within
+
+    def _read(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, hit) of every id, reading only: each id's home slot first (where most ids live), the rest
+        of its window only for the ids not found there; an id absent from its window gets the fallback row."""
+        base, home = self._locate(ids)
+        rows = base + home
+        hit = self.identities.index_select(0, rows) == ids
+        rest = torch.nonzero(~hit).squeeze(1)
+        if rest.numel():
+            window = self._probe_window(base[rest], home[rest])
+            match = take(self.identities, window) == ids[rest, None]
+            found = match.any(dim=1)
+            slot = (window * match).sum(dim=1)  # an id holds one slot at most: the sum is that slot
+            rows[rest] = torch.where(found, slot, self.fallback_row)
+            hit[rest] = found
+        return rows, hit
 
     @torch.no_grad()
     def lookup(self, ids: torch.Tensor, times: torch.Tensor | None = None, *, train: bool = True) -> ZchLookup:
@@ -204,6 +231,12 @@ class ZchTable:
         cfg, device = self.config, self.device
         flat = ids.reshape(-1).to(device=device, dtype=torch.int64)
         n = flat.numel()
+        if not train:  # per id, no deduplication: nothing to insert, count or update
+            rows, hit = self._read(flat)
+            stats = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
+            stats[0], stats[1] = n, hit.sum()
+            stats[4] = n - stats[1]
+            return ZchLookup(rows.reshape(ids.shape), empty_rows(device), stats)
         unique, inverse = torch.unique(flat, return_inverse=True)
         occurrences = torch.bincount(inverse, minlength=unique.numel())
         window = self.window(unique)
@@ -213,9 +246,6 @@ class ZchTable:
         rows = torch.where(hit, hit_slot, self.fallback_row)
         stats = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
         stats[0], stats[1] = n, occurrences[hit].sum()
-        if not train:
-            stats[4] = n - stats[1]
-            return ZchLookup(rows[inverse].reshape(ids.shape), empty_rows(device), stats)
         if cfg.policy == "ttl" and times is None:
             raise ValueError("times: policy 'ttl' needs the event time of every id in training")
 

@@ -69,3 +69,16 @@ def test_kernel_point_times_ours_and_torchrec_read_only_on_cpu(bench) -> None:
     if kernel["torchrec_error"] is None:  # torchrec installed: its read-only remap ran, training mode did not
         assert row["torchrec_empty_s"] > 0 and row["torchrec_full_miss_s"] > 0
         assert kernel["torchrec_train_mode_cpu"] != "ran"
+
+
+def test_kernel_only_rerun_keeps_the_measured_windows(bench, tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "bench_zch.json"
+    windows = [{"window": 0}]
+    out.write_text(json.dumps({"benchmark": "bench_zch", "windows": windows, "kernel": None}))
+    s = bench.Settings(kernel_slots=256, kernel_batches=(64,), kernel_repeats=1)
+    assert bench.rerun_kernel(out, s) == 0
+    result = json.loads(out.read_text())
+    assert result["windows"] == windows and result["kernel"]["rows"][0]["ids"] == 64
+    assert "kernel_rerun" in result and set(result["targets"]) and out.with_suffix(".png").stat().st_size > 0
