@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from freescale.pipeline.dataset.samples import CollateConfig
+from freescale.trainer.engines.engine import ItemShard
 from freescale.trainer.eval.evaluate import evaluate
 
 NUM_ITEMS = 50
@@ -77,8 +78,8 @@ class TableEngine:
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
         return self.table[ids]
 
-    def local_item_rows(self) -> tuple[int, torch.Tensor]:
-        return 0, self.table
+    def local_item_rows(self) -> ItemShard:
+        return ItemShard(0, self.table)
 
 
 def run_eval(table: torch.Tensor, query: str, num_candidates: int) -> dict[str, Any]:

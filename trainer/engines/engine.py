@@ -28,6 +28,7 @@ updates together (``self.nonfinite``); the runner then stops the run or counts a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
@@ -56,6 +57,17 @@ class Checkpointer(Protocol):
     def save(self, root: str, step: int) -> str: ...
 
     def load(self, path: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class ItemShard:
+    """This rank's shard of the item table for full-catalogue ranking: global row of its first row, the
+    rows, and which rows stand for an item (None: all). A zero-collision table's empty slots and fallback
+    row stand for no item: ranking a target against them would count phantom candidates."""
+
+    first_row: int
+    rows: torch.Tensor
+    is_item: torch.Tensor | None = None
 
 
 class Engine(Protocol):
@@ -90,8 +102,8 @@ class Engine(Protocol):
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
         """Evaluation: rows of arbitrary item ids (sampled candidates)."""
 
-    def local_item_rows(self) -> tuple[int, torch.Tensor]:
-        """Evaluation: (first global row, rows) of this rank's item-table shard."""
+    def local_item_rows(self) -> ItemShard:
+        """Evaluation: this rank's item-table shard."""
 
 
 def table_specs(cfg: RunConfig, world_size: int = 1) -> list[TableSpec]:
@@ -349,7 +361,9 @@ class FreeScaleEngine:
         unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
         return self.tables.feature_rows(ctx, unique_rows)["item"]
 
-    def local_item_rows(self) -> tuple[int, torch.Tensor]:
-        """(first global row, rows) of this rank's item-table shard (full-catalogue ranking)."""
+    def local_item_rows(self) -> ItemShard:
+        """This rank's item-table shard (full-catalogue ranking); zch: only slots holding an id are items."""
         self.settle()
-        return self.tables.bounds[0][0], self.tables.weights[0]
+        zch = self.tables.zch[0]
+        is_item = None if zch is None else zch.item_rows()
+        return ItemShard(self.tables.bounds[0][0], self.tables.weights[0], is_item)

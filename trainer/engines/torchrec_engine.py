@@ -41,7 +41,7 @@ from torch import nn
 from freescale.pipeline.dataset.kjt import KJTBatch, register_pipelineable
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
-from freescale.trainer.engines.engine import batch_loss, batch_queries, table_specs
+from freescale.trainer.engines.engine import ItemShard, batch_loss, batch_queries, table_specs
 from freescale.trainer.engines.kjt import batch_to_kjt
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
 from freescale.trainer.engines.table_layout import init_rows
@@ -374,8 +374,8 @@ class TorchRecEngine:
         )
         return self._lookup(probe)["neg"]
 
-    def local_item_rows(self) -> tuple[int, torch.Tensor]:
-        return _table_shards(self.dmp)["item"]
+    def local_item_rows(self) -> ItemShard:
+        return ItemShard(*_table_shards(self.dmp)["item"])
 
     def close(self) -> None:
         """Nothing left to release after ``finish_training``. The sharded modules keep the default

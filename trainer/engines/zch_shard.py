@@ -108,6 +108,12 @@ class ZchShard:
         )  # fmt: skip
         return result.rows + self.first_row, step
 
+    def item_rows(self) -> torch.Tensor:
+        """bool per row of this shard: whether it stands for an item (a slot holding an id in the trained
+        state; empty slots and the fallback row stand for none)."""
+        held = self.trained_table().identities >= 0
+        return torch.cat([held, held.new_zeros(1)])
+
     def trained(self) -> None:
         """The batch looked up ahead starts training: its lookup is part of the trained state now."""
         self.ahead, self._view = False, None

@@ -5,7 +5,8 @@ Training never sees a user's validation (second-to-last) or test (last) event as
 the test history includes the validation item) and ranks the item. Which users, which split and the
 best-validation selection live in ``trainer/eval/protocol.py`` and the runner.
 
-``eval.num_candidates = 0`` ranks it against the *whole* catalogue (every row of the item table):
+``eval.num_candidates = 0`` ranks it against the *whole* catalogue (every row of the item table that
+stands for an item: a zero-collision table's empty slots and fallback rows stand for none):
 the item table is sharded, so every rank scores all ranks' queries against its own shard and counts
 the rows that beat each target; one all-reduce of the counts gives exact full-ranking ranks without
 gathering the table. ``num_candidates > 0`` is the sampled protocol (labelled ``sampled-N`` in the
@@ -103,12 +104,14 @@ def _full_ranks(
     if history is not None:
         shifted = history.to(all_queries.device) + torch.tensor([first, 0], device=all_queries.device)
         history = _all_gather_rows(shifted)[0]
-    first_row, shard = engine.local_item_rows()
+    shard = engine.local_item_rows()
     above = torch.zeros(all_queries.shape[0], dtype=torch.int64, device=all_queries.device)
-    for start in range(0, shard.shape[0], SCORE_CHUNK_ROWS):
-        rows = F.normalize(shard[start : start + SCORE_CHUNK_ROWS].to(all_queries.dtype), dim=-1)
-        row_ids = first_row + start + torch.arange(rows.shape[0], device=all_queries.device)
+    for start in range(0, shard.rows.shape[0], SCORE_CHUNK_ROWS):
+        rows = F.normalize(shard.rows[start : start + SCORE_CHUNK_ROWS].to(all_queries.dtype), dim=-1)
+        row_ids = shard.first_row + start + torch.arange(rows.shape[0], device=all_queries.device)
         excluded = row_ids[None, :] == all_ids
+        if shard.is_item is not None:  # rows standing for no item are no candidates
+            excluded |= ~shard.is_item[start : start + rows.shape[0]].to(excluded.device)[None, :]
         if history is not None:
             inside = (history[:, 1] >= row_ids[0]) & (history[:, 1] < row_ids[0] + rows.shape[0])
             excluded[history[inside, 0], history[inside, 1] - row_ids[0]] = True

@@ -22,6 +22,7 @@ from freescale.pipeline.dataset.vocabulary import Vocabulary
 from freescale.pipeline.steps.sequences import _window_bounds
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import collate, split_query
+from freescale.trainer.engines.engine import ItemShard
 from freescale.trainer.eval.evaluate import evaluate
 from freescale.trainer.eval.protocol import BestTracker, TableSizeError, resolve_tables
 from freescale.trainer.launch import check_table_sizes
@@ -144,8 +145,8 @@ class _LastItemEngine:
         history_ids = batch.item_ids[batch.input_index[last]]
         return self.table[history_ids] + 0.5 * self.table[target_ids], self.table[target_ids], target_ids
 
-    def local_item_rows(self) -> tuple[int, torch.Tensor]:
-        return 0, self.table
+    def local_item_rows(self) -> ItemShard:
+        return ItemShard(0, self.table)
 
 
 def test_exclude_history_leaves_history_items_out_of_the_full_ranking(one_rank_group):
@@ -161,6 +162,29 @@ def test_exclude_history_leaves_history_items_out_of_the_full_ranking(one_rank_g
     excluded = evaluate(engine, samples, cfg, num_candidates=0, k=1, exclude_history=True)
     assert plain["hr@1"] == 0.0 and plain["protocol"] == "full"
     assert excluded["hr@1"] == 1.0 and excluded["protocol"] == "full-exclude-history"
+
+
+class _PhantomRowsEngine(_LastItemEngine):
+    """As ``_LastItemEngine``, but the rows of the history items stand for no item (a zero-collision
+    table's empty slots): ranking must skip them as it skips excluded history."""
+
+    def local_item_rows(self) -> ItemShard:
+        return ItemShard(0, self.table, self.is_item)
+
+
+def test_rows_that_stand_for_no_item_are_no_candidates(one_rank_group):
+    rng = np.random.default_rng(1)
+    samples = [
+        {"item_ids": np.array([u, 20 + u % 5]), "actions": np.zeros(2, np.int64), "timestamps": np.arange(2),
+         "cost": 1.0, "user_id": u, "window": 0, "length": 2}
+        for u in rng.permutation(20)
+    ]  # fmt: skip
+    cfg = CollateConfig(num_items=32, num_actions=1, max_len=64, num_negatives=1, inbatch_negatives=0)
+    engine = _PhantomRowsEngine(32)
+    engine.is_item = torch.ones(32, dtype=torch.bool)
+    assert evaluate(engine, samples, cfg, num_candidates=0, k=1)["hr@1"] == 0.0  # the history row wins
+    engine.is_item[:20] = False  # the history rows are empty slots: the target ranks first
+    assert evaluate(engine, samples, cfg, num_candidates=0, k=1)["hr@1"] == 1.0
 
 
 def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
