@@ -1,9 +1,10 @@
 """2-rank gloo training runs on tiny generated data, through ``freescale train`` (torchrun).
 
-One uninterrupted FreeScale run (checkpoints after steps 1 and 15 and at the end) serves several
+One uninterrupted FreeScale run (checkpoints after steps 1 and 24 and at the end) serves several
 tests: loss decreases, outputs and instrumentation, the sharded step equals a single-process
-reference, and a second run resumed from step 15 must reproduce its loss curve bit for bit. The
-TorchRec baseline and an ``s3://`` run train on the same data and must match its losses.
+reference, and a second run resumed from step 24 (mid-epoch; the next epoch starts at step 28) must
+reproduce its loss curve bit for bit. The TorchRec baseline and an ``s3://`` run train on the same
+data and must match its losses.
 Processes run with cwd = a temp dir so the repository's ``datasets/`` cannot shadow Hugging Face's.
 """
 
@@ -34,7 +35,7 @@ def run_a(tiny_dataset, tmp_path_factory) -> dict:
         root / "run.toml",
         tiny_dataset,
         root / "out",
-        checkpoint={"dir": str(root / "ckpt"), "steps": [1, 15]},
+        checkpoint={"dir": str(root / "ckpt"), "steps": [1, 24]},
         engine={"overlap": "pec"},  # auto would pick none here: 2 ranks share 2 cores
     )
     result = train(config, root)
@@ -124,12 +125,12 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(run_a, tmp_path) -> None
         tmp_path / "resume.toml",
         json.loads((run_a["out"] / "bubbles.json").read_text())["config"]["data"]["path"],
         tmp_path / "out",
-        checkpoint={"dir": str(tmp_path / "ckpt"), "resume": str(run_a["ckpt"] / "step_00000015")},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "resume": str(run_a["ckpt"] / "step_00000024")},
         eval={"max_users": 0},
     )
     train(config, tmp_path)
     full, resumed = losses(run_a["out"]), losses(tmp_path / "out")
-    assert sorted(resumed) == list(range(15, STEPS))
+    assert sorted(resumed) == list(range(24, STEPS))
     assert [resumed[s] for s in resumed] == [full[s] for s in resumed]  # exactly
     shapes = {"tables.item.weight": (1000, 32), "tables.item.momentum": (1000,), "tables.action.weight": (8, 32)}
     finals = []

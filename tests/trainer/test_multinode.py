@@ -34,14 +34,14 @@ def two_hosts() -> Iterator[list[Host]]:
 
 def test_two_hosts_train_bitwise_like_one_host(two_hosts: list[Host], tmp_path: Path) -> None:
     prepared = prepare_tiny(tmp_path)
-    common = {"data": {"max_steps": 20}, "eval": {"max_users": 0}, "engine": {"overlap": "pec"}}
+    common = {"data": {"max_steps": 8}, "eval": {"max_users": 0}, "engine": {"overlap": "pec"}}
     one_host = run_toml(tmp_path / "one.toml", prepared, tmp_path / "one", **common)
     train(one_host, tmp_path)
     two = run_toml(tmp_path / "two.toml", prepared, tmp_path / "two", **common)
     results = train_on_hosts(two_hosts, [FREESCALE], two, str(tmp_path), "twohosts", timeout_s=300)
     assert [code for code, _ in results] == [0, 0], "\n---\n".join(out[-3000:] for _, out in results)
     expected, got = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert len(got) == 20 and list(got.values()) == list(expected.values())  # bitwise, PEC on
+    assert len(got) == 8 and list(got.values()) == list(expected.values())  # bitwise, PEC on
     report = json.loads((tmp_path / "two" / "bubbles.json").read_text())
     assert report["overlap"] == "pec" and report["world_size"] == 2
     summary = report["summary"]
@@ -58,7 +58,7 @@ def test_two_hosts_of_two_ranks_train_like_four_ranks_on_one_host(two_hosts: lis
     train bitwise like the flat all-to-all of 4 ranks on one host. The 4 ranks share this machine's
     cores, so only correctness is checked, not speed."""
     prepared = prepare_tiny(tmp_path)
-    common = {"data": {"max_steps": 12}, "eval": {"max_users": 0}, "engine": {"overlap": "pec"}}
+    common = {"data": {"max_steps": 8}, "eval": {"max_users": 0}, "engine": {"overlap": "pec"}}
     one_host = run_toml(tmp_path / "one.toml", prepared, tmp_path / "one", **common)
     done = run_train(one_host, tmp_path, nproc=4)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -67,7 +67,7 @@ def test_two_hosts_of_two_ranks_train_like_four_ranks_on_one_host(two_hosts: lis
     results = train_on_hosts(two_hosts, [FREESCALE], two, str(tmp_path), "twobytwo", timeout_s=300, nproc=2)
     assert [code for code, _ in results] == [0, 0], "\n---\n".join(out[-3000:] for _, out in results)
     expected, got = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert len(got) == 12 and list(got.values()) == list(expected.values())  # bitwise, PEC on
+    assert len(got) == 8 and list(got.values()) == list(expected.values())  # bitwise, PEC on
     report = json.loads((tmp_path / "two" / "bubbles.json").read_text())
     assert report["transport"].startswith("hierarchical"), report["transport"]
     assert report["world_size"] == 4 and {part["rank"] for part in report["rank_steps"]} == {0, 1, 2, 3}

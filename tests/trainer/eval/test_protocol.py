@@ -286,17 +286,17 @@ def test_a_resumed_run_keeps_the_best_validation_of_before_the_resume(tmp_path: 
     common = {
         "model_extra": {"num_items": 0, "num_actions": 0},
         "optimizer": {"dense_lr": 0.003, "sparse_lr": 0.02},
-        "eval": {"every": 5},
+        "eval": {"every": 2},
     }
-    whole = run_toml(tmp_path / "a.toml", data, tmp_path / "a", data={"max_steps": 20}, **common)
+    whole = run_toml(tmp_path / "a.toml", data, tmp_path / "a", data={"max_steps": 8}, **common)
     train(whole, tmp_path)
     first = run_toml(
-        tmp_path / "b.toml", data, tmp_path / "b", data={"max_steps": 10}, checkpoint={"dir": str(tmp_path / "ck")},
+        tmp_path / "b.toml", data, tmp_path / "b", data={"max_steps": 4}, checkpoint={"dir": str(tmp_path / "ck")},
         **common,
     )  # fmt: skip
     train(first, tmp_path)
     resumed = run_toml(
-        tmp_path / "c.toml", data, tmp_path / "b", data={"max_steps": 20},
+        tmp_path / "c.toml", data, tmp_path / "b", data={"max_steps": 8},
         checkpoint={"dir": str(tmp_path / "ck"), "resume": "latest"}, **common,
     )  # fmt: skip
     train(resumed, tmp_path)
