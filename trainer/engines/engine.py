@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from freescale.kernels.zch import COUNTERS
 from freescale.pipeline.dataset.kjt import ENGINE_KEYS
+from freescale.trainer.checkpoint import FreeScaleCheckpointer
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.engines.comm import TimedHandle, TimedTransport, build_transport, ranks_per_node
@@ -217,11 +218,7 @@ class FreeScaleEngine:
     def describe(self) -> str:
         return "row-wise sharded tables, explicit all-to-alls, flat dense all-reduce"
 
-    def checkpointer(self) -> Checkpointer:
-        # imported here: torch.distributed.checkpoint pulls in the DTensor stack (1-3 s per process), which a
-        # run without checkpoint.dir never needs
-        from freescale.trainer.checkpoint import FreeScaleCheckpointer
-
+    def checkpointer(self) -> FreeScaleCheckpointer:
         return FreeScaleCheckpointer(self)
 
     def train_step(
