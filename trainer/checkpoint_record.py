@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from freescale.trainer.config import ModelExtraConfig, RunConfig
+from freescale.trainer.config import RunConfig
+from freescale.trainer.user_tables import user_table_options
 
 if TYPE_CHECKING:
     from freescale.pipeline.dataset.manifest import Manifest
@@ -56,7 +57,7 @@ class DataIdentity:
     def of(cls, path: str, manifest: Manifest) -> DataIdentity:
         files = {entry.path: entry for entry in manifest.files or ()}
         vocabularies = {}
-        for table in MODEL_TABLES:
+        for table in (*MODEL_TABLES, *sorted(set(manifest.tables) - set(MODEL_TABLES))):  # then user.<feature>
             entry = manifest.tables.get(table)
             listed = files.get(entry.file) if entry else None
             vocabularies[table] = listed.xxh64 if listed else ""
@@ -67,8 +68,9 @@ class DataIdentity:
         return [table for table in tables if self.vocabularies.get(table) != other.vocabularies.get(table)]
 
     def same_data(self, other: DataIdentity) -> bool:
-        """The same prepared data (fingerprint and vocabularies), wherever it lives now."""
-        return self.fingerprint == other.fingerprint and not self.other_ids(other)
+        """The same prepared data (fingerprint and the vocabularies both record), wherever it lives now."""
+        both = tuple(table for table in self.vocabularies if table in other.vocabularies)
+        return self.fingerprint == other.fingerprint and not self.other_ids(other, both)
 
     def describe(self) -> str:
         return f"{self.path} (fingerprint {self.fingerprint[:12] or 'none'})"
@@ -137,7 +139,19 @@ def model_options(cfg: RunConfig, rows: tuple[int, int]) -> dict[str, Any]:
         options["model_extra.time_buckets"] = extra.time_buckets
     else:
         options["model_extra.ffn_multiplier"] = extra.ffn_multiplier
-    return options
+    return options | user_table_options(cfg)
+
+
+def check_table_set(run: RunRecord, cfg: RunConfig, where: str) -> None:
+    """The checkpoint's user-profile tables are this run's (by feature): a table only one of them has
+    would be dropped from the checkpoint or start untrained, silently."""
+    saved = {key.split(".")[1] for key in run.model if key.startswith("user_tables.")}
+    for feature in sorted(saved ^ set(cfg.user_tables)):
+        has, lacks = (where, "this run") if feature in saved else ("this run", where)
+        raise ValueError(
+            f"table 'user.{feature}': {has} has it ([user_tables.{feature}]), {lacks} does not; the tables must "
+            f"be the checkpoint's: {'add' if feature in saved else 'remove'} [user_tables.{feature}] to load it"
+        )
 
 
 def write_record(directory: str | Path, record: CheckpointRecord) -> None:
@@ -186,14 +200,16 @@ def check_model(run: RunRecord, expected: dict[str, Any], where: str) -> None:
             )
 
 
-def vocabulary_tables(extra: ModelExtraConfig) -> tuple[str, ...]:
+def vocabulary_tables(cfg: RunConfig) -> tuple[str, ...]:
     """The model tables whose rows stand for the dataset's vocabulary (``protocol.resolve_tables``): items
-    with ``ids = "exact"``; actions unless ``ids = "hashed"`` with ``num_actions`` (modulo). Hashed and
-    zch item rows are keyed by the raw id itself, so they mean the same items on any dataset."""
+    with ``ids = "exact"``; actions unless ``ids = "hashed"`` with ``num_actions`` (modulo); user-profile
+    tables with ``ids = "exact"``. Hashed and zch rows are keyed by the raw id itself, so they mean the
+    same ids on any dataset."""
+    extra = cfg.model_extra
     tables = ("item",) if extra.ids == "exact" else ()
     if not (extra.ids == "hashed" and extra.num_actions):
         tables += ("action",)
-    return tables
+    return tables + tuple(t.table for t in cfg.user_tables.values() if t.ids == "exact")
 
 
 def check_data(

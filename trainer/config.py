@@ -21,6 +21,15 @@ from typing import Any
 
 from freescale.model_config import ModelConfig
 from freescale.overrides import apply_overrides
+from freescale.trainer.table_config import (
+    ID_MODES,
+    UserTableConfig,
+    ZchOptions,
+    check_zch_options,
+    check_zch_world,
+)
+from freescale.trainer.table_config import check as _check
+from freescale.trainer.table_config import choice as _choice
 
 ARCHITECTURES = ("hstu", "sasrec")
 ENGINES = ("freescale", "torchrec")
@@ -33,21 +42,10 @@ OVERLAPS = ("auto", "pec", "none")
 BALANCERS = ("none", "online", "auto")
 TRANSPORTS = ("auto", "torch", "copy_engine")
 ALL_TO_ALLS = ("flat", "hierarchical", "auto")
-ID_MODES = ("exact", "hashed", "zch")
-ZCH_POLICIES = ("ttl", "lru", "lfu")  # kernels.zch.POLICIES, without importing torch here
 LOSSES = ("sampled_softmax", "full_softmax")
 ATTENTIONS = ("auto", "triton", "torch")
 PRECISIONS = ("fp32", "bf16")
 EVAL_METRICS = ("ndcg", "hr")  # kernels.transport.TRANSPORTS, without importing torch here
-
-
-def _check(condition: bool, option: str, message: str, value: Any) -> None:
-    if not condition:
-        raise ValueError(f"{option} {message}, got {value!r}")
-
-
-def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, option, f"must be one of {list(choices)}", value)
 
 
 def _type_name(kind: Any) -> str:
@@ -136,52 +134,15 @@ class ModelExtraConfig:
         )
 
     def _check_zch(self) -> None:
-        """The identity table's shape and policy (``kernels.zch.ZchConfig`` says the same, per rank)."""
-        if self.ids != "zch":
-            for name, default in ZCH_DEFAULTS.items():
-                value = getattr(self, name)
-                _check(value == default, f"model_extra.{name}", "applies to model_extra.ids 'zch' only", value)
-            return
-        size, bucket, probe = self.zch_size, self.zch_bucket_size, self.zch_max_probe
-        _check(size >= 1, "model_extra.zch_size", "must be set (>= 1) with model_extra.ids 'zch'", size)
-        _check(bucket >= 1, "model_extra.zch_bucket_size", "must be >= 1", bucket)
-        _check(size % bucket == 0, "model_extra.zch_size", f"must be a multiple of zch_bucket_size {bucket}", size)
-        _check(1 <= probe <= bucket, "model_extra.zch_max_probe", f"must be in [1, zch_bucket_size {bucket}]", probe)
-        _choice("model_extra.zch_policy", self.zch_policy, ZCH_POLICIES)
-        if self.zch_policy == "ttl":
-            _check(self.zch_ttl > 0, "model_extra.zch_ttl", "must be > 0 seconds of event time with zch_policy 'ttl'",
-                   self.zch_ttl)  # fmt: skip
-        else:
-            _check(self.zch_ttl == 0, "model_extra.zch_ttl", "applies to zch_policy 'ttl' only", self.zch_ttl)
-        threshold = self.zch_admission_threshold
-        _check(threshold >= 1, "model_extra.zch_admission_threshold", "must be >= 1", threshold)
-        _check(threshold == 1 or self.zch_policy == "lfu", "model_extra.zch_admission_threshold",
-               "applies to zch_policy 'lfu' only (leave it at 1)", threshold)  # fmt: skip
-        _check(self.num_items == 0, "model_extra.num_items", "must be 0 with model_extra.ids 'zch' (zch_size sizes "
-               "the item table)", self.num_items)  # fmt: skip
+        """The item identity table's shape and policy (``table_config.check_zch_options``)."""
+        check_zch_options("model_extra", self)
+        if self.ids == "zch":
+            _check(self.num_items == 0, "model_extra.num_items", "must be 0 with model_extra.ids 'zch' (zch_size "
+                   "sizes the item table)", self.num_items)  # fmt: skip
 
     @property
     def zch_buckets(self) -> int:
         return self.zch_size // self.zch_bucket_size if self.zch_bucket_size else 0
-
-
-ZCH_DEFAULTS = {
-    "zch_size": 0,
-    "zch_bucket_size": 64,
-    "zch_max_probe": 16,
-    "zch_policy": "lru",
-    "zch_ttl": 0,
-    "zch_admission_threshold": 1,
-}
-
-
-def check_zch_world(extra: ModelExtraConfig, world_size: int) -> None:
-    """``ids = "zch"``: every rank holds whole buckets (the launcher checks before any rank starts)."""
-    if extra.ids == "zch" and extra.zch_buckets % world_size:
-        raise ValueError(
-            f"model_extra.zch_size {extra.zch_size} gives {extra.zch_buckets} buckets of {extra.zch_bucket_size} "
-            f"rows, not a multiple of the {world_size} ranks (each rank holds whole buckets)"
-        )
 
 
 @dataclass
@@ -482,6 +443,26 @@ def _section(cls: type, values: Any, name: str) -> Any:
         raise ValueError(f"[{name}]: {error}") from error
 
 
+def _user_tables(values: Any) -> dict[str, UserTableConfig]:
+    """``[user_tables]`` (``{feature: {option: value}}``) → one ``UserTableConfig`` per feature."""
+    if not isinstance(values, dict):
+        raise ValueError(f"[user_tables] must hold tables ([user_tables.<feature>]), got {values!r}")
+    known = {f.name for f in fields(UserTableConfig)} - {"feature"}
+    tables = {}
+    for feature, options in values.items():
+        if not isinstance(options, dict):
+            raise ValueError(f"user_tables.{feature} must be a table ([user_tables.{feature}]), got {options!r}")
+        options = dict(options)
+        named = options.pop("feature", feature)
+        _check(named == feature, f"user_tables.{feature}.feature", f"must be {feature!r} (the table's name)", named)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} in [user_tables.{feature}]; known: {sorted(known)}")
+        check_types(UserTableConfig, options, f"user_tables.{feature}")
+        tables[feature] = UserTableConfig(feature=feature, **options)
+    return tables
+
+
 @dataclass
 class RunConfig:
     """A whole training run; ``RunConfig.from_toml(path)`` or ``from_dict``."""
@@ -494,10 +475,14 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    user_tables: dict[str, UserTableConfig] = field(default_factory=dict)  # by profile feature
 
     def __post_init__(self) -> None:
         for name, kind in SECTIONS.items():  # also configs built in code, not read from TOML
             check_types(kind, asdict(getattr(self, name)), name)
+        for feature, table in self.user_tables.items():
+            _check(table.feature == feature, f"user_tables.{feature}.feature", f"must be {feature!r}", table.feature)
+            check_types(UserTableConfig, asdict(table), table.where)
         if self.engine.name == "torchrec" and self.engine.max_nonfinite_skips:
             raise ValueError(
                 "engine.max_nonfinite_skips must be 0 with engine.name 'torchrec': its pipeline applies the "
@@ -508,19 +493,35 @@ class RunConfig:
                 "checkpoint.dir must be empty with engine.name 'torchrec': checkpoint/resume is "
                 "implemented for the FreeScale engine; the TorchRec baseline runs without checkpoints"
             )
-        if self.model_extra.ids == "zch":
-            self._check_zch_run()
+        for where, _ in self.zch_tables():
+            self._check_zch_run(where)
         if self.model.num_negatives + self.model_extra.inbatch_negatives < 1:
             raise ValueError(
                 "model.num_negatives + model_extra.inbatch_negatives must be >= 1 "
                 "(the sampled softmax needs at least one negative)"
             )
 
-    def _check_zch_run(self) -> None:
+    def id_tables(self) -> list[tuple[str, ZchOptions]]:
+        """Every table's id options with the TOML table they are in: the item table's ``model_extra``
+        and each ``user_tables.<feature>``."""
+        return [("model_extra", self.model_extra), *((t.where, t) for t in self.user_tables.values())]
+
+    def zch_tables(self) -> list[tuple[str, ZchOptions]]:
+        """``id_tables`` with ``ids = "zch"``."""
+        return [(where, options) for where, options in self.id_tables() if options.ids == "zch"]
+
+    def check_world(self, world_size: int) -> None:
+        """Every zch table splits into whole buckets per rank (the launcher, before any rank starts)."""
+        for where, options in self.zch_tables():
+            check_zch_world(where, options, world_size)
+
+    def _check_zch_run(self, where: str) -> None:
         """What ``ids = "zch"`` does not run with yet (one line naming the option)."""
         if self.engine.name != "freescale":
-            raise ValueError("model_extra.ids 'zch' runs on engine.name 'freescale' (the TorchRec baseline has no "
+            raise ValueError(f"{where}.ids 'zch' runs on engine.name 'freescale' (the TorchRec baseline has no "
                              f"identity table), got {self.engine.name!r}")  # fmt: skip
+        if where != "model_extra":
+            return
         if self.model_extra.loss != "sampled_softmax":
             raise ValueError("model_extra.loss must be 'sampled_softmax' with model_extra.ids 'zch' (the catalogue "
                              f"is open: no full softmax over it), got {self.model_extra.loss!r}")  # fmt: skip
@@ -533,12 +534,13 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        unknown = sorted(set(data) - set(SECTIONS))
+        unknown = sorted(set(data) - set(SECTIONS) - {"user_tables"})
         if unknown:
-            raise ValueError(f"unknown table(s) {unknown}; known: {sorted(SECTIONS)}")
+            raise ValueError(f"unknown table(s) {unknown}; known: {sorted([*SECTIONS, 'user_tables'])}")
         if "data" not in data:
             raise ValueError("[data] is required (data.path: the prepared dataset)")
-        return cls(**{name: _section(kind, data.get(name, {}), name) for name, kind in SECTIONS.items()})
+        sections = {name: _section(kind, data.get(name, {}), name) for name, kind in SECTIONS.items()}
+        return cls(**sections, user_tables=_user_tables(data.get("user_tables", {})))
 
     @classmethod
     def from_toml(cls, path: str, overrides: list[str] | None = None) -> RunConfig:
@@ -565,10 +567,22 @@ def tables_to_toml(tables: dict[str, dict[str, Any]]) -> str:
     """``{table: {option: value}}`` as TOML text (run configs written by benchmarks and tests too)."""
     lines: list[str] = []
     for name, section in tables.items():
-        lines.append(f"[{name}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in section.items())
-        lines.append("")
+        _toml_table(lines, name, section)
     return "\n".join(lines)
+
+
+def _toml_table(lines: list[str], name: str, section: dict[str, Any]) -> None:
+    """``[name]`` with its options, then its nested tables (``[user_tables.country_id]``)."""
+    lines.append(f"[{name}]")
+    lines.extend(f"{key} = {_toml_value(value)}" for key, value in section.items() if not isinstance(value, dict))
+    lines.append("")
+    for key, value in section.items():
+        if isinstance(value, dict):
+            _toml_table(lines, f"{name}.{_toml_key(key)}", value)
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
 
 
 def write_run_toml(path: Path | str, tables: dict[str, dict[str, Any]]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from freescale.trainer.checkpoint_record import CheckpointRecord, DataIdentity, RunRecord, vocabulary_tables
+from freescale.trainer.checkpoint_record import check_table_set as check_user_table_set
 from freescale.trainer.config import ModelExtraConfig, RunConfig
 
 OPTION = "checkpoint.continue_on_new_data"
@@ -38,16 +39,19 @@ def data_start(record: CheckpointRecord, data: DataIdentity, cfg: RunConfig) -> 
     return record.step if continues(record.run, data, cfg) else record.run.data_start
 
 
-def check_continuation(
-    run: RunRecord, data: DataIdentity, extra: ModelExtraConfig, rows: tuple[int, int], where: str
-) -> None:
+def check_continuation(run: RunRecord, data: DataIdentity, cfg: RunConfig, rows: tuple[int, int], where: str) -> None:
     """The checkpoint's tables carry over unchanged (``rows``: this run's item and action rows,
-    ``protocol.table_rows``), and every table keyed by a vocabulary has the same one on ``data``."""
-    check_table_set(run, extra, rows, where)
-    for table in run.data.other_ids(data, vocabulary_tables(extra)):
+    ``protocol.table_rows``; ``cfg``'s user tables resolved on ``data``), and every table keyed by a
+    vocabulary has the same one on ``data``."""
+    check_table_set(run, cfg.model_extra, rows, where)
+    check_user_table_set(run, cfg, where)
+    for table in run.data.other_ids(data, vocabulary_tables(cfg)):
         if table == "item":
             how = "model_extra.ids = 'exact' maps item ids to rows through each dataset's vocabulary"
             hint = "train with model_extra.ids = 'zch' (or 'hashed') for item ids that change between windows"
+        elif table.startswith("user."):
+            how = f"user_tables.{table[5:]}.ids = 'exact' maps its values to rows through each dataset's vocabulary"
+            hint = f"set user_tables.{table[5:]}.ids = 'zch' (or 'hashed') for values that change between windows"
         else:
             how = "the action table maps action ids to rows through each dataset's vocabulary"
             hint = "prepare the windows with the same action types, or set model_extra.ids = 'hashed' with num_actions"
@@ -90,7 +94,7 @@ def _same(table: str, option: str, saved: Any, mine: Any, where: str) -> None:
 def check_eval_data(cfg: RunConfig, trained: DataIdentity, evaluated: DataIdentity) -> None:
     """``eval.data_path``: its users' ids must mean the same rows as the training data's (zch and hashed
     item tables: always; vocabulary-keyed tables: the same vocabulary)."""
-    for table in trained.other_ids(evaluated, vocabulary_tables(cfg.model_extra)):
+    for table in trained.other_ids(evaluated, vocabulary_tables(cfg)):
         raise ValueError(
             f"eval.data_path: table '{table}': {evaluated.path} has other {table} ids than data.path {trained.path}, "
             f"and the {table} table maps ids to rows through data.path's vocabulary, so its users cannot be scored; "

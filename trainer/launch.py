@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from freescale.endpoints import host_port
 from freescale.trainer.checkpoint_record import CheckpointRecord
-from freescale.trainer.config import RunConfig, check_zch_world
+from freescale.trainer.config import RunConfig
 from freescale.trainer.lifetime import die_with_parent, run_group
 from freescale.trainer.rendezvous import check_endpoint
 from freescale.trainer.run_dir import RunFolders, claim_checkpoint_dir
@@ -141,10 +141,11 @@ def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str
     Returns the record of the checkpoint the ranks will load (resume or ``evaluate_checkpoint``), if any."""
     from freescale.optional import torchrec_unavailable
     from freescale.pipeline.dataset.manifest import load_manifest
+    from freescale.trainer.user_tables import resolve_user_tables
 
     if cfg.engine.name == "torchrec" and (reason := torchrec_unavailable("engine.name 'torchrec'")):
         raise ValueError(f"{reason}; engine.name = 'freescale' needs neither")
-    check_zch_world(cfg.model_extra, world_size)
+    cfg.check_world(world_size)
     manifest = load_manifest(cfg.data.path)  # a missing or unfinished dataset names itself
     group = manifest.layout.group_size
     if group % world_size:
@@ -154,6 +155,7 @@ def check_before_start(cfg: RunConfig, world_size: int, evaluate_checkpoint: str
             f"{cfg.data.path} (balanced world sizes: {divisors}; or prepare again with --group-size)"
         )
     check_table_sizes(cfg, manifest.table_sizes())
+    cfg = resolve_user_tables(cfg, manifest.layout.user_features, manifest.table_sizes(), cfg.data.path)
     check_eval_path(cfg, manifest)
     return check_checkpoint(cfg, manifest, world_size, evaluate_checkpoint)
 
@@ -169,6 +171,7 @@ def check_checkpoint(
         DataIdentity,
         check_data,
         check_model,
+        check_table_set,
         check_world_size,
         model_options,
         run_record_of,
@@ -189,18 +192,20 @@ def check_checkpoint(
     where = f"checkpoint {path}"
     if not evaluate_checkpoint:
         check_world_size(record, world_size, where)
-    elif cfg.model_extra.ids == "zch" and record.world_size != world_size:  # buckets and rows follow the ranks
+    elif cfg.zch_tables() and record.world_size != world_size:  # buckets and rows follow the ranks
+        option = cfg.zch_tables()[0][0]
         raise ValueError(
-            f"{where} was written by {record.world_size} ranks: a model_extra.ids 'zch' table (one fallback row "
+            f"{where} was written by {record.world_size} ranks: a {option}.ids 'zch' table (one fallback row "
             f"per rank, each rank's buckets) does not reshard; evaluate it with --nproc {record.world_size}"
         )
     data = DataIdentity.of(cfg.data.path, manifest)
     rows = table_rows(cfg.model_extra, manifest.table_sizes())
     if not evaluate_checkpoint and continues(run, data, cfg):  # the next window: docs/training.md#streaming-windows
-        check_continuation(run, data, cfg.model_extra, rows, where)
+        check_continuation(run, data, cfg, rows, where)
     else:
-        tables = vocabulary_tables(cfg.model_extra)
+        tables = vocabulary_tables(cfg)
         check_data(run, data, where, cfg.checkpoint.allow_other_data, not evaluate_checkpoint, tables)
+        check_table_set(run, cfg, where)
     check_model(run, model_options(cfg, rows), where)
     return record
 

@@ -5,18 +5,27 @@ rank's step derive these alike).
 
 from __future__ import annotations
 
+from typing import Any
+
 from freescale.pipeline.dataset import loader
+from freescale.pipeline.dataset.profiles import ProfileRead
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import collate
 from freescale.trainer.eval.protocol import IdTables, resolve_tables, sized_config
+from freescale.trainer.user_tables import profile_reads, resolve_user_tables
 
 
-def collate_config(cfg: RunConfig, tables: IdTables | None = None, window_stride: int = 0) -> CollateConfig:
+def collate_config(
+    cfg: RunConfig, tables: IdTables | None = None, window_stride: int = 0, profiles: tuple[ProfileRead, ...] = ()
+) -> CollateConfig:
     """How this run collates: table sizes and vocabularies (``tables``, from the dataset), held-out
-    events (2 with ``eval.validation``: validation + test) and prepare's window stride."""
-    vocabularies = {"item_vocab": tables.item_vocab, "action_vocab": tables.action_vocab} if tables else {}
+    events (2 with ``eval.validation``: validation + test), prepare's window stride and the user-profile
+    tables' reads (``user_tables.profile_reads``)."""
+    vocabularies: dict[str, Any] = {"profiles": profiles}
+    if tables is not None:
+        vocabularies |= {"item_vocab": tables.item_vocab, "action_vocab": tables.action_vocab}
     if tables is not None and tables.mode == "zch":
         vocabularies["item_pool"] = tables.item_pool
     return CollateConfig.for_model(
@@ -35,7 +44,10 @@ def run_tables(cfg: RunConfig, dataset: PreparedDataset) -> tuple[RunConfig, IdT
     every rank (and a reference that replays a rank's step) derives from the config and the data."""
     tables = resolve_tables(cfg, dataset)
     cfg = sized_config(cfg, tables)  # engines size their tables from model_extra
-    return cfg, tables, collate_config(cfg, tables, dataset.info.window_stride)
+    features = dataset.info.layout.user_features
+    cfg = resolve_user_tables(cfg, features, dataset.table_sizes(), dataset.uri)
+    profiles = profile_reads(cfg, features, dataset.vocabulary)
+    return cfg, tables, collate_config(cfg, tables, dataset.info.window_stride, profiles)
 
 
 def total_steps(cfg: RunConfig, dataset: PreparedDataset, world_size: int) -> int:

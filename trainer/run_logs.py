@@ -117,6 +117,9 @@ class RunLogging:
             "steps": end,
             "loss": self.cfg.model_extra.loss,
             **self.tables.summary(),
+            "user_tables": {
+                t.table: {"ids": t.ids, "rows": t.rows, "zch_size": t.zch_size} for t in self.cfg.user_tables.values()
+            },
             "max_uih_len": self.cfg.model.max_uih_len,
             "events_truncated_by_model_max_uih_len": truncated,
             "holdout": "validation+test" if self.collate_cfg.holdout_events == 2 else "test",

@@ -50,6 +50,7 @@ from freescale.trainer.run_checkpoints import CheckpointHooks
 from freescale.trainer.run_data import make_loader, run_tables, total_steps
 from freescale.trainer.run_eval import EvaluationHooks
 from freescale.trainer.run_logs import RunLogging, keep_metrics_before
+from freescale.trainer.user_tables import describe_user_tables
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -175,6 +176,8 @@ class Trainer(CheckpointHooks, EvaluationHooks, RunLogging):
     def _announce(self) -> None:
         """What a reader of the log needs before the first step: id tables, loss, sequence length."""
         lines = [self.tables.describe(), f"loss {self.cfg.model_extra.loss}"]
+        if self.cfg.user_tables:
+            lines.append(describe_user_tables(self.cfg))
         prepared = self.dataset.info.samples.max_uih_len
         if prepared is not None and prepared > self.cfg.model.max_uih_len:
             lines.append(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from freescale.pipeline.dataset.profiles import ProfileRead
 from freescale.pipeline.dataset.targets import held_out
 from freescale.pipeline.dataset.vocabulary import Vocabulary
 
@@ -50,6 +51,7 @@ class CollateConfig:
     # drawn from these raw ids (the dataset's item vocabulary)
     item_pool: np.ndarray | None = None
     full_softmax: bool = False  # negatives = every item row (model_extra.loss = "full_softmax")
+    profiles: tuple[ProfileRead, ...] = ()  # user-profile tables, one row per sample each (profiles.py)
 
     def __post_init__(self) -> None:
         if self.max_len < 2:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from pec_check import training_state
+from profile_cases import PROFILE_READS, USER_TABLES, profile_fields
 
 from freescale.model_config import ModelConfig
 from freescale.pipeline.dataset.samples import CollateConfig
@@ -56,6 +57,7 @@ class OnlineCase:
     min_gain: float = 0.0  # engine.balancer_min_gain: 0 so every move LPT finds is exercised (default 2%)
     zch_size: int = 0  # > 0: the item table is zero-collision (model_extra.ids = "zch"; raw ids = the item ids)
     zch_policy: str = "lru"
+    profiles: bool = False  # user-profile tables (profile_cases.py): a hashed feature and a zch user-id table
 
     def run_config(self, mode: str) -> RunConfig:
         return RunConfig(
@@ -67,6 +69,7 @@ class OnlineCase:
             optimizer=OptimizerConfig(
                 dense=self.dense, sparse=self.sparse, sparse_lr=self.sparse_lr, dense_lr=self.dense_lr
             ),
+            user_tables=USER_TABLES if self.profiles else {},
             engine=EngineConfig(
                 seed=self.seed,
                 overlap="pec" if "pec" in mode else "none",
@@ -99,6 +102,7 @@ def case_batches(case: OnlineCase, rank: int) -> list[Batch]:
         num_negatives=case.num_negatives,
         inbatch_negatives=case.inbatch_negatives,
         seed=case.seed,
+        profiles=PROFILE_READS if case.profiles else (),
     )
     batches = []
     for step in range(case.steps):
@@ -110,6 +114,7 @@ def case_batches(case: OnlineCase, rank: int) -> list[Batch]:
                 "timestamps": np.cumsum(rng.integers(1, 5000, n)) + (10_000 * step if case.zch_size else 0),
                 "cost": float(n),
                 "user_id": i,
+                **(profile_fields(rng) if case.profiles else {}),
             }
             for i, n in enumerate(case.lengths(step, rank))
         ]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from profile_cases import PROFILE_READS, USER_TABLES, profile_fields
 
 from freescale.model_config import ModelConfig
 from freescale.pipeline.dataset.samples import CollateConfig
@@ -58,6 +59,7 @@ class OverlapCase:
     zch_bucket_size: int = 8
     zch_max_probe: int = 4
     zch_policy: str = "lru"
+    profiles: bool = False  # user-profile tables (profile_cases.py): a hashed feature and a zch user-id table
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -72,6 +74,7 @@ class OverlapCase:
             model=ModelConfig(d_model=self.d_model, num_layers=1, num_heads=2, num_negatives=0, max_uih_len=256),
             model_extra=self.model_extra(),
             data=DataConfig(path="unused"),
+            user_tables=USER_TABLES if self.profiles else {},
             optimizer=OptimizerConfig(sparse=self.sparse, sparse_lr=0.1, dense_lr=0.01),
             engine=EngineConfig(
                 seed=self.seed, overlap=overlap, all_to_all=self.all_to_all, ranks_per_node=self.ranks_per_node
@@ -106,8 +109,9 @@ def global_id_sets(case: OverlapCase) -> list[np.ndarray]:
 def overlap_batches(case: OverlapCase, rank: int) -> list[Batch]:
     """This rank's micro-batch of every step (its slice of the global set, plus duplicates)."""
     cfg = CollateConfig(
-        num_items=case.num_items, num_actions=case.num_items, max_len=256, num_negatives=0, inbatch_negatives=4
-    )
+        num_items=case.num_items, num_actions=case.num_items, max_len=256, num_negatives=0, inbatch_negatives=4,
+        profiles=PROFILE_READS if case.profiles else (),
+    )  # fmt: skip
     batches = []
     for step, ids in enumerate(global_id_sets(case)):
         rng = np.random.default_rng([case.seed, step, rank])
@@ -122,6 +126,7 @@ def overlap_batches(case: OverlapCase, rank: int) -> list[Batch]:
                 "timestamps": (np.arange(part.size) + clock) * 60,
                 "cost": 1.0,
                 "user_id": i,
+                **(profile_fields(rng) if case.profiles else {}),
             }
             for i, part in enumerate(np.split(events, cuts))
         ]

@@ -9,7 +9,7 @@ import pytest
 from run_toml import write_config
 
 from freescale.model_config import ModelConfig
-from freescale.trainer.config import RunConfig, check_zch_world
+from freescale.trainer.config import RunConfig
 
 ZCH = {"ids": "zch", "zch_size": 1024}
 
@@ -111,9 +111,48 @@ def test_configs_built_in_code_refuse_non_finite_floats() -> None:
 
 
 def test_zch_buckets_must_split_among_the_ranks() -> None:
-    extra = RunConfig.from_dict({"data": {"path": "x"}, "model_extra": ZCH | {"zch_size": 192}}).model_extra
-    check_zch_world(extra, 3)  # 3 buckets of 64 rows: one per rank
+    cfg = RunConfig.from_dict({"data": {"path": "x"}, "model_extra": ZCH | {"zch_size": 192}})
+    cfg.check_world(3)  # 3 buckets of 64 rows: one per rank
     with pytest.raises(
         ValueError, match=r"model_extra.zch_size 192 gives 3 buckets of 64 rows, not a multiple of the 2"
     ):
-        check_zch_world(extra, 2)
+        cfg.check_world(2)
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"country": {"ids": "bloom"}}, r"user_tables.country.ids must be one of"),
+        ({"country": {"ids": "hashed"}}, r"user_tables.country.rows must be set \(>= 1\) with user_tables.country.ids"),
+        ({"country": {"rows": 1.5}}, r"user_tables.country.rows must be an integer"),
+        ({"country": {"size": 8}}, r"unknown option\(s\) \['size'\] in \[user_tables.country\]"),
+        ({"country": 3}, r"user_tables.country must be a table"),
+        ({"user_id": {}}, r"user_tables.user_id.ids must be 'hashed' or 'zch': user ids have no vocabulary"),
+        ({"user_id": {"ids": "zch", "zch_size": 100}}, r"user_tables.user_id.zch_size must be a multiple of"),
+        ({"user_id": {"ids": "zch", "zch_size": 128, "zch_max_probe": 65}}, r"user_tables.user_id.zch_max_probe"),
+        ({"user_id": {"ids": "zch", "zch_size": 128, "zch_policy": "ttl"}}, r"user_tables.user_id.zch_ttl must be > 0"),
+        ({"user_id": {"ids": "hashed", "rows": 8, "zch_size": 64}}, r"user_tables.user_id.zch_size applies to"),
+    ],
+)
+def test_user_table_errors_name_the_table_and_option(tables: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_dict({"data": {"path": "x"}, "user_tables": tables})
+
+
+def test_user_tables_round_trip_through_toml_and_set(tmp_path: Path) -> None:
+    tables = {"country_id": {}, "user_id": {"ids": "zch", "zch_size": 256}}
+    cfg = RunConfig.from_dict({"data": {"path": "x"}, "user_tables": tables})
+    path = tmp_path / "run.toml"
+    path.write_text(cfg.to_toml())
+    again = RunConfig.from_toml(str(path), ["user_tables.user_id.zch_size=512", "user_tables.age_bucket.rows=7"])
+    assert (
+        again.user_tables["user_id"].zch_size == 512
+        and again.user_tables["country_id"] == cfg.user_tables["country_id"]
+    )
+    assert again.user_tables["age_bucket"].table == "user.age_bucket"
+    torchrec = {"data": {"path": "x"}, "engine": {"name": "torchrec"}, "user_tables": {"user_id": tables["user_id"]}}
+    with pytest.raises(ValueError, match=r"user_tables.user_id.ids 'zch' runs on engine.name 'freescale'"):
+        RunConfig.from_dict(torchrec)
+    cfg = RunConfig.from_dict({"data": {"path": "x"}, "user_tables": {"user_id": {"ids": "zch", "zch_size": 192}}})
+    with pytest.raises(ValueError, match=r"user_tables.user_id.zch_size 192 gives 3 buckets of 64 rows, not a mult"):
+        cfg.check_world(2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,10 @@ from train_cli import FREESCALE, prepare_tiny_windows, run_toml, run_train
 
 from freescale.pipeline.dataset import loader
 from freescale.pipeline.dataset.reader import PreparedDataset
-from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, read_record
-from freescale.trainer.config import ModelExtraConfig, RunConfig
+from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, check_model, model_options, read_record
+from freescale.trainer.config import DataConfig, ModelExtraConfig, RunConfig
 from freescale.trainer.continuation import check_continuation, check_eval_data
+from freescale.trainer.table_config import UserTableConfig
 
 ZCH = {"num_items": 0, "ids": "zch", "zch_size": 128, "zch_bucket_size": 16, "zch_max_probe": 8}
 COMMON = {"model_extra": ZCH, "logging": {"log_every": 2}}
@@ -184,12 +186,13 @@ def test_check_continuation_names_the_table_that_cannot_carry_over() -> None:
     """The checks themselves, without training: vocabulary-keyed tables need the same vocabulary."""
     old = DataIdentity("w0", "f0", {"item": "a", "action": "x"})
     new = DataIdentity("w1", "f1", {"item": "b", "action": "x"})
-    zch = ModelExtraConfig(num_items=0, num_actions=8, ids="zch", zch_size=128, zch_bucket_size=16, zch_max_probe=8)
+    zch = _cfg(ModelExtraConfig(num_items=0, num_actions=8, ids="zch", zch_size=128, zch_bucket_size=16,
+                                zch_max_probe=8))  # fmt: skip
     zch_record = _record(old, **{"model_extra.zch_bucket_size": 16})
     check_continuation(zch_record, new, zch, (128, 8), "c")  # other item ids: fine, rows are keyed by raw ids
-    hashed = ModelExtraConfig(num_items=128, num_actions=8, ids="hashed")
+    hashed = _cfg(ModelExtraConfig(num_items=128, num_actions=8, ids="hashed"))
     check_continuation(_record(old), new, hashed, (128, 8), "c")
-    exact = ModelExtraConfig(num_items=128, num_actions=8)
+    exact = _cfg(ModelExtraConfig(num_items=128, num_actions=8))
     with pytest.raises(ValueError, match=r"^checkpoint.continue_on_new_data: table 'item': w1 has other item ids"):
         check_continuation(_record(old), new, exact, (128, 8), "c")
     other_actions = DataIdentity("w1", "f1", {"item": "a", "action": "y"})
@@ -197,6 +200,35 @@ def test_check_continuation_names_the_table_that_cannot_carry_over() -> None:
         check_continuation(zch_record, other_actions, zch, (128, 8), "c")
     with pytest.raises(ValueError, match=r"table 'item' of c has model_extra.zch_bucket_size = 32, this run's has 16"):
         check_continuation(_record(old, **{"model_extra.zch_bucket_size": 32}), new, zch, (128, 8), "c")
+
+
+def _cfg(extra: ModelExtraConfig, **user_tables: UserTableConfig) -> RunConfig:
+    return RunConfig(data=DataConfig(path="x"), model_extra=extra, user_tables=user_tables)
+
+
+def test_continuation_names_a_user_table_that_cannot_carry_over() -> None:
+    """User-profile tables: the set must be the checkpoint's, and an exact one needs the same vocabulary."""
+    old = DataIdentity("w0", "f0", {"item": "a", "action": "x", "user.country": "c0"})
+    new = DataIdentity("w1", "f1", {"item": "a", "action": "x", "user.country": "c1"})
+    extra = ModelExtraConfig(num_items=128, num_actions=8, ids="hashed")
+    country = UserTableConfig(feature="country", rows=50)
+    users = UserTableConfig(feature="user_id", ids="zch", zch_size=64, zch_bucket_size=16)
+    both = _cfg(extra, country=country, user_id=users)
+    record = RunRecord("r", old, model_options(both, (128, 8)))
+    with pytest.raises(ValueError, match=r"table 'user.country': w1 has other user.country ids .* user_tables.country"):
+        check_continuation(record, new, both, (128, 8), "c")
+    hashed = _cfg(extra, country=replace(country, ids="hashed"), user_id=users)
+    with pytest.raises(
+        ValueError, match=r"c was trained with user_tables.country.ids = 'exact', this run has 'hashed'"
+    ):
+        check_model(record, model_options(hashed, (128, 8)), "c")
+    without = _cfg(extra, country=country)
+    with pytest.raises(ValueError, match=r"^table 'user.user_id': c has it \(\[user_tables.user_id\]\), this run does"):
+        check_continuation(record, old, without, (128, 8), "c")
+    added = _cfg(extra, country=country, user_id=users, age=UserTableConfig(feature="age", rows=7))
+    with pytest.raises(ValueError, match=r"^table 'user.age': this run has it .* c does not"):
+        check_continuation(record, old, added, (128, 8), "c")
+    check_continuation(record, old, both, (128, 8), "c")  # the same tables on the same vocabulary
 
 
 def test_eval_data_path_needs_ids_that_mean_this_runs_rows() -> None:

@@ -1,8 +1,9 @@
 """``model_extra.ids = "zch"`` end to end through ``freescale train`` (one rank, the tiny preset).
 
-One 8-step run with a zero-collision item table far smaller than the catalogue (evictions every step)
-and a checkpoint after step 4; a second run resumes from that checkpoint and must log the same
-losses and identity-table figures for its 4 steps, bit for bit (with PEC, which ``overlap = auto``
+One 8-step run with a zero-collision item table far smaller than the catalogue (evictions every step),
+user-profile tables (``[user_tables]``: an exact and a hashed profile feature, and a zero-collision
+table of user ids smaller than the users) and a checkpoint after step 4; a second run resumes from
+that checkpoint and must log the same losses and identity-table figures for its 4 steps, bit for bit (with PEC, which ``overlap = auto``
 picks on one rank with a spare core, the checkpoint is taken while the next batch's lookup is already done).
 Processes run with cwd = a temp dir (see train_cli.py).
 """
@@ -19,7 +20,18 @@ from train_cli import FREESCALE, prepare_tiny, run_toml, run_train
 pytestmark = pytest.mark.slow
 
 ZCH = {"num_items": 0, "ids": "zch", "zch_size": 128, "zch_bucket_size": 16, "zch_max_probe": 8}
-COMMON = {"model_extra": ZCH, "eval": {"max_users": 40}, "logging": {"log_every": 4}, "engine": {"overlap": "pec"}}
+USER_TABLES = {
+    "age_bucket": {},
+    "country_id": {"ids": "hashed", "rows": 16},
+    "user_id": {"ids": "zch", "zch_size": 64, "zch_bucket_size": 16, "zch_max_probe": 4},
+}
+COMMON = {
+    "model_extra": ZCH,
+    "user_tables": USER_TABLES,
+    "eval": {"max_users": 40},
+    "logging": {"log_every": 4},
+    "engine": {"overlap": "pec"},
+}
 
 
 def lines(out: Path) -> dict[int, dict]:
@@ -55,9 +67,13 @@ def test_zch_training_logs_the_identity_table_per_step_and_in_the_summary(straig
         total = item["hit_rate"] + item["insert_rate"] + item["collision_rate"]
         assert total == pytest.approx(1.0), step  # every lookup hits, takes a slot or falls back
     assert metrics[7]["zch"]["item"]["occupancy"] == 1.0
+    users = [line["zch"]["user.user_id"] for line in metrics.values()]
+    assert sum(u["insert_rate"] for u in users) > 0 and users[-1]["occupancy"] > 0  # its own identity table
     assert sum(line["zch"]["item"]["eviction_rate"] for line in metrics.values()) > 0
     report = json.loads((straight["out"] / "bubbles.json").read_text())
     assert report["training"]["ids"] == "zch" and report["summary"]["zch"]["item"]["evicted_mean_age"] > 0
+    assert report["training"]["user_tables"]["user.age_bucket"] == {"ids": "exact", "rows": 7, "zch_size": 0}
+    assert "zch user.user_id: " in (straight["out"] / "summary.txt").read_text()
     summary = (straight["out"] / "summary.txt").read_text()
     assert "zch item: " in summary and "ids zch (128 item rows)" in summary
     assert report["protocol"]["validation"]["users"] > 0  # full ranking over the table's rows, read-only
@@ -84,3 +100,14 @@ def test_evaluating_a_zch_checkpoint_on_other_ranks_is_refused_in_one_line(strai
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = result.stderr.strip().splitlines()
     assert "was written by 1 ranks: a model_extra.ids 'zch' table" in line and "--nproc 1" in line
+
+
+def test_a_user_table_the_dataset_cannot_feed_is_refused_in_one_line(straight, tmp_path) -> None:
+    config = run_toml(
+        tmp_path / "bad.toml", straight["data"], tmp_path / "out", user_tables={"income": {}}, data={"max_steps": 2}
+    )
+    result = run_train(config, tmp_path, nproc=1)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("freescale train: error: user_tables.income: ") and "no user-profile feature 'income'" in line
+    assert "['age_bucket', 'country_id']" in line

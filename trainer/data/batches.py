@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from freescale.pipeline.dataset.profiles import profile_rows
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.dataset.samples import CollateConfig, sequence_arrays
 from freescale.trainer.data.jagged import JaggedLayout, build_layout
@@ -42,6 +43,9 @@ class Batch:
     cost: float = 0.0  # planned cost (from prepare) of the samples
     truncated: int = 0  # events dropped because a sample was longer than model.max_uih_len
     user_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    # user-profile tables (``[user_tables]``): their names and [tables, B] rows, one per sample each
+    profile_tables: tuple[str, ...] = ()
+    profile_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
 
     @property
     def num_samples(self) -> int:
@@ -63,6 +67,7 @@ class Batch:
                 "input_index",
                 "target_index",
                 "user_ids",
+                "profile_ids",
             )
         }
         return replace(self, layout=self.layout.to(device), **tensors)
@@ -70,6 +75,11 @@ class Batch:
     def attention_times(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(time of each input, time of the event it predicts): what the model's time bias reads."""
         return self.timestamps[self.input_index], self.timestamps[self.target_index]
+
+    def input_samples(self) -> torch.Tensor:
+        """Sample (0..B-1) of each of the M inputs: where a per-sample value (the profile) applies."""
+        samples = torch.arange(self.num_samples, device=self.lengths.device)
+        return torch.repeat_interleave(samples, self.lengths - 1)
 
     def last_input_rows(self) -> torch.Tensor:
         """Row (within the M inputs) of each sample's last input: its query for evaluation."""
@@ -117,6 +127,8 @@ def collate(
         cost=float(sum(float(samples[i]["cost"]) for i in seq.kept)),
         truncated=int(seq.truncated),
         user_ids=torch.tensor([int(samples[i]["user_id"]) for i in seq.kept], dtype=torch.int64),
+        profile_tables=tuple(read.table for read in cfg.profiles),
+        profile_ids=as_tensor(profile_rows(cfg.profiles, samples, seq.kept)),
     )
 
 

@@ -46,9 +46,10 @@ from freescale.trainer.engines.jagged_ids import JaggedIds
 from freescale.trainer.engines.sharded import RowWiseShardedTables
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
 from freescale.trainer.engines.table_layout import TableSpec
-from freescale.trainer.engines.zch_shard import item_zch_config
+from freescale.trainer.engines.zch_shard import zch_config
 from freescale.trainer.metrics.instrument import StepTimer
 from freescale.trainer.model.transducer import SequentialTransducer, sampled_softmax_loss
+from freescale.trainer.table_config import ZchOptions
 
 
 class Checkpointer(Protocol):
@@ -107,32 +108,53 @@ class Engine(Protocol):
 
 
 def table_specs(cfg: RunConfig, world_size: int = 1) -> list[TableSpec]:
-    """The item table (history, targets and negatives read it) and the action table. With
-    ``model_extra.ids = "zch"`` the item table is zero-collision: ``zch_size`` slots and one fallback
-    row per rank (``zch_shard.py``)."""
+    """The item table (history, targets and negatives read it), the action table and one table per
+    user-profile feature (``[user_tables]``, feature ``user.<name>``). A table with ``ids = "zch"`` is
+    zero-collision: ``zch_size`` slots and one fallback row per rank (``zch_shard.py``)."""
     d, extra = cfg.model.d_model, cfg.model_extra
-    if extra.ids == "zch":
-        item = TableSpec("item", extra.zch_size + world_size, d, ("item", "neg"), item_zch_config(extra, world_size))
-    else:
-        item = TableSpec("item", extra.num_items, d, ("item", "neg"))
-    return [item, TableSpec("action", extra.num_actions, d, ("action",))]
+    item = _spec("item", extra.num_items, d, ("item", "neg"), extra, world_size)
+    profiles = [_spec(t.table, t.rows, d, (t.table,), t, world_size) for t in cfg.user_tables.values()]
+    return [item, TableSpec("action", extra.num_actions, d, ("action",)), *profiles]
+
+
+def _spec(name: str, rows: int, d: int, features: tuple[str, ...], ids: ZchOptions, world_size: int) -> TableSpec:
+    if ids.ids == "zch":
+        return TableSpec(name, ids.zch_size + world_size, d, features, zch_config(ids, world_size))
+    return TableSpec(name, rows, d, features)
 
 
 def batch_features(batch: Batch) -> JaggedIds:
-    """The batch's sparse features, keyed like the TorchRec ``KeyedJaggedTensor`` of ``kjt.py``."""
-    values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids])
+    """The batch's sparse features, keyed like the TorchRec ``KeyedJaggedTensor`` of ``kjt.py``, then one
+    id per sample of each user-profile table (``batch.profile_tables``)."""
+    profiles = batch.profile_ids.reshape(-1)
+    values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids, profiles])
+    counts = [batch.item_ids.numel(), batch.action_ids.numel(), batch.negative_ids.numel()]
     return JaggedIds(
-        list(ENGINE_KEYS), values, [batch.item_ids.numel(), batch.action_ids.numel(), batch.negative_ids.numel()]
+        [*ENGINE_KEYS, *batch.profile_tables], values, counts + [batch.num_samples] * len(batch.profile_tables)
     )
+
+
+def profile_rows(batch: Batch, rows: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """[B, d]: the sum of each sample's user-profile rows (None without profile tables)."""
+    if not batch.profile_tables:
+        return None
+    return torch.stack([rows[table] for table in batch.profile_tables]).sum(0)
+
+
+def input_context(batch: Batch, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[M, d]: what the model adds to each input's item row: its action row and, with user-profile
+    tables, its sample's profile rows (docs/training.md#user-profile-tables)."""
+    context = rows["action"][batch.input_index]
+    profile = profile_rows(batch, rows)
+    return context if profile is None else context + profile[batch.input_samples()]
 
 
 def batch_loss(
     model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor], temperature: float
 ) -> torch.Tensor:
     """Autoregressive sampled-softmax loss of one micro-batch given its features' embedding rows."""
-    items, actions = rows["item"], rows["action"]
-    inputs = batch.input_index
-    outputs = model(items[inputs], actions[inputs], batch.layout, *batch.attention_times())
+    items, inputs = rows["item"], batch.input_index
+    outputs = model(items[inputs], input_context(batch, rows), batch.layout, *batch.attention_times())
     targets = batch.target_index
     return sampled_softmax_loss(
         outputs, items[targets], rows["neg"], batch.item_ids[targets], batch.negative_ids, temperature
@@ -143,9 +165,8 @@ def batch_queries(
     model: SequentialTransducer, batch: Batch, rows: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each sample's query (output at its last input), its target's row and target id (evaluation)."""
-    items, actions = rows["item"], rows["action"]
-    inputs = batch.input_index
-    outputs = model(items[inputs], actions[inputs], batch.layout, *batch.attention_times())
+    items, inputs = rows["item"], batch.input_index
+    outputs = model(items[inputs], input_context(batch, rows), batch.layout, *batch.attention_times())
     last = batch.last_input_rows()
     target_rows = batch.target_index[last]
     return outputs[last], items[target_rows], batch.item_ids[target_rows]

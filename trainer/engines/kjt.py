@@ -19,12 +19,13 @@ from freescale.trainer.data.batches import Batch
 
 
 def batch_to_kjt(batch: Batch) -> Any:
-    """The ``KeyedJaggedTensor`` of ``batch``'s features (keys ``item``, ``action``, ``neg``)."""
+    """The ``KeyedJaggedTensor`` of ``batch``'s features (keys ``item``, ``action``, ``neg``, then each
+    user-profile table of ``batch.profile_tables``: one id per sample)."""
     rows = max(1, batch.num_samples)
     seq_lengths = batch.lengths if batch.num_samples else torch.zeros(1, dtype=torch.int64)
     neg_lengths = torch.zeros(rows, dtype=torch.int64)
     neg_lengths[0] = batch.negative_ids.numel()
-    values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids])
-    lengths = torch.cat([seq_lengths, seq_lengths, neg_lengths]).to(torch.int32)
-    return keyed_jagged(list(ENGINE_KEYS), values, lengths)
-
+    profile_lengths = (torch.ones if batch.num_samples else torch.zeros)(rows, dtype=torch.int64)
+    values = torch.cat([batch.item_ids, batch.action_ids, batch.negative_ids, batch.profile_ids.reshape(-1)])
+    lengths = torch.cat([seq_lengths, seq_lengths, neg_lengths, *[profile_lengths] * len(batch.profile_tables)])
+    return keyed_jagged([*ENGINE_KEYS, *batch.profile_tables], values, lengths.to(torch.int32))

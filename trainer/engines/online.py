@@ -71,7 +71,7 @@ from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch
 from freescale.trainer.data.jagged import build_layout
 from freescale.trainer.engines.balancer import imbalance, place_samples, rank_loads
-from freescale.trainer.engines.engine import FreeScaleEngine
+from freescale.trainer.engines.engine import FreeScaleEngine, profile_rows
 from freescale.trainer.engines.input_dist import DistContext
 from freescale.trainer.engines.pec import PECEngine
 from freescale.trainer.model.transducer import sampled_softmax_terms
@@ -172,6 +172,15 @@ def deinterleave(buffer: torch.Tensor, first: list[int], second: list[int]) -> t
     return torch.cat(pieces[0::2]), torch.cat(pieces[1::2])
 
 
+def event_context(batch: Batch, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[T, d] per event: its action row plus its sample's user-profile rows (``engine.input_context``
+    of every event, so a dispatched unit carries what the model adds to the item row)."""
+    profile = profile_rows(batch, rows)
+    if profile is None:
+        return rows["action"]
+    return rows["action"] + torch.repeat_interleave(profile, batch.lengths, dim=0)
+
+
 def balancer_cost_model(cfg: RunConfig) -> CostModel:
     """The cost model ``prepare`` plans with: ``engine.balancer_cost_model`` (a calibrated file, as
     passed to ``prepare --cost-model``) or, by default, the analytic model of ``[model]``."""
@@ -204,7 +213,7 @@ class OnlineBalancing:
         leaves = [rows.requires_grad_() for rows in unique_rows]
         with self.timer.stage("forward", "compute"):
             rows = self.tables.feature_rows(ctx, leaves)
-            units = torch.cat([rows["item"], rows["action"]], dim=1)  # per event: inputs and targets share it
+            units = torch.cat([rows["item"], event_context(batch, rows)], dim=1)  # inputs and targets share it
             negatives = rows["neg"]
         received, dispatch_plan = self._timed(
             "dispatch", "dispatch", "comm", self._dispatch, batch, units, negatives, plan

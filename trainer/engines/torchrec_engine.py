@@ -58,11 +58,16 @@ class DenseHead(nn.Module):
         self.temperature = cfg.model_extra.temperature
 
     def forward(
-        self, batch: Batch, items: torch.Tensor, actions: torch.Tensor, negatives: torch.Tensor
+        self, batch: Batch, items: torch.Tensor, actions: torch.Tensor, negatives: torch.Tensor, *profiles: torch.Tensor
     ) -> torch.Tensor:
-        return batch_loss(
-            self.transducer, batch, {"item": items, "action": actions, "neg": negatives}, self.temperature
-        )
+        """``profiles``: the rows of ``batch.profile_tables``, in that order."""
+        rows = {"item": items, "action": actions, "neg": negatives, **dict(zip(batch.profile_tables, profiles))}
+        return batch_loss(self.transducer, batch, rows, self.temperature)
+
+
+def ec_table_name(table: str) -> str:
+    """A table's name inside TorchRec's ``EmbeddingCollection`` (a module key: no dots), ``user.x`` → ``user__x``."""
+    return table.replace(".", "__")
 
 
 class TorchRecModel(nn.Module):
@@ -74,10 +79,14 @@ class TorchRecModel(nn.Module):
 
         tables = [
             EmbeddingConfig(
-                name=spec.name, embedding_dim=spec.dim, num_embeddings=spec.rows, feature_names=list(spec.features)
+                name=ec_table_name(spec.name),
+                embedding_dim=spec.dim,
+                num_embeddings=spec.rows,
+                feature_names=list(spec.features),
             )
             for spec in table_specs(cfg)
         ]
+        self.profile_tables = tuple(table.table for table in cfg.user_tables.values())
         self.ec = EmbeddingCollection(tables=tables, device=torch.device("meta"))
         torch.manual_seed(cfg.engine.seed)
         self.head = DenseHead(cfg)
@@ -86,7 +95,8 @@ class TorchRecModel(nn.Module):
     def forward(self, batch: KJTBatch) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.timer.now()
         jagged = self.ec(batch.features)
-        loss = self.head(batch.dense, jagged["item"].values(), jagged["action"].values(), jagged["neg"].values())
+        keys = ("item", "action", "neg", *self.profile_tables)
+        loss = self.head(batch.dense, *(jagged[key].values() for key in keys))
         record = self.timer.current
         if record is not None:
             record.stages.append(StageSpan("forward", "compute", start, self.timer.now()))
@@ -222,7 +232,9 @@ def _sharded_model(cfg: RunConfig, model: TorchRecModel, world_size: int, device
             "beta2": opt.betas[1],
         }
     sharder = EmbeddingCollectionSharder(fused_params=fused)
-    constraints = {spec.name: ParameterConstraints(sharding_types=["row_wise"]) for spec in table_specs(cfg)}
+    constraints = {
+        ec_table_name(spec.name): ParameterConstraints(sharding_types=["row_wise"]) for spec in table_specs(cfg)
+    }
     topology = Topology(world_size=world_size, compute_device=device.type)
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
@@ -266,7 +278,7 @@ class TorchRecEngine:
 
     def _copy_initial_rows(self) -> None:
         """Start from the same rows as ``FreeScaleEngine`` (same per-chunk generators)."""
-        specs = {spec.name: (t, spec) for t, spec in enumerate(table_specs(self.cfg))}
+        specs = {ec_table_name(spec.name): (t, spec) for t, spec in enumerate(table_specs(self.cfg))}
         with torch.no_grad():
             for name, (offset, rows) in _table_shards(self.dmp).items():
                 t, spec = specs[name]
@@ -347,7 +359,7 @@ class TorchRecEngine:
         if self.pipeline is not None and hasattr(self.pipeline, "detach"):
             self.pipeline.detach()  # restore the sharded modules' own forward; progress() re-attaches
         jagged = self.model.ec(batch_to_kjt(batch).to(self.device))
-        return {name: jagged[name].values() for name in ("item", "action", "neg")}
+        return {name: jagged[name].values() for name in ("item", "action", "neg", *batch.profile_tables)}
 
     @torch.no_grad()
     def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

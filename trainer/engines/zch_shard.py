@@ -23,21 +23,21 @@ import torch
 from freescale.kernels.zch import ZchConfig, ZchTable
 from freescale.kernels.zch_hash import bucket_and_home, pending_slot
 from freescale.kernels.zch_rows import hashed_uniform
-from freescale.trainer.config import ModelExtraConfig
+from freescale.trainer.table_config import ZchOptions
 
 STATE = ("identities", "last_seen", "counts", "pending_ids", "pending_counts", "counters", "step")
 SHARDED_STATE = ("identities", "last_seen", "counts")  # one entry per slot: pieces of one global tensor
 
 
-def item_zch_config(extra: ModelExtraConfig, world_size: int) -> ZchConfig:
-    """The item table's ``ZchConfig`` from ``[model_extra]`` (``zch_*`` options)."""
+def zch_config(options: ZchOptions, world_size: int) -> ZchConfig:
+    """A table's ``ZchConfig`` from its ``zch_*`` options (``[model_extra]`` or ``[user_tables.<feature>]``)."""
     return ZchConfig(
-        zch_size=extra.zch_size,
-        bucket_size=extra.zch_bucket_size,
-        max_probe=extra.zch_max_probe,
-        policy=extra.zch_policy,
-        ttl=extra.zch_ttl if extra.zch_policy == "ttl" else None,
-        admission_threshold=extra.zch_admission_threshold,
+        zch_size=options.zch_size,
+        bucket_size=options.zch_bucket_size,
+        max_probe=options.zch_max_probe,
+        policy=options.zch_policy,
+        ttl=options.zch_ttl if options.zch_policy == "ttl" else None,
+        admission_threshold=options.zch_admission_threshold,
         world_size=world_size,
     )
 

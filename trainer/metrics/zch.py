@@ -17,7 +17,8 @@ COUNTS = ("lookups", "hits", "inserts", "evictions", "collisions", "admission_wa
 
 
 def zch_tables(extras: list[dict[str, float]]) -> list[str]:
-    return sorted({key.split(".")[1] for extra in extras for key in extra if key.startswith("zch.")})
+    """The tables named by ``zch.<table>.<counter>`` keys (a table's name may hold dots: ``user.user_id``)."""
+    return sorted({key[4:].rsplit(".", 1)[0] for extra in extras for key in extra if key.startswith("zch.")})
 
 
 def zch_figures(totals: dict[str, float], occupied: float, slots: float) -> dict[str, float | int]:

@@ -38,12 +38,13 @@ import torch
 from freescale.model_config import ModelConfig
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.dataset.samples import CollateConfig
-from freescale.trainer.config import ZCH_DEFAULTS, ModelExtraConfig
+from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.batches import Batch, collate
 from freescale.trainer.data.jagged import padded_sum_of_squares
 from freescale.trainer.engines.engine import batch_loss
 from freescale.trainer.model.transducer import SequentialTransducer, resolve_attention
 from freescale.trainer.simulate.calibrate_options import HELP, add_arguments
+from freescale.trainer.table_config import ZCH_DEFAULTS
 
 CALIBRATION_ITEMS = 1_000  # item rows of the synthetic table when model_extra.num_items is 0 (from the data)
 

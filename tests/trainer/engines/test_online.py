@@ -134,6 +134,17 @@ def test_one_sample_outweighs_the_rest_of_the_step(pool2) -> None:
     assert moved(results, "online", 1) == 0  # a lone giant: nothing can lower the max
 
 
+def test_user_profile_tables_move_with_their_samples(pool2) -> None:
+    """A dispatched sample carries its user's profile rows (hashed and zch tables): the placed loss
+    and the profile rows' gradients match no balancer, and samples do move."""
+    case = OnlineCase(world_size=2, steps=8, samples_per_rank=4, sigma=1.2, seed=13, profiles=True)
+    results = pool2.run(case, ("none", "online", "pec+online"))
+    assert_close(results, "none", "online")
+    assert_close(results, "none", "pec+online")
+    assert sum(moved(results, "online", step) for step in range(8)) > 0
+    assert any("zch.user.user_id.inserts" in extra for extra in results[0]["online"]["extras"])
+
+
 def test_sasrec_and_sparse_adam_stay_close(pool2) -> None:
     """SGD for the dense part: SASRec's key bias has a zero gradient (softmax ignores a per-row shift),
     so dense Adam divides float noise by its own size and the bias walks at random (4e-3 apart)."""

@@ -122,6 +122,8 @@ def test_a_hierarchical_all_to_all_trains_bitwise_like_the_flat_one(pool4) -> No
         ("zch: evictions and fallback rows, adam", {"zch_size": 32, "sparse": "adam"}),
         ("zch ttl, a batch prefetched at the end", {"zch_size": 32, "zch_policy": "ttl", "stop_early": True}),
         ("zch lfu, settling every step", {"zch_size": 32, "zch_policy": "lfu", "settle_every": 1}),
+        ("user-profile tables: hashed and zch user ids", {"profiles": True}),
+        ("profile and item zch tables, adam", {"profiles": True, "zch_size": 32, "sparse": "adam"}),
     ],
 )
 def test_edge_cases_stay_exact(pool2, name: str, changes: dict) -> None:
