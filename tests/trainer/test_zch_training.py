@@ -3,8 +3,9 @@
 One 8-step run with a zero-collision item table far smaller than the catalogue (evictions every step),
 user-profile tables (``[user_tables]``: an exact and a hashed profile feature, and a zero-collision
 table of user ids smaller than the users) and a checkpoint after step 4; a second run resumes from
-that checkpoint and must log the same losses and identity-table figures for its 4 steps, bit for bit (with PEC, which ``overlap = auto``
-picks on one rank with a spare core, the checkpoint is taken while the next batch's lookup is already done).
+that checkpoint and must log the same losses and identity-table figures for its 4 steps, bit for bit
+(with PEC, which ``overlap = auto`` picks on one rank with a spare core, the checkpoint is taken while
+the next batch's lookup is already done).
 Processes run with cwd = a temp dir (see train_cli.py).
 """
 
@@ -109,5 +110,6 @@ def test_a_user_table_the_dataset_cannot_feed_is_refused_in_one_line(straight, t
     result = run_train(config, tmp_path, nproc=1)
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("freescale train: error: user_tables.income: ") and "no user-profile feature 'income'" in line
+    assert line.startswith("freescale train: error: user_tables.income: ")
+    assert "no user-profile feature 'income'" in line
     assert "['age_bucket', 'country_id']" in line
