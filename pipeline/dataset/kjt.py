@@ -35,6 +35,7 @@ ITEM, ACTION, TIMESTAMP, NEG = "item", "action", "timestamp", "neg"
 KJT_KEYS = (ITEM, ACTION, TIMESTAMP, NEG)  # the one key set (module docstring)
 LOADER_KEYS = (ITEM, ACTION, TIMESTAMP)  # the loader's ``kjt`` output
 ENGINE_KEYS = (ITEM, ACTION, NEG)  # the TorchRec engine's (and the sharded tables') features
+PROFILE_PREFIX = "user."  # then the engines' user-profile tables (``[user_tables]``), one id per sample
 
 
 def _torchrec_kjt() -> Any:
@@ -47,11 +48,12 @@ def _torchrec_kjt() -> Any:
 
 
 def keyed_jagged(keys: list[str], values: torch.Tensor, lengths: torch.Tensor) -> Any:
-    """The ``KeyedJaggedTensor`` of ``keys`` (from ``KJT_KEYS``, in that order): ``values`` key after
-    key, ``lengths`` the per-row lengths of every key, key after key."""
-    unknown = [key for key in keys if key not in KJT_KEYS]
+    """The ``KeyedJaggedTensor`` of ``keys`` (from ``KJT_KEYS``, in that order, then user-profile tables
+    ``user.<feature>``, one id per row): ``values`` key after key, ``lengths`` the per-row lengths of
+    every key, key after key."""
+    unknown = [key for key in keys if key not in KJT_KEYS and not key.startswith(PROFILE_PREFIX)]
     if unknown:
-        raise ValueError(f"KJT keys {unknown} are not in the key set {list(KJT_KEYS)}")
+        raise ValueError(f"KJT keys {unknown} are not in the key set {list(KJT_KEYS)} (or {PROFILE_PREFIX}<feature>)")
     return _torchrec_kjt().from_lengths_sync(keys=list(keys), values=values, lengths=lengths)
 
 

@@ -4,7 +4,8 @@ One uninterrupted FreeScale run (checkpoints after steps 1 and 24 and at the end
 tests: loss decreases, outputs and instrumentation, the sharded step equals a single-process
 reference, and a second run resumed from step 24 (mid-epoch; the next epoch starts at step 28) must
 reproduce its loss curve bit for bit. The TorchRec baseline and an ``s3://`` run train on the same
-data and must match its losses.
+data and must match its losses. Every run reads two user-profile tables (``USER_TABLES``: the exact
+``age_bucket`` and a hashed ``country_id``), so each of these comparisons covers them too.
 Processes run with cwd = a temp dir so the repository's ``datasets/`` cannot shadow Hugging Face's.
 """
 
@@ -21,6 +22,7 @@ from train_cli import STEPS, losses, prepare_tiny, run_toml, train
 from freescale.pipeline.dataset.reader import PreparedDataset, RankReader
 
 pytestmark = pytest.mark.slow
+USER_TABLES = {"age_bucket": {}, "country_id": {"ids": "hashed", "rows": 16}}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,7 @@ def run_a(tiny_dataset, tmp_path_factory) -> dict:
         root / "out",
         checkpoint={"dir": str(root / "ckpt"), "steps": [1, 24]},
         engine={"overlap": "pec"},  # auto would pick none here: 2 ranks share 2 cores
+        user_tables=USER_TABLES,
     )
     result = train(config, root)
     return {"root": root, "out": root / "out", "ckpt": root / "ckpt", "config": config, "stdout": result.stdout}
@@ -114,8 +117,10 @@ def test_sharded_step_equals_single_process_reference(run_a, tiny_dataset) -> No
         torch.testing.assert_close(state["model"][name], value, atol=1e-6, rtol=1e-5, msg=name)
     for spec, table in zip(reference.specs, reference.tables):
         torch.testing.assert_close(state["tables"][f"tables.{spec.name}.weight"], table, atol=1e-6, rtol=1e-5)
-    initial = ReferenceTrainer(cfg).tables[0]
-    assert not torch.equal(initial, reference.tables[0])  # the step did change rows
+    initial = ReferenceTrainer(cfg).tables
+    assert [spec.name for spec in reference.specs[2:]] == ["user.age_bucket", "user.country_id"]
+    for t in (0, 2, 3):  # the step did change rows: items and both profile tables
+        assert not torch.equal(initial[t], reference.tables[t]), reference.specs[t].name
 
 
 def test_resume_reproduces_the_uninterrupted_loss_curve(run_a, tmp_path) -> None:
@@ -127,12 +132,14 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(run_a, tmp_path) -> None
         tmp_path / "out",
         checkpoint={"dir": str(tmp_path / "ckpt"), "resume": str(run_a["ckpt"] / "step_00000024")},
         eval={"max_users": 0},
+        user_tables=USER_TABLES,
     )
     train(config, tmp_path)
     full, resumed = losses(run_a["out"]), losses(tmp_path / "out")
     assert sorted(resumed) == list(range(24, STEPS))
     assert [resumed[s] for s in resumed] == [full[s] for s in resumed]  # exactly
-    shapes = {"tables.item.weight": (1000, 32), "tables.item.momentum": (1000,), "tables.action.weight": (8, 32)}
+    shapes = {"tables.item.weight": (1000, 32), "tables.item.momentum": (1000,), "tables.action.weight": (8, 32),
+              "tables.user.age_bucket.weight": (7, 32), "tables.user.country_id.weight": (16, 32)}  # fmt: skip
     finals = []
     for ckpt in (run_a["ckpt"], tmp_path / "ckpt"):
         state = {"tables": {key: torch.zeros(shape) for key, shape in shapes.items()}}
@@ -143,7 +150,9 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(run_a, tmp_path) -> None
 
 
 def test_torchrec_engine_learns_the_same_curve(run_a, tiny_dataset, tmp_path) -> None:
-    config = run_toml(tmp_path / "torchrec.toml", tiny_dataset, tmp_path / "out", eval={"max_users": 0})
+    config = run_toml(
+        tmp_path / "torchrec.toml", tiny_dataset, tmp_path / "out", eval={"max_users": 0}, user_tables=USER_TABLES
+    )
     train(config, tmp_path, "--engine", "torchrec")
     report = json.loads((tmp_path / "out" / "bubbles.json").read_text())
     assert report["engine"] == "torchrec" and "TrainPipelineSparseDist" in report["pipeline"]
@@ -164,6 +173,7 @@ def test_trains_streaming_from_s3(run_a, tiny_dataset, s3_bucket, tmp_path) -> N
         tmp_path / "out",
         data={"max_steps": 6, "cache_dir": str(tmp_path / "cache")},
         eval={"max_users": 0},
+        user_tables=USER_TABLES,
     )
     train(config, tmp_path)
     streamed, local = losses(tmp_path / "out"), losses(run_a["out"])
