@@ -18,6 +18,7 @@ import numpy as np
 from freescale.pipeline.dataset.vocabulary import Vocabulary
 
 USER_ID = "user_id"  # the profile "feature" that is the sample's own user id
+RAW_MASK = 2**63 - 1  # raw values for an identity table: int64 >= 0 (-1, "missing", becomes 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class ProfileRead:
         return np.array([int(samples[i]["user_features"][self.column]) for i in kept], dtype=np.int64)
 
     def table_rows(self, raw: np.ndarray) -> np.ndarray:
-        if self.raw:
-            return raw
+        if self.raw:  # a zero-collision table keys rows by ids >= 0: a negative value keeps an id of its own
+            return raw & RAW_MASK
         if self.vocab is not None:
             return self.vocab.rows(raw, where=f"table {self.table}")
         return raw % self.rows

@@ -43,3 +43,10 @@ def test_no_profile_tables_give_an_empty_batch_field() -> None:
     cfg = CollateConfig(num_items=8, num_actions=2, max_len=16, num_negatives=0, inbatch_negatives=0)
     batch = collate([_sample(1, 1, 4, 3)], cfg, step=0, rank=0, holdout=False)
     assert batch.profile_tables == () and tuple(batch.profile_ids.shape) == (0, 1)
+
+
+def test_a_missing_profile_value_gets_an_id_a_zch_table_accepts() -> None:
+    """-1 (a user the users table does not list) must not reach an identity table, which refuses ids < 0."""
+    read = ProfileRead("user.zip", 0, 64, raw=True)
+    rows = profile_rows((read,), [_sample(1, -1, 4, 3), _sample(2, 17, 4, 3)], [0, 1])
+    assert rows.tolist() == [[2**63 - 1, 17]]
