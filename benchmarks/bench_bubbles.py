@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from measure import FREESCALE, Points
 
-from freescale.trainer.config import write_run_toml
+from freescale.trainer.config_toml import write_run_toml
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_bubbles.json"
 RUNS = (

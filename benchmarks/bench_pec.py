@@ -34,7 +34,7 @@ from typing import Any
 
 from measure import FREESCALE, Points
 
-from freescale.trainer.config import write_run_toml
+from freescale.trainer.config_toml import write_run_toml
 from freescale.trainer.metrics.bubbles import mean_embedding_comm, part_shares
 
 PER_STEP = ("straggler_pct", "exposed_comm_pct", "bubble_pct", "samples_per_s", "imbalance")

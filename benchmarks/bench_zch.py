@@ -195,7 +195,7 @@ def arm_ids(arm: str, sizes: dict[str, int], s: Settings) -> dict[str, Any]:
 
 
 def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: dict[str, int], s: Settings) -> str:
-    from freescale.trainer.config import write_run_toml
+    from freescale.trainer.config_toml import write_run_toml
 
     checkpoint: dict[str, Any] = {"dir": str(work / arm / "ckpt")}
     if window:

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freescale.trainer.config import RunConfig, write_run_toml
+from freescale.trainer.config import RunConfig
+from freescale.trainer.config_toml import write_run_toml
 
 MODEL = {"d_model": 128, "num_layers": 2, "num_heads": 4, "num_negatives": 128, "max_uih_len": 512}
 GROUP_SIZE, MICRO_BATCH = 8, 32

@@ -17,7 +17,7 @@ from freescale.model_config import ModelConfig
 from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.prepare import prepare
-from freescale.trainer.config import write_run_toml
+from freescale.trainer.config_toml import write_run_toml
 
 FREESCALE = str(Path(sys.executable).parent / "freescale")
 STEPS = 30

@@ -137,7 +137,7 @@ def test_a_rank_whose_dataset_changed_stops_with_one_line(tmp_path, monkeypatch,
     """The trainer reads through the loader: a rank that meets a replaced (or damaged) dataset mid-run
     prints one line and exits 1, as for any other error that ends a run, not a traceback."""
     from freescale.trainer import launch, runner
-    from freescale.trainer.config import write_run_toml
+    from freescale.trainer.config_toml import write_run_toml
 
     data = str(tmp_path / "prepared")
     config = write_run_toml(tmp_path / "run.toml", {"data": {"path": data}})
