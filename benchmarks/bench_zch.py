@@ -82,6 +82,7 @@ class Settings:
     dense_lr: float = 0.005
     sparse_lr: float = 0.1
     threads: int = 2
+    device: str = "cpu"  # engine.device of the training runs (cuda: the quality comparison at GPU speed)
     # the tables
     rows_factor: float = 1.25  # hashed / zch rows = this x the peak live item count
     oracle_factor: float = 1.5  # oracle slots = this x the stream's distinct items
@@ -207,7 +208,7 @@ def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: 
                         **arm_ids(arm, sizes, s)},
         "data": {"path": datasets[window], "max_steps": s.steps_per_window, "seed": s.seed},
         "optimizer": {"dense_lr": s.dense_lr, "sparse_lr": s.sparse_lr},
-        "engine": {"threads": s.threads, "seed": s.seed},
+        "engine": {"threads": s.threads, "seed": s.seed, "device": s.device},
         "eval": {"k": 10, "max_users": s.eval_users, "validation": False, "data_path": datasets[window + 1]},
         "checkpoint": checkpoint,
         "logging": {"out_dir": str(work / arm / f"w{window}"), "log_every": 10, "progress": False},
@@ -477,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny stream, 3 steps a window (smoke run)")
     parser.add_argument("--steps", type=int, help="training steps per window (default: Settings)")
+    parser.add_argument("--windows", type=int, help="days of the stream (>= 2; default: Settings)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="where the arms train (default: cpu)")
     parser.add_argument("--skip-training", action="store_true", help="only the stream's figures and the kernel")
     keep = "rerun only the kernel point, keeping the windows of the results file (--out)"
     parser.add_argument("--kernel-only", action="store_true", help=keep)
@@ -486,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     s = QUICK if args.quick else Settings()
     if args.steps:
         s.steps_per_window = args.steps
+    if args.windows:
+        if args.windows < 2:
+            parser.error(f"--windows must be >= 2 (train on one, evaluate on the next), got {args.windows}")
+        s.windows = args.windows
+    if args.device:
+        s.device = args.device
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if args.kernel_only:
