@@ -141,7 +141,8 @@ def zch_table(zch: dict[str, Any]) -> Table:
     policy = cfg["policy"] + (f", ttl {cfg['ttl']} s" if cfg["ttl"] else "")
     policy += f", admission {cfg['admission_threshold']}" if cfg["admission_threshold"] > 1 else ""
     table = Table(
-        title=f"ZCH replay of item ids in time order: {cfg['zch_size']:,} rows, max_probe {cfg['max_probe']}, {policy}"
+        title=f"ZCH replay of {zch.get('ids', 'item')} ids in time order: {cfg['zch_size']:,} rows, "
+        f"max_probe {cfg['max_probe']}, {policy}"
     )
     columns = ("lookups", "hit", "insert", "collide", "evict", "full", "id % T")
     for column in columns:

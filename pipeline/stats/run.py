@@ -88,19 +88,20 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
 
 
 def _zch(config: StatsConfig, kind: str, uri: str, work: Path, report: dict[str, Any]) -> dict[str, Any]:
-    """The ZCH replay of the input's item ids (``zch_replay``), beside modulo hashing at the same rows."""
+    """The ZCH replay of the input's item (or user) ids (``zch_replay``), beside modulo hashing at the same rows."""
     from freescale.pipeline.stats import zch_replay
 
     assert config.zch is not None
     if kind == "sources":
         from freescale.datasets.sources import SourcesConfig
 
-        pairs = zch_replay.source_pairs(SourcesConfig.from_toml(uri))
+        pairs = zch_replay.source_pairs(SourcesConfig.from_toml(uri), config.zch.ids)
         events = "every valid event of the sources (before --min-len, --kcore, --sample-fraction)"
     else:
         from freescale.pipeline.dataset.reader import PreparedDataset
 
-        pairs = zch_replay.prepared_pairs(PreparedDataset(uri, cache_dir=config.cache_dir, verify=config.verify))
+        dataset = PreparedDataset(uri, cache_dir=config.cache_dir, verify=config.verify)
+        pairs = zch_replay.prepared_pairs(dataset, ids=config.zch.ids)
         events = "every event of the prepared samples (each in one sample: --window-stride 0)"
     replayed = zch_replay.replay_pairs(pairs, work / "spill" / "zch", config.zch)
     size = str(config.zch.table.zch_size)
@@ -108,7 +109,7 @@ def _zch(config: StatsConfig, kind: str, uri: str, work: Path, report: dict[str,
         "events": f"{events}, in event-time order",
         "definition": "rates per lookup (id occurrence); collision: the id got the fallback row",
         **replayed,
-        "modulo_hash_collision_rate": report["ids"]["tables"]["item"]["hash_collision_rate"][size],
+        "modulo_hash_collision_rate": report["ids"]["tables"][config.zch.ids]["hash_collision_rate"][size],
     }
 
 

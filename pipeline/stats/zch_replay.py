@@ -1,8 +1,9 @@
 """``freescale stats --zch-size``: a zero-collision table's hit, insert, collision and eviction rates
-and occupancy, predicted by replaying the dataset's item ids in event-time order through
-``kernels.zch.ZchTable`` (docs/stats.md#zch-replay; the table's rules: docs/design.md#open-id-spaces-mpzch).
+and occupancy, predicted by replaying the dataset's item ids (``--zch-ids user``: each event's user
+id) in event-time order through ``kernels.zch.ZchTable`` (docs/stats.md#zch-replay; the table's
+rules: docs/design.md#open-id-spaces-mpzch).
 
-1. spill — the events are read once and their ``(ts, item_id)`` pairs appended to one Arrow file per
+1. spill — the events are read once and their ``(ts, id)`` pairs appended to one Arrow file per
    day of event time (read order inside a day): raw sources' valid events task by task
    (``source_pairs``), or a prepared dataset's samples in plan order when no event is in two of them
    (``prepared_pairs``: ``--window-stride 0``);
@@ -30,18 +31,23 @@ from freescale.datasets.sources import SourcesConfig, plan_read_tasks, read_task
 from freescale.kernels.zch import ZchConfig, ZchTable
 
 DAY_S = 86_400
-PAIR_SCHEMA = pa.schema([("ts", pa.int64()), ("item", pa.int64())])
+PAIR_SCHEMA = pa.schema([("ts", pa.int64()), ("id", pa.int64())])
+ID_KINDS = ("item", "user")  # which ids a replay feeds the table (``--zch-ids``)
 TARGET_ROWS_PER_TASK = 4_000_000
 
 
 @dataclass(frozen=True)
 class ZchReplayConfig:
-    """What to replay: the table (``ZchConfig``) and how many events one lookup call holds."""
+    """What to replay: the table (``ZchConfig``), how many events one lookup call holds and whose ids
+    (``ids``: the events' items, or their users: a ``[user_tables.user_id]`` table)."""
 
     table: ZchConfig
     lookup_events: int = 65_536  # one training step's ids: ids of a call compete by first occurrence
+    ids: str = "item"
 
     def __post_init__(self) -> None:
+        if self.ids not in ID_KINDS:
+            raise ValueError(f"--zch-ids must be one of {list(ID_KINDS)}, got {self.ids!r}")
         if isinstance(self.lookup_events, bool) or not isinstance(self.lookup_events, int) or self.lookup_events < 1:
             raise ValueError(f"--zch-lookup-events must be an integer >= 1, got {self.lookup_events!r}")
 
@@ -57,10 +63,10 @@ CLI_OPTIONS = {
 }
 
 
-def replay_config(lookup_events: int = 65_536, **table: Any) -> ZchReplayConfig:
+def replay_config(lookup_events: int = 65_536, ids: str = "item", **table: Any) -> ZchReplayConfig:
     """``ZchReplayConfig`` from ``stats``' options; a bad value is one line naming its ``--zch-*`` option."""
     try:
-        return ZchReplayConfig(ZchConfig(**table), lookup_events)
+        return ZchReplayConfig(ZchConfig(**table), lookup_events, ids)
     except ValueError as error:
         text = str(error)
         for name, option in CLI_OPTIONS.items():
@@ -68,24 +74,28 @@ def replay_config(lookup_events: int = 65_536, **table: Any) -> ZchReplayConfig:
         raise ValueError(text) from None
 
 
-def source_pairs(sources: SourcesConfig) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(ts, item_id)`` of every valid event of the sources, chunk by chunk in read order."""
+def source_pairs(sources: SourcesConfig, ids: str = "item") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(ts, id)`` of every valid event of the sources (``ids``: its item or its user), chunk by chunk
+    in read order."""
     for task in plan_read_tasks(sources, TARGET_ROWS_PER_TASK):
         for chunk in read_task(sources, task):
-            yield chunk.events.column("ts").to_numpy(), chunk.events.column("item_id").to_numpy()
+            yield chunk.events.column("ts").to_numpy(), chunk.events.column(f"{ids}_id").to_numpy()
 
 
-def prepared_pairs(dataset: Any, chunk_rows: int = 4_096) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(timestamps, item_ids)`` of a ``PreparedDataset``'s samples, ``chunk_rows`` samples at a time.
+def prepared_pairs(dataset: Any, chunk_rows: int = 4_096, ids: str = "item") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(timestamps, id)`` of every event of a ``PreparedDataset``'s samples (``ids``: its item or its
+    sample's user), ``chunk_rows`` samples at a time.
 
     Only for datasets prepared with ``--window-stride 0``: each event is then in one sample at most."""
     n_rows = int(dataset.offsets[-1])
     for start in range(0, n_rows, chunk_rows):
         rows = [dataset.row(i) for i in range(start, min(start + chunk_rows, n_rows))]
-        yield (
-            np.concatenate([np.asarray(r["timestamps"], np.int64) for r in rows]),
-            np.concatenate([np.asarray(r["item_ids"], np.int64) for r in rows]),
-        )
+        times = [np.asarray(r["timestamps"], np.int64) for r in rows]
+        if ids == "user":
+            values = [np.full(len(t), int(r["user_id"]), np.int64) for r, t in zip(rows, times)]
+        else:
+            values = [np.asarray(r["item_ids"], np.int64) for r in rows]
+        yield np.concatenate(times), np.concatenate(values)
 
 
 def spill_by_day(pairs: Iterable[tuple[np.ndarray, np.ndarray]], spill_dir: Path) -> list[Path]:
@@ -123,7 +133,7 @@ def time_ordered(files: list[Path]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each day's ``(ts, item)`` sorted by time, equal times in read order; the file is then deleted."""
     for path in files:
         table = ipc.open_file(pa.memory_map(str(path))).read_all()
-        ts, items = table.column("ts").to_numpy(), table.column("item").to_numpy()
+        ts, items = table.column("ts").to_numpy(), table.column("id").to_numpy()
         order = np.argsort(ts, kind="stable")
         yield ts[order], items[order]
         del table
@@ -177,6 +187,7 @@ def _report(table: ZchTable, config: ZchReplayConfig, days: dict[int, dict[str, 
         for day, counts in sorted(days.items())
     ]
     return {
+        "ids": config.ids,
         "table": asdict(config.table),
         "lookup_events": config.lookup_events,
         "counters": counters,
@@ -193,7 +204,7 @@ def replay_pairs(pairs: Iterable[tuple[np.ndarray, np.ndarray]], spill_dir: Path
 
 def replay_sources(sources: SourcesConfig, spill_dir: Path, config: ZchReplayConfig) -> dict[str, Any]:
     """The replay of raw sources' valid events."""
-    return replay_pairs(source_pairs(sources), spill_dir, config)
+    return replay_pairs(source_pairs(sources, config.ids), spill_dir, config)
 
 
 __all__ = [

@@ -89,6 +89,7 @@ ZCH_DEFAULTS = {
     "zch_ttl": None,
     "zch_admission": 1,
     "zch_lookup_events": 65_536,
+    "zch_ids": "item",
 }
 
 
@@ -108,6 +109,9 @@ def _add_zch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--zch-lookup-events", type=int, help="events per lookup call (a training step's ids; default 65,536)"
     )
+    p.add_argument(
+        "--zch-ids", choices=("item", "user"), help="replay the events' item ids (default) or their user ids"
+    )
 
 
 def _zch_options(args: argparse.Namespace) -> Any:
@@ -123,6 +127,7 @@ def _zch_options(args: argparse.Namespace) -> Any:
              for name, default in ZCH_DEFAULTS.items()}  # fmt: skip
     return replay_config(
         value["zch_lookup_events"],
+        value["zch_ids"],
         zch_size=args.zch_size,
         bucket_size=value["zch_bucket_size"],
         max_probe=value["zch_max_probe"],

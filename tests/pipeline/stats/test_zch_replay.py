@@ -145,3 +145,22 @@ def test_cli_prints_the_replay_beside_modulo_and_refuses_a_bad_size(churn, tmp_p
     written = json.loads((tmp_path / "stats" / "stats.json").read_text())
     assert written["zch"]["counters"]["lookups"] == 4644 and written["zch"]["table"]["policy"] == "lfu"
     assert "1024" in written["ids"]["tables"]["item"]["hash_collision_rate"]
+
+
+def test_user_ids_replay_one_lookup_per_event_beside_the_user_table_modulo(churn, tmp_path: Path):
+    """``--zch-ids user``: every event looks up its user's id (a ``[user_tables.user_id]`` table); a
+    table larger than the users never collides, and modulo hashing at its rows is the user table's."""
+    out = str(tmp_path / "ds")
+    manifest = prepare(make_config(churn, out))
+    size = 64 * 64
+    report = compute_stats(StatsConfig(input=out, zch=replay_config(zch_size=size, ids="user"), **FAST))
+    zch = report["zch"]
+    assert zch["ids"] == "user" and zch["counters"]["lookups"] == manifest["rows"]["events_used"]
+    assert zch["counters"]["inserts"] == manifest["rows"]["users"] and zch["collision_rate"] == 0
+    assert zch["modulo_hash_collision_rate"] == report["ids"]["tables"]["user"]["hash_collision_rate"][str(size)]
+    raw = compute_stats(StatsConfig(input=churn, zch=replay_config(zch_size=size, ids="user"), **FAST))
+    events = pa.concat_tables([chunk.events for chunk in iter_events(SourcesConfig.from_toml(churn))])
+    users = len(np.unique(events.column("user_id").to_numpy()))  # every valid event's user, before --min-len
+    assert raw["zch"]["counters"]["inserts"] == users and raw["zch"]["counters"]["lookups"] == events.num_rows
+    with pytest.raises(ValueError, match=r"--zch-ids must be one of \['item', 'user'\], got 'users'"):
+        replay_config(zch_size=640, ids="users")
