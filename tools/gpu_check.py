@@ -11,7 +11,8 @@ Parts, in order (``PARTS``): ``environment`` (device, versions), ``install`` (th
 ``scripts/gpu_wheels.txt`` from ``.whl/`` into a private ``--target`` folder, then FreeScale itself
 from this checkout, offline), ``bench_hstu_attention`` (``--quick --out``), ``tests`` (every test
 marked ``gpu``, from the test files that hold such marks), ``train_data`` / ``train_w1`` /
-``train_w2`` (``gpu_training.py``), ``calibrate`` (the cost profiles of the Triton and the PyTorch
+``train_w2`` / ``train_zch`` (``gpu_training.py``; the last with item and user ids through zero-collision
+tables), ``calibrate`` (the cost profiles of the Triton and the PyTorch
 attention on this card), then ``bench_dispatch`` and ``bench_sm_contention``.
 
 ``--dry-run`` (CPU, part of ``make test``) proves the check assembles without running anything
@@ -226,6 +227,7 @@ def training(name: str) -> Callable[[Check, Part, float], dict[str, Any]]:
                 return {"status": "skipped", "notes": ["no dataset: train_data did not finish"]}
             ranks = "2" if name == "w2" else "1"
             args = ["run", "--ranks", ranks, "--data", str(prepared), "--run-dir", str(check.out / part.name)]
+            args += ["--zch"] if name == "zch" else []
             args += ["--timeout", str(max(5.0, timeout - 15))]  # the run's own stop leaves time to report
             if name == "w2" and (check.out / "train_w1.result.json").exists():
                 args += ["--compare", str(check.out / "train_w1.result.json")]
@@ -310,6 +312,7 @@ PARTS = (
     Part("train_data", 60, 90, training("data")),
     Part("train_w1", 100, 60, training("w1")),
     Part("train_w2", 110, 60, training("w2")),
+    Part("train_zch", 100, 60, training("zch")),
     Part("calibrate", 60, 60, part_calibrate),
     Part("bench_dispatch", 75, 60, bench("bench_dispatch")),
     Part("bench_sm_contention", 120, 60, bench("bench_sm_contention")),

@@ -39,8 +39,26 @@ EVAL_USERS = 512
 LOSS_AGREEMENT = 1e-6  # relative: step 0 of rank 0 reads what W = 1 reads; only float noise may differ
 
 
-def run_tables(data: str, out: Path) -> dict[str, dict[str, Any]]:
-    """The run config both runs share (the overrides of ``run_overrides`` make them GPU runs)."""
+# the zch run (``run --zch``): item ids and user ids through zero-collision tables on the GPU, the user
+# table smaller than the users (evictions), an exact profile table beside them
+ZCH_ITEMS = {"ids": "zch", "zch_size": 65_536, "zch_bucket_size": 64, "zch_max_probe": 16}
+ZCH_USER_TABLES = {
+    "age_bucket": {},
+    "user_id": {"ids": "zch", "zch_size": 2_048, "zch_bucket_size": 64, "zch_max_probe": 8},
+}
+
+
+def run_tables(data: str, out: Path, zch: bool = False) -> dict[str, dict[str, Any]]:
+    """The run config the runs share (the overrides of ``run_overrides`` make them GPU runs); ``zch``:
+    item and user ids through zero-collision tables, plus an exact profile table."""
+    tables = _base_tables(data, out)
+    if zch:
+        tables["model_extra"] |= ZCH_ITEMS
+        tables["user_tables"] = ZCH_USER_TABLES
+    return tables
+
+
+def _base_tables(data: str, out: Path) -> dict[str, dict[str, Any]]:
     return {
         "model": MODEL,
         # the GPU configuration a user would run: the jagged Triton attention, bf16 products
@@ -150,6 +168,7 @@ def run_figures(out: Path) -> dict[str, Any]:
         "bubble_pct": summary.get("bubble_pct"), "embedding_comm": summary.get("embedding_comm"),
         "stage_ms": summary.get("stage_ms"), "losses": losses, "step0_rank_loss": step0,
         "validation": protocol.get("validation"), "test": protocol.get("test"),
+        "zch": summary.get("zch"),
     }  # fmt: skip
 
 
@@ -157,8 +176,10 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def run_targets(figures: dict[str, Any], ranks: int, compare: dict[str, Any] | None) -> tuple[dict, list[str]]:
-    """``target_met`` of a run, and notes (what could not be checked)."""
+def run_targets(
+    figures: dict[str, Any], ranks: int, compare: dict[str, Any] | None, zch: bool = False
+) -> tuple[dict, list[str]]:
+    """``target_met`` of a run, and notes (what could not be checked); ``zch``: the run of ``--zch``."""
     losses = [loss for loss in figures["losses"] if loss is not None]
     targets = {
         "trained_all_steps": figures["steps"] == STEPS,
@@ -168,6 +189,11 @@ def run_targets(figures: dict[str, Any], ranks: int, compare: dict[str, Any] | N
     }
     notes: list[str] = []
     targets["attention_triton"] = figures["attention"] == "triton"
+    if zch:
+        tables = figures.get("zch") or {}
+        targets["zch_tables_reported"] = sorted(tables) == ["item", "user.user_id"]
+        targets["zch_item_collision_rate_le_0.5pct"] = tables.get("item", {}).get("collision_rate", 1.0) <= 0.005
+        targets["zch_user_evictions"] = tables.get("user.user_id", {}).get("eviction_rate", 0.0) > 0
     if ranks > 1:
         targets["transport_copy_engine"] = figures["transport"] == "copy_engine"
     if compare is not None:
@@ -187,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "run"
-    config = write_run_toml(run_dir / "run.toml", run_tables(args.data, out))
+    config = write_run_toml(run_dir / "run.toml", run_tables(args.data, out, args.zch))
     overrides = run_overrides(args.ranks)
     RunConfig.from_toml(config, overrides)  # a config error fails here, in one line
     command = [sys.executable, "-P", "-m", "freescale.tools.cli", "train", "--config", config]
@@ -205,7 +231,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     if args.compare and not (compare and compare.get("losses")):
         result["notes"].append(f"{args.compare} holds no finished one-rank run: no agreement check")
         compare = None
-    targets, notes = run_targets(figures, args.ranks, compare)
+    targets, notes = run_targets(figures, args.ranks, compare, args.zch)
     return {**result, "figures": figures, "target_met": targets, "notes": result["notes"] + notes}
 
 
@@ -220,6 +246,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", required=True, help="where the run config, its log and its outputs go")
     run.add_argument("--compare", help="the one-rank run's JSON (two ranks: agreement check)")
     run.add_argument("--timeout", type=float, default=90.0, help="seconds before the run is stopped")
+    run.add_argument("--zch", action="store_true", help="item and user ids through zero-collision tables")
     for command in (data, run):
         command.add_argument("--out", required=True, help="the JSON this part writes")
         command.add_argument("--dry-run", action="store_true", help="validate the configs, run nothing")

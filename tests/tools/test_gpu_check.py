@@ -69,6 +69,8 @@ def test_the_dry_run_assembles_every_part(tmp_path: Path) -> None:
         command = records[part]["result"]["command"]
         assert command[command.index("--nproc") + 1] == part[-1] and 'engine.overlap="pec"' in command
     assert "engine.share_gpus=true" in records["train_w2"]["result"]["command"]
+    zch_run = (out / "train_zch" / "run.toml").read_text()  # validated: item and user ids through zch tables
+    assert 'ids = "zch"' in zch_run and "[user_tables.user_id]" in zch_run
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary[0].startswith("FreeScale GPU check (dry run") and len(summary) <= 30
     assert json.loads((out / "summary.json").read_text())["exit_status"] == result.returncode
