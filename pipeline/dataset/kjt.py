@@ -7,7 +7,9 @@ sample, in this order):
 - ``action``: action table rows of the events;
 - ``timestamp``: event times in seconds (feeds no embedding table; a model's encoder reads it);
 - ``neg``: the micro-batch's shared negatives (item table rows), all in the first row: KJT needs
-  every key to have the same number of rows.
+  every key to have the same number of rows;
+- then ``user.<feature>``: user-profile tables, one row id per sample (the loader's
+  ``Config.user_features``, the engines' ``[user_tables]``).
 
 Two views use it: the public loader's ``kjt`` output (``kjt_batch``: ``LOADER_KEYS`` of each sample's
 *input* events, next-item targets beside them) and the TorchRec engine (``trainer.kjt.batch_to_kjt``:
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from freescale.optional import torchrec_unavailable
+from freescale.pipeline.dataset.profiles import profile_rows
 from freescale.pipeline.dataset.samples import CollateConfig, sequence_arrays
 
 ITEM, ACTION, TIMESTAMP, NEG = "item", "action", "timestamp", "neg"
@@ -108,10 +111,11 @@ def kjt_batch(samples: list[dict[str, Any]], cfg: CollateConfig, step: int, rank
     seq = sequence_arrays(samples, cfg, cfg.holdout_last)
     inputs = seq.input_rows()
     lengths = seq.lengths - 1
-    values = np.concatenate([seq.items[inputs], seq.actions[inputs], seq.times[inputs]])
+    profiles = profile_rows(cfg.profiles, samples, seq.kept)  # [tables, B]: one id per sample each
+    values = np.concatenate([seq.items[inputs], seq.actions[inputs], seq.times[inputs], profiles.reshape(-1)])
     targets = seq.items[inputs + 1]
-    features = keyed_jagged(
-        list(LOADER_KEYS), torch.from_numpy(values), torch.from_numpy(np.tile(lengths, len(LOADER_KEYS)))
-    )
+    keys = [*LOADER_KEYS, *(read.table for read in cfg.profiles)]
+    row_lengths = [np.tile(lengths, len(LOADER_KEYS)), np.ones(profiles.size, np.int64)]
+    features = keyed_jagged(keys, torch.from_numpy(values), torch.from_numpy(np.concatenate(row_lengths)))
     users = torch.tensor([int(samples[i]["user_id"]) for i in seq.kept], dtype=torch.int64)
     return KJTBatch(step, features, torch.from_numpy(lengths), torch.from_numpy(targets), users)

@@ -74,6 +74,9 @@ class Config:
     verify: bool = True  # hash each shard against the manifest when first read
     collate: CollateConfig | None = None
     collate_fn: CollateFn | None = None  # (samples, collate config, step, rank) -> what a step yields
+    # batch/kjt with the default collation: add every user-profile feature of the dataset, one exact row
+    # per sample (KJT keys / ``Batch.profile_tables`` ``user.<feature>``)
+    user_features: bool = False
 
     def __post_init__(self) -> None:
         checks = (
@@ -310,7 +313,7 @@ class Loader:
         )
         collate_cfg = None
         if config.output != "samples":
-            collate_cfg = config.collate or default_collate(self.dataset)
+            collate_cfg = config.collate or default_collate(self.dataset, config.user_features)
         if config.output == "kjt":
             register_pipelineable()
         self._reads = StepReads(self.dataset, config, collate_cfg, output_collate(config))

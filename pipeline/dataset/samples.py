@@ -88,13 +88,15 @@ class CollateConfig:
         return self.action_vocab.rows(raw) if self.action_vocab is not None else raw % self.num_actions
 
 
-def default_collate(dataset: PreparedDataset) -> CollateConfig:
+def default_collate(dataset: PreparedDataset, user_features: bool = False) -> CollateConfig:
     """Exact id rows from the dataset's vocabularies, no negatives, the prepared sequence length, the
-    leave-one-out holdout (validation + test items never become targets) and prepare's window stride."""
+    leave-one-out holdout (validation + test items never become targets) and prepare's window stride;
+    ``user_features``: every profile feature too, exact rows (``profiles.ProfileRead``)."""
     spec = dataset.info.samples
     item, action = dataset.vocabulary("item"), dataset.vocabulary("action")
     if item is None or action is None:
         raise ValueError(f"{dataset.uri}: no id vocabularies (prepared by an older FreeScale); pass Config.collate")
+    profiles = exact_profiles(dataset) if user_features else ()
     return CollateConfig(
         num_items=item.size,
         num_actions=action.size,
@@ -104,7 +106,23 @@ def default_collate(dataset: PreparedDataset) -> CollateConfig:
         window_stride=dataset.info.window_stride,
         item_vocab=item,
         action_vocab=action,
+        profiles=profiles,
     )
+
+
+def exact_profiles(dataset: PreparedDataset) -> tuple[ProfileRead, ...]:
+    """Every user-profile feature of ``dataset`` read through its vocabulary (one line when it has none)."""
+    features = dataset.info.layout.user_features
+    if not features:
+        raise ValueError(f"loader option 'user_features': {dataset.uri} was prepared without a users table")
+    reads = []
+    for column, name in enumerate(features):
+        vocab = dataset.vocabulary(f"user.{name}")
+        if vocab is None:
+            raise ValueError(f"loader option 'user_features': {dataset.uri} has no vocabulary of user.{name} "
+                             "(prepared by an older FreeScale)")  # fmt: skip
+        reads.append(ProfileRead(vocab.table, column, vocab.size, vocab))
+    return tuple(reads)
 
 
 @dataclass

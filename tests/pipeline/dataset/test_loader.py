@@ -100,6 +100,25 @@ def test_kjt_resume_gives_identical_tensors(tiny) -> None:
         assert torch.equal(a.targets, b.targets)
 
 
+def test_user_features_add_one_exact_row_per_sample_and_feature(tiny) -> None:
+    """``user_features=True``: every profile feature of the dataset as a KJT key ``user.<feature>`` (and
+    in the ``batch`` output), one row of its vocabulary per sample, after the event keys."""
+    dataset = PreparedDataset(tiny)
+    config = Config(path=tiny, output="kjt", num_steps=2, num_workers=0, user_features=True)
+    batch = next(iter(Loader(config)))
+    assert batch.features.keys() == ["item", "action", "timestamp", "user.age_bucket", "user.country_id"]
+    samples = dataset.micro_batch(dataset.micro_batch_index(0, 0, 1, 0))
+    kept = [s for s in samples if len(s["item_ids"]) - 2 >= 2]  # the holdout keeps samples of 2+ events
+    ages = dataset.vocabulary("user.age_bucket").rows(np.array([int(s["user_features"][0]) for s in kept]))
+    assert batch.features["user.age_bucket"].values().tolist() == ages.tolist()
+    assert batch.features["user.country_id"].lengths().tolist() == [1] * len(kept)
+    trainer = next(iter(Loader(replace(config, output="batch"))))
+    assert trainer.profile_tables == ("user.age_bucket", "user.country_id")
+    assert trainer.profile_ids[0].tolist() == ages.tolist()
+    plain = next(iter(Loader(replace(config, user_features=False))))
+    assert plain.features.keys() == ["item", "action", "timestamp"]
+
+
 def test_later_epochs_permute_whole_step_groups_by_seed(tiny) -> None:
     dataset = PreparedDataset(tiny)
     groups, size = dataset.n_step_groups, dataset.group_size
