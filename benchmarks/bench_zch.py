@@ -45,9 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import numpy as np
 from measure import FREESCALE, Points, describe
@@ -474,12 +474,22 @@ def rerun_kernel(out: Path, s: Settings) -> int:
     return 0
 
 
+def settings_with(s: Settings, overrides: list[str]) -> Settings:
+    """``s`` with ``--set KEY=VALUE`` items applied (scalar fields, typed; one-line error naming the key)."""
+    from freescale.overrides import typed_overrides
+
+    scalar = {name: kind for name, kind in get_type_hints(Settings).items() if kind in (int, float, str, bool)}
+    return replace(s, **typed_overrides(overrides, scalar))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny stream, 3 steps a window (smoke run)")
     parser.add_argument("--steps", type=int, help="training steps per window (default: Settings)")
     parser.add_argument("--windows", type=int, help="days of the stream (>= 2; default: Settings)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="where the arms train (default: cpu)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Settings field, e.g. --set d_model=128 --set sparse_lr=0.05")  # fmt: skip
     parser.add_argument("--skip-training", action="store_true", help="only the stream's figures and the kernel")
     keep = "rerun only the kernel point, keeping the windows of the results file (--out)"
     parser.add_argument("--kernel-only", action="store_true", help=keep)
@@ -495,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         s.windows = args.windows
     if args.device:
         s.device = args.device
+    try:
+        s = settings_with(s, args.overrides)
+    except ValueError as error:
+        parser.error(str(error))
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     if args.kernel_only:
