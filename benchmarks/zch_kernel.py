@@ -1,0 +1,118 @@
+"""``bench_zch``'s kernel point: ``ZchTable.lookup`` (``freescale.kernels.zch``) against TorchRec's
+``HashZchManagedCollisionModule.remap`` on CPU, in read-only mode (the only mode TorchRec's CPU kernel
+runs; its training mode is tried and the error recorded), on the same ids and table shape: empty
+tables, tables full of other ids (every probe runs ``max_probe`` slots and falls back), ours also on a
+table holding the queried ids (hits) and inserting (training mode). ``s``: ``bench_zch.Settings``
+(``kernel_slots``, ``kernel_batches``, ``kernel_repeats``, ``bucket_size``, ``max_probe``, ``seed``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from measure import describe
+
+
+def time_call(fn: Any, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_inserts(config: Any, ids: Any, repeats: int) -> float:
+    """Median seconds of a training lookup of ``ids`` into a fresh empty table (every id inserts)."""
+    from freescale.kernels.zch import ZchTable
+
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        table = ZchTable(config)
+        t0 = time.perf_counter()
+        table.lookup(ids, train=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def kernel_point(s: Any) -> dict[str, Any]:
+    """``ZchTable.lookup`` against TorchRec's ``HashZchManagedCollisionModule.remap`` on CPU."""
+    import torch
+
+    torch.manual_seed(s.seed)
+    # one thread for both: TorchRec's CPU probe is a sequential loop, and torch ops run with several
+    # threads on a busy 2-core host slow down many times over (160 ms against 12 ms, measured)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _kernel_point(s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _kernel_point(s: Any) -> dict[str, Any]:
+    import torch
+
+    from freescale.kernels.zch import ZchConfig, ZchTable
+
+    slots, buckets = s.kernel_slots, s.kernel_slots // s.bucket_size
+    config = ZchConfig(zch_size=slots, bucket_size=s.bucket_size, max_probe=s.max_probe, policy="lru")
+    gen = torch.Generator().manual_seed(s.seed)
+
+    def random_ids(n: int) -> torch.Tensor:
+        return torch.randint(0, 2**62, (n,), dtype=torch.int64, generator=gen)
+
+    empty = ZchTable(config)
+    full = ZchTable(config)
+    for _ in range(4):  # fill with other ids: every slot held (lru evicts once a probe window is full)
+        full.lookup(random_ids(slots), train=True)
+    holding = ZchTable(config)
+    held = random_ids(int(0.75 * slots))
+    holding.lookup(held, train=True)
+    result: dict[str, Any] = {"slots": slots, "bucket_size": s.bucket_size, "max_probe": s.max_probe,
+                              "threads": torch.get_num_threads(), "occupancy_full": full.occupancy(),
+                              "occupancy_holding": holding.occupancy(), "rows": []}  # fmt: skip
+    try:
+        from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+        from torchrec.sparse.jagged_tensor import JaggedTensor
+
+        def torchrec_module(fill: bool) -> Any:
+            module = HashZchManagedCollisionModule(zch_size=slots, device=torch.device("cpu"),
+                                                   total_num_buckets=buckets, max_probe=s.max_probe)  # fmt: skip
+            if fill:
+                module._hash_zch_identities.data.copy_(random_ids(slots).view(-1, 1))
+            return module.eval()
+
+        tr_empty, tr_full = torchrec_module(False), torchrec_module(True)
+        probe = tr_empty.train()
+        try:
+            probe.remap({"item": JaggedTensor(values=random_ids(16), lengths=torch.tensor([16]))})
+            result["torchrec_train_mode_cpu"] = "ran"
+        except Exception as error:  # the CPU kernel is read-only
+            result["torchrec_train_mode_cpu"] = describe(error, 400)
+        tr_empty.eval()
+        result["torchrec_error"] = None
+    except Exception as error:
+        tr_empty = tr_full = None
+        result["torchrec_error"] = describe(error, 1000)
+    for n in s.kernel_batches:
+        queries = random_ids(n)
+        hits = held[torch.randint(0, len(held), (n,), generator=gen)]
+        row: dict[str, Any] = {"ids": n}
+        row["ours_empty_s"] = time_call(lambda q=queries: empty.lookup(q, train=False), s.kernel_repeats)
+        row["ours_full_miss_s"] = time_call(lambda q=queries: full.lookup(q, train=False), s.kernel_repeats)
+        row["ours_hits_s"] = time_call(lambda q=hits: holding.lookup(q, train=False), s.kernel_repeats)
+        row["ours_insert_s"] = time_inserts(config, queries, s.kernel_repeats)
+        if tr_empty is not None:
+            feature = {"item": JaggedTensor(values=queries, lengths=torch.tensor([n]))}
+            row["torchrec_empty_s"] = time_call(lambda f=feature: tr_empty.remap(f), s.kernel_repeats)
+            row["torchrec_full_miss_s"] = time_call(lambda f=feature: tr_full.remap(f), s.kernel_repeats)
+            row["ours_over_torchrec_empty"] = row["ours_empty_s"] / row["torchrec_empty_s"]
+            row["ours_over_torchrec_full_miss"] = row["ours_full_miss_s"] / row["torchrec_full_miss_s"]
+        row["million_ids_per_s"] = {k[:-2]: n / v / 1e6 for k, v in row.items() if k.endswith("_s")}
+        result["rows"].append(row)
+    return result
