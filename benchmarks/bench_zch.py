@@ -53,6 +53,8 @@ import numpy as np
 from measure import FREESCALE, Points
 from zch_kernel import kernel_point
 
+from freescale.overrides import add_set_option
+
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_zch.json"
 ARMS = ("oracle", "hashed", "zch")
 DAY_S = 86_400
@@ -383,8 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="training steps per window (default: Settings)")
     parser.add_argument("--windows", type=int, help="days of the stream (>= 2; default: Settings)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="where the arms train (default: cpu)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Settings field, e.g. --set d_model=128 --set sparse_lr=0.05")  # fmt: skip
+    add_set_option(parser, "a Settings field, e.g. --set d_model=128 --set sparse_lr=0.05", "KEY=VALUE")
     parser.add_argument("--skip-training", action="store_true", help="only the stream's figures and the kernel")
     keep = "rerun only the kernel point, keeping the windows of the results file (--out)"
     parser.add_argument("--kernel-only", action="store_true", help=keep)

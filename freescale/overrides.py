@@ -33,6 +33,11 @@ class Override:
         return ".".join(self.keys)
 
 
+def add_set_option(parser: Any, help: str, metavar: str = "TABLE.OPTION=VALUE") -> None:
+    """The ``--set`` option of a command's ``argparse`` parser: repeatable, collected in ``overrides``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar=metavar, help=help)
+
+
 def parse_value(text: str) -> Any:
     """``text`` as a TOML value, or the bare text when it is not one."""
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from freescale.overrides import add_set_option
+
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -23,7 +25,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--nproc", type=int, default=1, help="ranks on this machine (default 1)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="overrides engine.device")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.OPTION=VALUE")
+    add_set_option(p, "override a config option with a TOML value, e.g. --set eval.max_users=500")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from freescale.overrides import add_set_option
+
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -19,14 +21,10 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="demo", help="tiny | demo | large (default: demo)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, help="random seed (default: the preset's)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a generator option, e.g. --set n_users=1000 --set zipf=1.2 "
-        "(see `freescale generate --list-options`)",
+    add_set_option(
+        p,
+        "override a generator option, e.g. --set n_users=1000 --set zipf=1.2 (see `freescale generate --list-options`)",
+        "KEY=VALUE",
     )
     p.add_argument("--list-options", action="store_true", help="print the generator options and exit")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from freescale.overrides import add_set_option
+
 
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -31,14 +33,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=["cpu", "cuda"], help="overrides engine.device")
     p.add_argument("--engine", choices=["freescale", "torchrec"], help="overrides engine.name")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.OPTION=VALUE",
-        help="override a config option with a TOML value, e.g. --set data.max_steps=50",
-    )
+    add_set_option(p, "override a config option with a TOML value, e.g. --set data.max_steps=50")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from freescale.overrides import apply_overrides
+from freescale.overrides import add_set_option, apply_overrides
 from freescale.trainer.simulate.sim_config import DEFAULT_PROFILE
 
 JSON_NAME = "simulate.json"
@@ -48,14 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PCT[@W]",
         help="measured straggler_pct of an identical-work run (at W ranks, default 2); jitter is solved from it",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.OPTION=VALUE",
-        help="override a profile or workload option with a TOML value, e.g. --set network.ranks_per_node=4",
-    )
+    add_set_option(p, "override a profile or workload option with a TOML value, e.g. --set network.ranks_per_node=4")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-uih-len", type=int, default=21000, help="raw sources: keep the most recent N events")
     p.add_argument("--min-len", type=int, default=2, help="raw sources: drop users with fewer events")
