@@ -137,7 +137,8 @@ def without_fixed_costs(cfg: Any, extra_s: float = 0.0) -> Any:
 def arm_works(model: Model, w: int, source: Any, fixed_costs: bool = True) -> dict[str, Any]:
     """Per-rank work of the random and the planned arm at ``w`` (independent of the overlap rate;
     ``fixed_costs`` False: per-sample compute only). Cached: planning 1,024 ranks takes seconds."""
-    from freescale.trainer.simulate.simulator import build_arm, sample_cost
+    from freescale.trainer.simulate.sample_cost import sample_cost
+    from freescale.trainer.simulate.simulator import build_arm
 
     key = (model, w)
     if key not in WORKS:
@@ -154,7 +155,8 @@ def arm_works(model: Model, w: int, source: Any, fixed_costs: bool = True) -> di
 
 def time_arm(work: Any, overlap: str, cfg: Any) -> dict[str, Any]:
     """The simulator's figures of one arm, with ``simulate``'s own jitter draws at this W."""
-    from freescale.trainer.simulate.simulator import NetworkModel, jitter_sigma, time_steps
+    from freescale.trainer.simulate.network_model import NetworkModel
+    from freescale.trainer.simulate.simulator import jitter_sigma, time_steps
 
     w = work.compute.shape[1]
     sigma, _ = jitter_sigma(cfg.jitter, cfg.seed)
@@ -363,9 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             "target_met": {
                 "pec_not_slower_than_none_at_256": bool(issue) and issue[0]["pec_over_none_step"] <= 1.0,
                 "pec_collectives_at_most_torchrec_plus_1": collectives_ok,
-                "hierarchical_no_slower_than_flat_at_256": bool(hier_256) and all(
-                    hier_256[0][o]["hierarchical_over_flat"] <= 1.0 for o in ("none", "pec")
-                ),
+                "hierarchical_no_slower_than_flat_at_256": bool(hier_256)
+                and all(hier_256[0][o]["hierarchical_over_flat"] <= 1.0 for o in ("none", "pec")),
                 "runtime_under_2_min": done["final"] and runtime < RUNTIME_TARGET_S,
             },
             "runtime_s": round(runtime, 1),

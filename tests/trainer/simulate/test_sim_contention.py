@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from freescale.trainer.simulate.network_model import NetworkModel
 from freescale.trainer.simulate.sim_config import ComputeConfig, NetworkConfig, SimConfig, WorkloadConfig
-from freescale.trainer.simulate.simulator import NetworkModel, StepWork, time_steps
+from freescale.trainer.simulate.simulator import StepWork, time_steps
 
 STEPS = 200
 NET = NetworkConfig(intra_latency_us=0.0, intra_bandwidth_gbytes_s=0.01)  # 10 MB/s: tens of ms per exchange

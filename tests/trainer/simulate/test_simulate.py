@@ -19,6 +19,7 @@ from freescale.pipeline.balance import BalanceConfig, plan_bin_costs, plan_step_
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.prepare import prepare
 from freescale.tools.cli import main as cli_main
+from freescale.trainer.simulate.network_model import NetworkModel
 from freescale.trainer.simulate.sim_config import (
     PROFILE_DIR,
     ComputeConfig,
@@ -31,7 +32,6 @@ from freescale.trainer.simulate.sim_config import (
 from freescale.trainer.simulate.sim_inputs import LengthSource, OwnLayout, parse_distribution
 from freescale.trainer.simulate.simulator import (
     PLAN_MIN_STEPS,
-    NetworkModel,
     StepWork,
     find,
     jitter_sigma,
