@@ -500,5 +500,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--identical-rank"]:
-        sys.exit(identical_rank(sys.argv[2:]))
+        from freescale.trainer.lifetime import exit_process
+
+        exit_process(identical_rank(sys.argv[2:]))  # a rank: sys.exit without the shutdown collections
     sys.exit(main())

@@ -19,4 +19,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from freescale.trainer.lifetime import exit_process
+
+    exit_process(main())  # sys.exit without the shutdown collections (lifetime.exit_process)

@@ -13,6 +13,7 @@ and returns per-step losses and every piece of training state, which the caller 
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Callable
@@ -191,6 +192,7 @@ def serve(
                 raise
     finally:
         dist.destroy_process_group()
+        gc.freeze()  # the process exits next: without finalization's collections (trainer/lifetime.exit_process)
 
 
 def _free_port() -> int:

@@ -241,3 +241,6 @@ def test_transport_needs_process_group() -> None:
 
 if __name__ == "__main__":
     worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    import gc
+
+    gc.freeze()  # exit without finalization's collections over torch's objects (trainer/lifetime.exit_process)

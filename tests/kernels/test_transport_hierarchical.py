@@ -131,3 +131,6 @@ def test_hierarchical_equals_flat_on_four_gloo_ranks(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    import gc
+
+    gc.freeze()  # exit without finalization's collections over torch's objects (trainer/lifetime.exit_process)
