@@ -142,7 +142,7 @@ def model_options(cfg: RunConfig, rows: tuple[int, int]) -> dict[str, Any]:
     return options | user_table_options(cfg)
 
 
-def check_table_set(run: RunRecord, cfg: RunConfig, where: str) -> None:
+def check_user_table_set(run: RunRecord, cfg: RunConfig, where: str) -> None:
     """The checkpoint's user-profile tables are this run's (by feature): a table only one of them has
     would be dropped from the checkpoint or start untrained, silently."""
     saved = {key.split(".")[1] for key in run.model if key.startswith("user_tables.")}

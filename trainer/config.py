@@ -445,22 +445,17 @@ def _section(cls: type, values: Any, name: str) -> Any:
 
 
 def _user_tables(values: Any) -> dict[str, UserTableConfig]:
-    """``[user_tables]`` (``{feature: {option: value}}``) → one ``UserTableConfig`` per feature."""
+    """``[user_tables]`` (``{feature: {option: value}}``) → one ``UserTableConfig`` per feature
+    (``_section`` each, the feature being the table's name)."""
     if not isinstance(values, dict):
         raise ValueError(f"[user_tables] must hold tables ([user_tables.<feature>]), got {values!r}")
-    known = {f.name for f in fields(UserTableConfig)} - {"feature"}
     tables = {}
     for feature, options in values.items():
         if not isinstance(options, dict):
             raise ValueError(f"user_tables.{feature} must be a table ([user_tables.{feature}]), got {options!r}")
-        options = dict(options)
-        named = options.pop("feature", feature)
+        named = options.get("feature", feature)
         _check(named == feature, f"user_tables.{feature}.feature", f"must be {feature!r} (the table's name)", named)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"unknown option(s) {unknown} in [user_tables.{feature}]; known: {sorted(known)}")
-        check_types(UserTableConfig, options, f"user_tables.{feature}")
-        tables[feature] = UserTableConfig(feature=feature, **options)
+        tables[feature] = _section(UserTableConfig, {**options, "feature": feature}, f"user_tables.{feature}")
     return tables
 
 

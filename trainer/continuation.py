@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from freescale.trainer.checkpoint_record import CheckpointRecord, DataIdentity, RunRecord, vocabulary_tables
-from freescale.trainer.checkpoint_record import check_table_set as check_user_table_set
+from freescale.trainer.checkpoint_record import (
+    CheckpointRecord,
+    DataIdentity,
+    RunRecord,
+    check_user_table_set,
+    vocabulary_tables,
+)
 from freescale.trainer.config import ModelExtraConfig, RunConfig
 
 OPTION = "checkpoint.continue_on_new_data"

@@ -171,7 +171,7 @@ def check_checkpoint(
         DataIdentity,
         check_data,
         check_model,
-        check_table_set,
+        check_user_table_set,
         check_world_size,
         model_options,
         run_record_of,
@@ -205,7 +205,7 @@ def check_checkpoint(
     else:
         tables = vocabulary_tables(cfg)
         check_data(run, data, where, cfg.checkpoint.allow_other_data, not evaluate_checkpoint, tables)
-        check_table_set(run, cfg, where)
+        check_user_table_set(run, cfg, where)
     check_model(run, model_options(cfg, rows), where)
     return record
 

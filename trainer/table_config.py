@@ -125,6 +125,11 @@ class UserTableConfig:
         return f"user_tables.{self.feature}"
 
     @property
+    def id_rows(self) -> int:
+        """Rows that stand for ids (a resolved table's ``rows``; zch: its ``zch_size`` slots)."""
+        return self.zch_size if self.ids == "zch" else self.rows
+
+    @property
     def table(self) -> str:
         """The embedding table's (and its feature key's) name: ``user.<feature>``."""
         return f"user.{self.feature}"

@@ -57,8 +57,7 @@ def profile_reads(
     for table in cfg.user_tables.values():
         column = None if table.feature == USER_ID_FEATURE else features.index(table.feature)
         vocab = vocabulary(table.table) if table.ids == "exact" else None
-        rows = table.zch_size if table.ids == "zch" else table.rows
-        reads.append(ProfileRead(table.table, column, rows, vocab, raw=table.ids == "zch"))
+        reads.append(ProfileRead(table.table, column, table.id_rows, vocab, raw=table.ids == "zch"))
     return tuple(reads)
 
 
@@ -66,7 +65,7 @@ def describe_user_tables(cfg: RunConfig) -> str:
     """One log line part naming each user table of a resolved ``cfg`` with its mode and rows."""
     parts = []
     for table in cfg.user_tables.values():
-        rows = f"{table.zch_size} slots" if table.ids == "zch" else f"{table.rows} rows"
+        rows = f"{table.id_rows} {'slots' if table.ids == 'zch' else 'rows'}"
         parts.append(f"{table.table} {table.ids} ({rows})")
     return "user tables: " + ", ".join(parts) if parts else ""
 
@@ -77,7 +76,7 @@ def user_table_options(cfg: RunConfig) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for table in cfg.user_tables.values():
         options[f"{table.where}.ids"] = table.ids
-        options[f"{table.where}.rows"] = table.zch_size if table.ids == "zch" else table.rows
+        options[f"{table.where}.rows"] = table.id_rows
         if table.ids == "zch":
             options[f"{table.where}.zch_bucket_size"] = table.zch_bucket_size
     return options
