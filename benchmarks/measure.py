@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 import psutil
 import torch
 
-FREESCALE = [str(Path(sys.executable).parent / "freescale")]
+# the CLI through the interpreter, not a console script beside it: an install with pip --target (the GPU
+# check's) has none there; -P keeps a checkout's own freescale/ folder in the cwd from shadowing the install
+FREESCALE = [sys.executable, "-P", "-m", "freescale.tools.cli"]
 T = TypeVar("T")
 
 
