@@ -8,7 +8,6 @@ payloads with several trailing dims, and both the copying and the zero-copy (vie
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,6 +16,9 @@ import torch
 import torch.distributed as dist
 
 from freescale.kernels.transport import TorchDistTransport, TransportConfig, make_transport
+
+if __name__ != "__main__":  # the pytest side (collected on CPU too, so a moved helper fails there); ranks run this file
+    from rank_workers import run_workers
 
 NO_CUDA = "needs a CUDA device: torch.cuda.is_available() is False (the copy-engine transport uses CUDA IPC)"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
@@ -62,12 +64,7 @@ def worker(rank: int, world: int, init_file: str) -> None:
 
 
 def test_copy_engine_matches_gloo(tmp_path: Path) -> None:
-    # the sibling module's process launcher (pytest's importlib mode puts no test module on sys.path)
-    spec = importlib.util.spec_from_file_location("_freescale_test_transport",
-                                                  Path(__file__).with_name("test_transport.py"))  # fmt: skip
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
-    helpers.run_workers(__file__, WORLD, tmp_path)
+    run_workers(__file__, WORLD, tmp_path)
 
 
 if __name__ == "__main__":
