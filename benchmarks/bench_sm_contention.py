@@ -27,8 +27,22 @@ every such workload to pass. Each arm fails soft: an arm that cannot run (NCCL, 
 memory, out of memory) is recorded with its reason and the run goes on; the JSON is rewritten after
 every measurement and a watchdog saves it and ends the process if a kernel hangs.
 
-    python benchmarks/bench_sm_contention.py            # ~1 min on an H100
-    python benchmarks/bench_sm_contention.py --quick    # ~30 s: 64 MiB copies, 50 ms windows, 3 reps
+Time budget (``--budget-s``; the quick mode's default 60 s): before each (workload, arm) point the run
+checks its elapsed time against the budget, and once the longest point so far no longer fits, the
+remaining points are skipped with the reason recorded (``progress`` says how many were planned, done
+and skipped). Why: the GPU check kills a part at its timeout, mid-point, and then nothing is judged;
+twice on an H200 (2026-11-27/28) the quick run was killed at 75 s and 120 s.
+
+Where that time went: a stream holds about 1,000 queued launches; past that the host blocks until the
+GPU drains them, but the GPU is in the device sleep that waits for the host, so a run of 1,600-2,400
+64 MiB SM copies was "late" on every try and was run four times with the sleep doubled each time
+(1 + 2 + 4 + 8 = 15 sleeps). The quick mode therefore bounds a run's copy operations
+(``--max-copy-ops``), uses 256 MiB copies over 25 ms windows (~300 SM copies a run), tries a late run
+twice, not four times, and measures only the arms the target needs (``sm_triton``, ``ce_d2h``,
+``ce_h2d``): 9 points, ~0.5 s each.
+
+    python benchmarks/bench_sm_contention.py            # every arm; minutes on an H200 (late runs retried)
+    python benchmarks/bench_sm_contention.py --quick    # ~25 s: the target's 3 arms, 256 MiB copies, 25 ms
 """
 
 from __future__ import annotations
@@ -55,6 +69,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "bench_sm_contention.jso
 CE_MAX_SLOWDOWN, SM_MIN_SLOWDOWN = 3.0, 8.0  # issue 31
 SM_REFERENCE = ("sm_triton", "sm_torch")  # the SM copy of the target: the first one measured
 CE_ARMS = ("ce_d2h", "ce_h2d")
+QUICK_ARMS = (SM_REFERENCE[0], *CE_ARMS)  # what the target is judged on; the other arms are reported findings
+QUICK_MAX_COPY_OPS = 512  # well under a stream's ~1,000 queued launches, past which the host blocks
+WATCHDOG_GRACE_S = 10.0  # a budgeted run's watchdog fires this long after the budget (a hung point)
 ARMS = {  # name: what moves the bytes, as designed (the profiler's observation is reported beside it)
     "sm_triton": "sm", "sm_torch": "sm", "nccl": "sm (NCCL kernel; reported)",
     "ce_d2h": "copy_engine", "ce_h2d": "copy_engine", "ce_d2d": "to verify (same-device memcpy)",
@@ -89,12 +106,18 @@ class Settings:
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     quick: bool = False
     timeout_s: float = 900.0  # watchdog: the whole run
+    budget_s: float = 0.0  # no new point once the longest one so far would overrun it (0: no budget)
+    max_copy_ops: int = 0  # most copies one run queues (0: as many as outlast twice the window)
+    tries: int = 4  # runs of one measurement while the host queued it too late (the sleep doubles each try)
     out: str = str(RESULTS)
 
     def __post_init__(self) -> None:
-        for name in ("copy_mib", "gemm_n", "attn_batch", "attn_heads", "attn_len", "attn_dim", "reps"):
+        for name in ("copy_mib", "gemm_n", "attn_batch", "attn_heads", "attn_len", "attn_dim", "reps", "tries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("budget_s", "max_copy_ops"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.window_ms > 0:
             raise ValueError(f"--window-ms must be > 0, got {self.window_ms}")
         for name, known in (("workloads", WORKLOADS), ("arms", tuple(ARMS))):
@@ -105,8 +128,66 @@ class Settings:
 
 
 def quick_settings() -> Settings:
-    """The GPU check's mode: 64 MiB copies, 50 ms windows, 3 repetitions (~30 s on an H100)."""
-    return Settings(copy_mib=64, window_ms=50.0, reps=3, quick=True, timeout_s=300.0)
+    """The GPU check's mode: the target's three arms, 256 MiB copies (~300 SM copies cover a run, where
+    64 MiB needed ~2,000 and blocked the host), 25 ms windows, 3 repetitions, a late run tried twice,
+    within 60 s (the watchdog 10 s later): ~25 s on an H200, under the GPU check's 90 s part timeout."""
+    budget = 60.0
+    return Settings(copy_mib=256, window_ms=25.0, reps=3, arms=list(QUICK_ARMS), quick=True, budget_s=budget,
+                    timeout_s=budget + WATCHDOG_GRACE_S, max_copy_ops=QUICK_MAX_COPY_OPS, tries=2)  # fmt: skip
+
+
+@dataclass
+class Budget:
+    """The run's own time budget: whether the next point fits, and what was planned, done and skipped.
+
+    Why: killed mid-point by the GPU check's timeout, a run leaves its last point unmeasured and says
+    nothing about why; stopping itself before a point it cannot finish, it records the reason. The
+    next point is assumed to take as long as the longest so far (the first one: nothing is known, it
+    runs while any budget is left)."""
+
+    seconds: float  # 0: no budget
+    planned: int  # points in the plan: workloads x arms
+    started: float = field(default_factory=lambda: _now())
+    point_s: list[float] = field(default_factory=list)
+    first_point_at: float | None = None  # seconds from the start: the setup before the first point
+    skipped: int = 0
+    skip_reason: str | None = None
+
+    def elapsed(self) -> float:
+        return _now() - self.started
+
+    def refusal(self) -> str | None:
+        """Why the next point must not start (None: it fits). Once refused, every later point is too."""
+        if self.skip_reason is None and self.seconds > 0:
+            used, need = self.elapsed(), max(self.point_s, default=0.0)
+            if used + need > self.seconds:
+                self.skip_reason = (f"time budget: {used:.1f} s of {self.seconds:g} s used and a point takes up "
+                                    f"to {need:.1f} s; the remaining points were skipped")  # fmt: skip
+        return self.skip_reason
+
+    def skip(self) -> str:
+        """Count one skipped point; the reason to record in its place."""
+        self.skipped += 1
+        return self.skip_reason or "skipped"
+
+    def done(self, seconds: float) -> None:
+        if self.first_point_at is None:
+            self.first_point_at = self.elapsed() - seconds
+        self.point_s.append(seconds)
+
+    def progress(self) -> dict[str, Any]:
+        """Planned vs done, and the whole plan's time estimated from the points measured so far."""
+        mean = statistics.fmean(self.point_s) if self.point_s else None
+        plan = None if mean is None else (self.first_point_at or 0.0) + mean * self.planned
+        return {"points_planned": self.planned, "points_done": len(self.point_s), "points_skipped": self.skipped,
+                "skip_reason": self.skip_reason, "budget_s": self.seconds or None, "elapsed_s": self.elapsed(),
+                "setup_s": self.first_point_at, "point_s_mean": mean, "point_s_max": max(self.point_s, default=None),
+                "estimated_plan_s": plan}  # fmt: skip
+
+
+def _now() -> float:
+    """The budget's clock (a module function, so a test can stand a fake clock in)."""
+    return time.monotonic()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,14 +320,16 @@ Streams = tuple[torch.cuda.Stream, torch.cuda.Stream]
 
 
 def run_together(compute: Callable[[], object] | None, n_compute: int, copy: Callable[[], object] | None,
-                 n_copy: int, streams: Streams, sleep_ms: float = 25.0) -> dict[str, Any]:  # fmt: skip
+                 n_copy: int, streams: Streams, sleep_ms: float = 25.0, tries: int = 4) -> dict[str, Any]:  # fmt: skip
     """Start both streams at one device event, after a device sleep long enough for the host to queue
-    everything (else the first stream would start alone); doubled and rerun when the host was late.
+    everything (else the first stream would start alone); doubled and rerun, up to ``tries`` runs in
+    all, when the host was late. (A longer sleep cannot help a stream queued past its ~1,000 launches:
+    the host then waits for the sleeping GPU; ``max_copy_ops`` keeps runs below that.)
 
     Returns the compute's and the copies' milliseconds and when each ended after the start event.
     """
     cs, ks = streams
-    for _ in range(4):
+    for _ in range(tries):
         torch.cuda.synchronize()
         torch.cuda._sleep(int(sleep_ms * 2e6))  # cycles at <= 2 GHz: at least sleep_ms
         go = _event()
@@ -268,6 +351,13 @@ def run_together(compute: Callable[[], object] | None, n_compute: int, copy: Cal
             "compute_end_ms": go.elapsed_time(c1), "copy_end_ms": go.elapsed_time(k1), "host_late": late}  # fmt: skip
 
 
+def copy_ops(window_ms: float, copy_one_ms: float, cap: int) -> tuple[int, bool]:
+    """How many copies a run queues: enough to last twice the window, at most ``cap`` (0: no cap),
+    and whether the cap cut it (then the copies may end before the compute: ``copies_outlasted_compute``)."""
+    n = max(1, math.ceil(2.0 * window_ms / copy_one_ms))
+    return (cap, True) if 0 < cap < n else (n, False)
+
+
 def measure_pair(compute: Callable[[], object], copy: Callable[[], object], s: Settings,
                  streams: Streams) -> dict[str, Any]:  # fmt: skip
     """Compute alone vs overlapped with back-to-back copies lasting ~2x the window; interleaved
@@ -275,26 +365,26 @@ def measure_pair(compute: Callable[[], object], copy: Callable[[], object], s: S
     compute_one, compute_host = one_ms(compute, streams[0])
     copy_one, copy_host = one_ms(copy, streams[1])
     n_compute = max(1, math.ceil(s.window_ms / compute_one))
-    n_copy = max(1, math.ceil(2.0 * s.window_ms / copy_one))
+    n_copy, capped = copy_ops(s.window_ms, copy_one, s.max_copy_ops)
     sleep = 5.0 + 2.0 * (n_compute * compute_host + n_copy * copy_host)  # ms: twice the queueing time
     alone, together, copy_ms, covered, late = [], [], [], [], 0
     for _ in range(s.reps):
-        r = run_together(compute, n_compute, None, 0, streams, sleep)
+        r = run_together(compute, n_compute, None, 0, streams, sleep, s.tries)
         alone.append(r["compute_ms"])
         late += r["host_late"]
-        r = run_together(compute, n_compute, copy, n_copy, streams, sleep)
+        r = run_together(compute, n_compute, copy, n_copy, streams, sleep, s.tries)
         together.append(r["compute_ms"])
         copy_ms.append(r["copy_ms"])
         covered.append(r["copy_end_ms"] >= r["compute_end_ms"])
         late += r["host_late"]
-    copy_alone = run_together(None, 0, copy, n_copy, streams, sleep)["copy_ms"]
+    copy_alone = run_together(None, 0, copy, n_copy, streams, sleep, s.tries)["copy_ms"]
     base, over = statistics.median(alone), statistics.median(together)
     gbps = lambda ms: n_copy * (s.copy_mib << 20) / (ms * 1e-3) / 1e9  # noqa: E731
     return {"compute_alone_ms": base, "compute_overlapped_ms": over, "slowdown_pct": 100 * (over / base - 1),
             "alone_ms_each": alone, "overlapped_ms_each": together,
             "copy_gbps_alone": gbps(copy_alone), "copy_gbps_overlapped": gbps(statistics.median(copy_ms)),
             "copies_outlasted_compute": all(covered), "compute_iters": n_compute, "copy_ops": n_copy,
-            "sleep_ms": sleep, "runs_queued_late": late}  # fmt: skip
+            "copy_ops_capped": capped, "sleep_ms": sleep, "runs_queued_late": late}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,7 +439,8 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], activity: dict[st
     for work, rows in results.items():
         for arm, r in rows.items():
             if "slowdown_pct" not in r:
-                print(f"{work:<16} {arm:<10} failed: {r.get('error')}")
+                why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r.get('error')}"
+                print(f"{work:<16} {arm:<10} {why}")
                 continue
             seen = activity.get(arm, {})
             kern = "?" if "kernels" not in seen else ("yes" if seen["kernels"] else "no")
@@ -377,7 +468,9 @@ def environment() -> dict[str, Any]:
 
 def parse(argv: list[str] | None) -> Settings:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="64 MiB copies, 50 ms windows, 3 repetitions")
+    quick = (f"arms {','.join(QUICK_ARMS)}, 256 MiB copies, 25 ms windows, 3 repetitions, at most "
+             f"{QUICK_MAX_COPY_OPS} copies a run, 2 tries, 60 s budget")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--copy-mib", type=int)
     p.add_argument("--gemm-n", type=int)
     p.add_argument("--attn-len", type=int)
@@ -385,13 +478,22 @@ def parse(argv: list[str] | None) -> Settings:
     p.add_argument("--reps", type=int)
     p.add_argument("--workloads", type=lambda v: v.split(","), help=f"comma list of {','.join(WORKLOADS)}")
     p.add_argument("--arms", type=lambda v: v.split(","), help=f"comma list of {','.join(ARMS)}")
+    p.add_argument("--max-copy-ops", type=int, help="most copies one run queues (0: no cap)")
+    p.add_argument("--tries", type=int, help="runs of a measurement the host queued too late (default 4)")
+    p.add_argument("--budget-s", type=float, help="start no point that would end past this many seconds; the "
+                   f"rest are skipped, the reason recorded (0: none; --quick 60; the watchdog defaults to "
+                   f"{WATCHDOG_GRACE_S:g} s more)")  # fmt: skip
     p.add_argument("--timeout-s", type=float, help="watchdog: save the JSON and exit 3 after this long")
     p.add_argument("--out", help=f"JSON path (default {RESULTS})")
     a = p.parse_args(argv)
     s = quick_settings() if a.quick else Settings()
-    for name in ("copy_mib", "gemm_n", "attn_len", "window_ms", "reps", "workloads", "arms", "timeout_s", "out"):
+    names = ("copy_mib", "gemm_n", "attn_len", "window_ms", "reps", "workloads", "arms", "max_copy_ops", "tries",
+             "budget_s", "timeout_s", "out")  # fmt: skip
+    for name in names:
         if getattr(a, name) is not None:
             setattr(s, name, getattr(a, name))
+    if a.budget_s and a.timeout_s is None:  # the watchdog follows a given budget: it only catches a hung point
+        s.timeout_s = a.budget_s + WATCHDOG_GRACE_S
     s.__post_init__()
     return s
 
@@ -409,9 +511,8 @@ def _recover() -> None:
         pass
 
 
-def run(s: Settings, report: dict[str, Any], save: Callable[[], None]) -> None:
-    """Every (workload, arm) pair, each failure recorded where it happened."""
-    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+def make_copies(s: Settings, report: dict[str, Any], streams: Streams) -> dict[str, Callable[[], object]]:
+    """Every arm's copy and what the profiler saw it run; an arm that cannot start is recorded."""
     buffers: dict[str, torch.Tensor] = {}
     copies: dict[str, Callable[[], object]] = {}
     for arm in s.arms:
@@ -427,9 +528,34 @@ def run(s: Settings, report: dict[str, Any], save: Callable[[], None]) -> None:
         except Exception as e:  # no CUPTI, or the copy itself failed: the timing below will tell which
             report["gpu_activity"][arm] = {"error": _short(e)}
             _recover()
+    return copies
+
+
+def measure_point(s: Settings, work: str, arm: str, compute: Callable[[], object], flops: float,
+                  copy: Callable[[], object], streams: Streams) -> dict[str, Any]:  # fmt: skip
+    """One (workload, arm) pair's row; a failure is recorded in its place, the device recovered."""
+    try:
+        row = measure_pair(compute, copy, s, streams)
+    except Exception as e:
+        print(f"bench_sm_contention: {work} / {arm} failed: {_short(e)}", file=sys.stderr)
+        _recover()
+        return {"error": _short(e)}
+    if flops:
+        row["compute_tflops_alone"] = flops * row["compute_iters"] / (row["compute_alone_ms"] * 1e-3) / 1e12
+    return row
+
+
+def run(s: Settings, report: dict[str, Any], save: Callable[[], None], budget: Budget) -> None:
+    """Every (workload, arm) pair the budget allows, each failure or skip recorded where it happened."""
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    copies = make_copies(s, report, streams)
     save()
     for work in s.workloads:
         rows: dict[str, dict[str, Any]] = report["results"].setdefault(work, {})
+        if budget.refusal():
+            rows.update({arm: {"skipped": budget.skip()} for arm in s.arms})
+            save()
+            continue
         try:
             compute, flops = make_compute(s, work)
         except Exception as e:
@@ -440,16 +566,12 @@ def run(s: Settings, report: dict[str, Any], save: Callable[[], None]) -> None:
         for arm in s.arms:
             if arm not in copies:
                 rows[arm] = {"error": report["arms"][arm]["error"]}
-                continue
-            try:
-                rows[arm] = measure_pair(compute, copies[arm], s, streams)
-                if flops:
-                    rows[arm]["compute_tflops_alone"] = flops * rows[arm]["compute_iters"] / (
-                        rows[arm]["compute_alone_ms"] * 1e-3) / 1e12  # fmt: skip
-            except Exception as e:
-                rows[arm] = {"error": _short(e)}
-                print(f"bench_sm_contention: {work} / {arm} failed: {_short(e)}", file=sys.stderr)
-                _recover()
+            elif budget.refusal():
+                rows[arm] = {"skipped": budget.skip()}
+            else:
+                started = _now()
+                rows[arm] = measure_point(s, work, arm, compute, flops, copies[arm], streams)
+                budget.done(_now() - started)
             save()
         del compute
         _recover()
@@ -466,24 +588,28 @@ def main(argv: list[str] | None = None) -> int:
               "SM contention cannot be measured on CPU", file=sys.stderr)  # fmt: skip
         return 2
     out = Path(s.out)
+    budget = Budget(s.budget_s, len(s.workloads) * len(s.arms))
     report: dict[str, Any] = {"benchmark": "bench_sm_contention", "settings": asdict(s), "environment": environment(),
                               "arms": {}, "gpu_activity": {}, "results": {}}  # fmt: skip
-    started = time.perf_counter()
 
     def save(note: str | None = None) -> None:
         report.update(evaluate(report["results"]))
-        report["wall_s"] = time.perf_counter() - started
+        report["progress"] = budget.progress()
+        report["wall_s"] = budget.elapsed()
         if note:
             report["aborted"] = note
         write_result(out, report)
 
     try:
         with Watchdog(s.timeout_s, lambda: save(f"watchdog fired after {s.timeout_s} s")):
-            run(s, report, save)
+            run(s, report, save, budget)
     finally:
         _destroy_process_group()
     save()
     print_table(report["results"], report["gpu_activity"])
+    progress = report["progress"]
+    print(f"points: {progress['points_done']} of {progress['points_planned']} measured in {report['wall_s']:.1f} s"
+          + (f"; {progress['skip_reason']}" if progress["skip_reason"] else ""))  # fmt: skip
     print(json.dumps({k: report[k] for k in ("target", "contention_shown_on", "target_met")}, indent=1))
     for work, e in report["workloads"].items():
         print(f"{work:<16} SM copy ({e['sm_arm']}) {_pct(e['sm_slowdown_pct'])}, copy engines max "

@@ -185,20 +185,63 @@ def test_contention_target_is_copy_engines_gentle_where_the_sm_copy_hurts(bench)
 def test_contention_settings_and_cpu_behaviour(bench, capsys: pytest.CaptureFixture[str]) -> None:
     b = bench("bench_sm_contention")
     q = b.parse(["--quick", "--out", "x.json"])
-    assert q.quick and q.copy_mib == 64 and q.reps == 3 and q.window_ms == 50.0 and q.out == "x.json"
-    assert q.arms == list(b.ARMS) and q.workloads == list(b.WORKLOADS)
-    assert b.parse([]).out == str(b.RESULTS)
+    assert q.quick and q.copy_mib == 256 and q.reps == 3 and q.window_ms == 25.0 and q.out == "x.json"
+    assert q.arms == ["sm_triton", "ce_d2h", "ce_h2d"] and q.workloads == list(b.WORKLOADS)  # the target's arms
+    # the quick run stops itself (budget, then watchdog) before the GPU check's part timeout kills it mid-point
+    assert q.budget_s == 60 and q.timeout_s == 70 and q.max_copy_ops == 512 and q.tries == 2
+    full = b.parse([])
+    assert full.out == str(b.RESULTS) and full.arms == list(b.ARMS)
+    assert (full.budget_s, full.max_copy_ops, full.tries, full.timeout_s) == (0, 0, 4, 900)  # unchanged
+    given = b.parse(["--quick", "--budget-s", "40"])  # the GPU check passes what its part timeout leaves
+    assert given.budget_s == 40 and given.timeout_s == 40 + b.WATCHDOG_GRACE_S
+    assert b.parse(["--budget-s", "40", "--timeout-s", "99"]).timeout_s == 99
     narrow = b.parse(["--arms", "sm_triton,ce_d2h", "--workloads", "gemm_bf16", "--copy-mib", "8"])
     assert narrow.arms == ["sm_triton", "ce_d2h"] and narrow.copy_mib == 8
     for bad, match in ((["--copy-mib", "0"], "copy-mib"), (["--window-ms", "0"], "window-ms"),
                        (["--arms", "dma"], "--arms"), (["--workloads", "conv"], "--workloads"),
-                       (["--reps", "0"], "reps")):  # fmt: skip
+                       (["--reps", "0"], "reps"), (["--budget-s", "-1"], "budget-s"),
+                       (["--max-copy-ops", "-1"], "max-copy-ops"), (["--tries", "0"], "tries")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             b.parse(bad)
     assert b.main(["--reps", "0"]) == 2
     if not torch.cuda.is_available():
         assert b.main(["--quick"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_contention_copy_ops_last_twice_the_window_up_to_the_cap(bench) -> None:
+    """Past ~1,000 queued launches a stream blocks the host while the GPU sleeps waiting for it: on the
+    H200 every 1,600-2,400-copy run was late four times over. The cap keeps a run's copies below that."""
+    b = bench("bench_sm_contention")
+    assert b.copy_ops(50.0, 0.059, 0) == (1695, False)  # 64 MiB SM copies, uncapped: the H200's late runs
+    assert b.copy_ops(50.0, 0.059, 512) == (512, True)
+    assert b.copy_ops(25.0, 0.165, 512) == (304, False)  # the quick mode's 256 MiB SM copies fit
+    assert b.copy_ops(25.0, 4.9, 512) == (11, False) and b.copy_ops(1.0, 100.0, 512) == (1, False)
+
+
+def test_contention_budget_skips_the_point_that_would_overrun(bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run stops itself before the point it cannot finish, says why, and estimates the whole plan."""
+    b = bench("bench_sm_contention")
+    clock = [100.0]
+    monkeypatch.setattr(b, "_now", lambda: clock[0])
+    budget = b.Budget(10.0, planned=4)
+    clock[0] += 2.0  # setup
+    assert budget.refusal() is None  # nothing measured yet: the first point runs while any budget is left
+    for seconds in (3.0, 1.0):
+        clock[0] += seconds
+        budget.done(seconds)
+        assert budget.refusal() is None  # 5 s then 6 s used, the longest point 3 s: it still fits
+    clock[0] += 1.5  # 7.5 s used + 3 s > 10 s
+    reason = budget.refusal()
+    assert reason and "7.5 s of 10 s used" in reason and "3.0 s" in reason
+    assert budget.skip() == reason and budget.refusal() == reason  # once refused, the rest are skipped too
+    got = budget.progress()
+    assert (got["points_planned"], got["points_done"], got["points_skipped"]) == (4, 2, 1)
+    assert got["setup_s"] == 2.0 and got["point_s_max"] == 3.0 and got["estimated_plan_s"] == 2.0 + 2.0 * 4
+    assert got["elapsed_s"] == 7.5 and got["budget_s"] == 10.0
+    unbounded = b.Budget(0.0, planned=1)
+    clock[0] += 1e6
+    assert unbounded.refusal() is None and unbounded.progress()["budget_s"] is None
 
 
 def test_contention_help_runs_without_a_gpu() -> None:
@@ -246,17 +289,17 @@ class _FakeEvent:
         return False
 
 
-def test_contention_run_plumbing_with_a_fake_device(
-    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The whole run on stand-in streams and events (no GPU semantics, only the script's own logic):
-    every pair measured or recorded as failed (a copy mechanism that cannot start, a workload that
-    cannot be built, an arm failing mid-measurement), the JSON complete, the table printed."""
+@pytest.fixture
+def fake_device(bench, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench_sm_contention`` on stand-in streams and events: each queued call advances its stream's
+    clock, and the budget's wall clock with it (10 ms of wall time per call)."""
     import contextlib
 
     b = bench("bench_sm_contention")
     _FakeStream.every.clear()
     _FakeEvent.current[:] = [_FakeStream()]  # the default stream
+    wall = [0.0]
+    monkeypatch.setattr(b, "_now", lambda: wall[0])
 
     @contextlib.contextmanager
     def on_stream(stream: _FakeStream):
@@ -267,6 +310,7 @@ def test_contention_run_plumbing_with_a_fake_device(
     def advance(ms: float):
         def call() -> None:
             _FakeEvent.current[-1].t += ms
+            wall[0] += 0.01
 
         return call
 
@@ -290,8 +334,18 @@ def test_contention_run_plumbing_with_a_fake_device(
     monkeypatch.setattr(b, "make_copy", make_copy)
     monkeypatch.setattr(b, "make_compute", make_compute)
     monkeypatch.setattr(b, "gpu_activity", lambda fn, stream: {"kernels": [], "memcpy": ["Memcpy (fake)"]})
+    return b
+
+
+def test_contention_run_plumbing_with_a_fake_device(
+    fake_device: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole run on stand-in streams and events (no GPU semantics, only the script's own logic):
+    every pair measured or recorded as failed (a copy mechanism that cannot start, a workload that
+    cannot be built, an arm failing mid-measurement), the JSON complete, the table printed."""
+    b = fake_device
     out = tmp_path / "c.json"
-    assert b.main(["--quick", "--reps", "2", "--out", str(out)]) == 0
+    assert b.main(["--quick", "--reps", "2", "--arms", ",".join(b.ARMS), "--budget-s", "0", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["environment"]["device_name"] == "Fake GPU" and report["settings"]["quick"]
     assert "NCCL init failed" in report["arms"]["nccl"]["error"]
@@ -301,3 +355,28 @@ def test_contention_run_plumbing_with_a_fake_device(
     assert all("no flash kernel" in r["error"] for r in report["results"]["attention_fused"].values())
     assert report["target_met"] is False and report["contention_shown_on"] == []  # nothing contends here
     assert "gemm_bf16" in capsys.readouterr().out
+    assert report["progress"]["points_planned"] == 18 and report["progress"]["points_skipped"] == 0
+
+
+def test_contention_run_out_of_budget_skips_the_rest_and_says_so(
+    fake_device: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A point takes ~3.6 s of the fake wall clock (12 calls timed alone, 2 x (13 + 13 + 100) runs, 100
+    copies alone): a 10 s budget fits two; the others are skipped, the reasons and counts in the JSON."""
+    b = fake_device
+    out = tmp_path / "c.json"
+    argv = ["--quick", "--reps", "2", "--workloads", "gemm_bf16,hstu_unfused", "--budget-s", "10", "--out", str(out)]
+    assert b.main(argv) == 0
+    report = json.loads(out.read_text())
+    rows = {(w, a): r for w, arms in report["results"].items() for a, r in arms.items()}
+    measured = [k for k, r in rows.items() if "slowdown_pct" in r]
+    assert measured == [("gemm_bf16", "sm_triton"), ("gemm_bf16", "ce_d2h")]
+    skipped = [k for k, r in rows.items() if "skipped" in r]
+    assert skipped == [("gemm_bf16", "ce_h2d"), ("hstu_unfused", "sm_triton"), ("hstu_unfused", "ce_d2h"),
+                       ("hstu_unfused", "ce_h2d")]  # fmt: skip
+    assert all("time budget" in rows[k]["skipped"] for k in skipped)
+    progress = report["progress"]
+    assert (progress["points_planned"], progress["points_done"], progress["points_skipped"]) == (6, 2, 4)
+    assert progress["estimated_plan_s"] > 10 and "time budget" in progress["skip_reason"]
+    assert report["target_met"] is False and "reason" in report["workloads"]["hstu_unfused"]
+    assert "skipped: time budget" in capsys.readouterr().out

@@ -169,6 +169,29 @@ def test_results_are_read_back(tmp_path: Path) -> None:
     assert {"test_transport_gpu.py", "test_gpu_training.py"} <= files and "test_gpu_check.py" not in files
 
 
+def test_sm_contention_gets_a_budget_that_ends_it_before_its_timeout(tmp_path: Path) -> None:
+    """Killed mid-point at its timeout (twice, on an H200), the benchmark judged nothing: it gets
+    ``--budget-s`` inside the timeout the part is given (what the deadline leaves, when less)."""
+    part = next(p for p in gpu_check.PARTS if p.name == "bench_sm_contention")
+    seen: list[tuple[list[str], float]] = []
+
+    class FakeCheck:
+        repo, dry, python, out = REPO, False, "python3", tmp_path
+
+        def command(self, part: gpu_check.Part, argv: list[str], timeout: float) -> part_runner.Outcome:
+            seen.append((argv, timeout))
+            return part_runner.Outcome("ok", 0, 1.0, tmp_path / "x.log")
+
+    for timeout in (part.timeout, 40.0, 10.0):
+        part.run(FakeCheck(), part, timeout)  # type: ignore[arg-type]
+    budgets = [float(argv[argv.index("--budget-s") + 1]) for argv, _ in seen]
+    assert budgets == [part.timeout - gpu_check.SM_CONTENTION_MARGIN_S, 15.0, 1.0]
+    assert [t for _, t in seen] == [part.timeout, 40.0, 10.0] and part.timeout <= 90
+    other = next(p for p in gpu_check.PARTS if p.name == "bench_dispatch")
+    other.run(FakeCheck(), other, 60.0)  # type: ignore[arg-type]
+    assert "--budget-s" not in seen[-1][0]  # only the benchmark that takes one
+
+
 def test_the_linked_checkout_imports_as_the_installed_package(tmp_path: Path) -> None:
     """The fallback when the image's setuptools cannot build the checkout: the package-dir layout of
     pyproject.toml made of links (checked with -S: no site-packages, so no editable finder)."""
