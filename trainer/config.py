@@ -347,6 +347,9 @@ class EvalConfig:
     # "": evaluate this run's data.path users; a prepared dataset: evaluate its users instead (the next time
     # window's, docs/training.md#streaming-windows)
     data_path: str = ""
+    # every evaluation also writes each user's rank of the held-out item to
+    # <logging.out_dir>/eval_ranks/<split>_step<N>.csv (user_id,rank): for segment analyses
+    write_ranks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("every", "num_candidates", "patience"):

@@ -35,8 +35,9 @@ class EvaluationHooks:
             )
         return self._eval_samples
 
-    def score(self, split: str) -> dict[str, Any]:
-        """HR@k / NDCG@k of ``split`` (validation | test) on the current model (collective)."""
+    def score(self, split: str, step: int) -> dict[str, Any]:
+        """HR@k / NDCG@k of ``split`` (validation | test) on the current model at ``step`` (collective);
+        with ``eval.write_ranks`` rank 0 also writes every user's rank (``ranks_file`` in the result)."""
         started = time.perf_counter()
         queries = [split_query(sample, split) for sample in self._eval_users()]
         ev = self.cfg.eval
@@ -48,18 +49,25 @@ class EvaluationHooks:
             ev.k,
             seed=self.cfg.data.seed,
             exclude_history=ev.exclude_history,
+            keep_ranks=ev.write_ranks,
         )
+        per_user = result.pop("ranks", None)
+        if per_user is not None:
+            path = self.out / "eval_ranks" / f"{split}_step{step:08d}.csv"
+            if self.rank == 0:
+                per_user.write_csv(path)
+            result["ranks_file"] = str(path)
         data = self.cfg.eval.data_path or self.cfg.data.path  # which users: the run's or another window's
         return {"split": split, **result, "data": data, "seconds": time.perf_counter() - started}
 
     def _evaluate(self, step: int) -> None:
         """Score validation (test when eval.validation is off); a new best also scores test on this
         model and, with checkpoint.dir, saves it as the best checkpoint (``protocol.BestTracker``)."""
-        result = self.score("validation" if self.cfg.eval.validation else "test")
+        result = self.score("validation" if self.cfg.eval.validation else "test", step)
         improved = self.tracker.offer(step, result)
         line = {"step": step, "eval": result, "best": improved}
         if improved:
-            self.tracker.best_test = self.score("test") if self.cfg.eval.validation else result
+            self.tracker.best_test = self.score("test", step) if self.cfg.eval.validation else result
             if self.checkpointer is not None:
                 self.tracker.best_checkpoint = step_dir(str(Path(self.cfg.checkpoint.dir) / "best"), step)
             if self.cfg.eval.validation:  # kept for the final report and for resume
@@ -91,7 +99,7 @@ class EvaluationHooks:
             self.checkpointer = FreeScaleCheckpointer(self.engine)
         step = self.checkpointer.load(path, check_world_size=False)
         splits = ("validation", "test") if self.cfg.eval.validation else ("test",)
-        report = {"checkpoint": path, "step": step, **{split: self.score(split) for split in splits}}
+        report = {"checkpoint": path, "step": step, **{split: self.score(split, step) for split in splits}}
         report["ids"] = self.tables.summary()
         self.engine.close()
         if self.rank == 0:

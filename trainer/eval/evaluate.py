@@ -25,7 +25,8 @@ events, for the quality benchmark and the demo.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,28 @@ from freescale.trainer.data.batches import collate
 
 EVAL_CHUNK = 64
 SCORE_CHUNK_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class EvalRanks:
+    """Every evaluated user's 0-based rank of its held-out item, all ranks' users (``eval.write_ranks``):
+    what a segment analysis reads (new items against known ones, short histories against long)."""
+
+    user_ids: np.ndarray  # int64 [U]
+    ranks: np.ndarray  # int64 [U]: candidates scoring above the target (ties and NaN against it)
+
+    def write_csv(self, path: Path) -> None:
+        """``user_id,rank`` per line, written to a temporary name and renamed (never half a file)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        rows = np.stack([self.user_ids, self.ranks], axis=1) if len(self.ranks) else np.zeros((0, 2), np.int64)
+        np.savetxt(partial, rows, fmt="%d", delimiter=",", header="user_id,rank", comments="")
+        partial.replace(path)
+
+    @staticmethod
+    def read_csv(path: Path) -> EvalRanks:
+        rows = np.loadtxt(path, dtype=np.int64, delimiter=",", skiprows=1, ndmin=2)
+        return EvalRanks(rows[:, 0], rows[:, 1])
 
 
 def metrics_from_ranks(ranks: np.ndarray, k: int) -> dict[str, float]:
@@ -144,14 +167,16 @@ def evaluate(
     k: int,
     seed: int = 0,
     exclude_history: bool = False,
+    keep_ranks: bool = False,
 ) -> dict[str, Any]:
     """HR@k / NDCG@k over all ranks' eval queries, each ranking its last event given the events before
-    (collective: every rank must call it)."""
+    (collective: every rank must call it). ``keep_ranks``: the result also holds ``"ranks"``, an
+    ``EvalRanks`` of every user (not JSON: the caller writes it)."""
     chunks = [samples[i : i + EVAL_CHUNK] for i in range(0, len(samples), EVAL_CHUNK)]
     count = torch.tensor([len(chunks)], device=engine.device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     chunks += [[] for _ in range(int(count) - len(chunks))]  # equal collective counts on every rank
-    ranks = []
+    ranks, users = [], []
     collate_cfg = replace(collate_cfg, full_softmax=False)  # queries need no catalogue of negatives
     for number, chunk in enumerate(chunks):
         batch = collate(chunk, collate_cfg, step=number, rank=dist.get_rank(), holdout=False)
@@ -172,14 +197,20 @@ def evaluate(
             history = history_pairs(batch) if exclude_history else None
             rank = _full_ranks(engine, queries, target_scores, target_ids, history)
         ranks.append(rank.cpu())
+        users.append(batch.user_ids.cpu())
     local = torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.int64)
+    local_users = torch.cat(users) if users else torch.zeros(0, dtype=torch.int64)
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local.numpy())
-    all_ranks = np.concatenate(gathered) if gathered else np.zeros(0)
+    dist.all_gather_object(gathered, (local.numpy(), local_users.numpy()))
+    all_ranks = np.concatenate([r for r, _ in gathered]) if gathered else np.zeros(0)
     protocol = f"sampled-{num_candidates}" if num_candidates else "full"
     if exclude_history:
         protocol += "-exclude-history"
-    return {"protocol": protocol, "users": len(all_ranks), **metrics_from_ranks(all_ranks, k)}
+    result = {"protocol": protocol, "users": len(all_ranks), **metrics_from_ranks(all_ranks, k)}
+    if keep_ranks:
+        all_users = np.concatenate([u for _, u in gathered]).astype(np.int64)
+        result["ranks"] = EvalRanks(all_users, all_ranks.astype(np.int64))
+    return result
 
 
 def popularity_metrics(train_items: np.ndarray, eval_targets: np.ndarray, num_items: int, k: int) -> dict[str, Any]:

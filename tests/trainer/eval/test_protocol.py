@@ -23,7 +23,7 @@ from freescale.pipeline.steps.sequences import _window_bounds
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import collate, split_query
 from freescale.trainer.engines.engine import ItemShard
-from freescale.trainer.eval.evaluate import evaluate
+from freescale.trainer.eval.evaluate import EvalRanks, evaluate, metrics_from_ranks
 from freescale.trainer.eval.protocol import BestTracker, TableSizeError, resolve_tables
 from freescale.trainer.launch import check_table_sizes
 
@@ -164,6 +164,25 @@ def test_exclude_history_leaves_history_items_out_of_the_full_ranking(one_rank_g
     assert excluded["hr@1"] == 1.0 and excluded["protocol"] == "full-exclude-history"
 
 
+def test_per_user_ranks_follow_their_users_and_give_the_metrics(one_rank_group, tmp_path: Path):
+    """``keep_ranks``: each user's rank, in a CSV that reads back to the same HR@k / NDCG@k."""
+    samples = [
+        {"item_ids": np.array([u % 7, 10 + u]), "actions": np.zeros(2, np.int64), "timestamps": np.arange(2),
+         "cost": 1.0, "user_id": 1000 + u, "window": 0, "length": 2}
+        for u in range(9, -1, -1)
+    ]  # fmt: skip
+    cfg = CollateConfig(num_items=32, num_actions=1, max_len=64, num_negatives=1, inbatch_negatives=0)
+    result = evaluate(_LastItemEngine(32), samples, cfg, num_candidates=0, k=1, keep_ranks=True)
+    per_user = result.pop("ranks")
+    assert sorted(per_user.user_ids.tolist()) == list(range(1000, 1010))
+    assert result["hr@1"] == 0.0 and (per_user.ranks == 1).all()  # the history row beats every target
+    per_user.write_csv(tmp_path / "eval_ranks" / "test.csv")
+    back = EvalRanks.read_csv(tmp_path / "eval_ranks" / "test.csv")
+    assert back.user_ids.tolist() == per_user.user_ids.tolist() and back.ranks.tolist() == per_user.ranks.tolist()
+    assert metrics_from_ranks(back.ranks, 1) == {k: v for k, v in result.items() if "@" in k}
+    assert "ranks" not in evaluate(_LastItemEngine(32), samples, cfg, num_candidates=0, k=1)
+
+
 class _PhantomRowsEngine(_LastItemEngine):
     """As ``_LastItemEngine``, but the rows of the history items stand for no item (a zero-collision
     table's empty slots): ranking must skip them as it skips excluded history."""
@@ -199,7 +218,7 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
         model_extra={"num_items": 0, "num_actions": 0},
         data={"max_steps": 40},
         optimizer={"dense_lr": 0.003, "sparse_lr": 0.02},
-        eval={"max_users": -1, "every": 10, "patience": 2},
+        eval={"max_users": -1, "every": 10, "patience": 2, "write_ranks": True},
         checkpoint={"dir": str(tmp_path / "ckpt")},
     )
     result = train(config, tmp_path)
@@ -211,6 +230,12 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
     best_step = max(evals, key=lambda step: (evals[step]["ndcg@10"], -step))
     assert protocol["best_step"] == best_step and protocol["validation"] == evals[best_step]
     assert protocol["best_checkpoint"].endswith(f"best/step_{best_step:08d}")
+    for step, line in evals.items():  # eval.write_ranks: every user's rank, giving the line's figures
+        per_user = EvalRanks.read_csv(Path(line["ranks_file"]))
+        assert line["ranks_file"].endswith(f"eval_ranks/validation_step{step:08d}.csv")
+        assert len(set(per_user.user_ids.tolist())) == len(per_user.ranks) == line["users"]
+        assert metrics_from_ranks(per_user.ranks, 10) == {k: line[k] for k in ("hr@10", "ndcg@10")}
+    test_ranks = EvalRanks.read_csv(Path(protocol["test"]["ranks_file"]))
     assert [p.name for p in (tmp_path / "ckpt" / "best").iterdir()] == [f"step_{best_step:08d}"]
     users = protocol["validation"]["users"]
     assert users == protocol["test"]["users"] > 150  # every evaluable user of the tiny preset
@@ -231,6 +256,10 @@ def test_evaluate_reproduces_the_best_checkpoint_figures(tmp_path: Path):
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     again = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    rewritten = EvalRanks.read_csv(Path(again["test"]["ranks_file"]))  # 2 ranks: the same users, same ranks
+    assert dict(zip(rewritten.user_ids.tolist(), rewritten.ranks.tolist())) == dict(
+        zip(test_ranks.user_ids.tolist(), test_ranks.ranks.tolist())
+    )
     for split in ("validation", "test"):
         drop = {"seconds"}
         assert {k: v for k, v in again[split].items() if k not in drop} == {
