@@ -52,8 +52,10 @@ from typing import Any, get_type_hints
 import numpy as np
 from measure import FREESCALE, Points
 from zch_kernel import kernel_point
+from zch_segments import EvalTargets, eval_targets, segments, separable
 
 from freescale.overrides import add_set_option
+from freescale.trainer.eval.evaluate import EvalRanks
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_zch.json"
 ARMS = ("oracle", "hashed", "zch")
@@ -76,7 +78,7 @@ class Settings:
     max_uih_len: int = 30
     micro_batch_size: int = 32
     steps_per_window: int = 40  # a subsample of the window's users (steps x micro_batch_size samples)
-    eval_users: int = 400  # next-window users evaluated (leave-one-out, last event)
+    eval_users: int = 2000  # next-window users evaluated (leave-one-out, last event; 400: HR@10 +-0.02)
     d_model: int = 32
     num_layers: int = 1
     num_heads: int = 2
@@ -212,7 +214,8 @@ def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: 
         "data": {"path": datasets[window], "max_steps": s.steps_per_window, "seed": s.seed},
         "optimizer": {"dense_lr": s.dense_lr, "sparse_lr": s.sparse_lr},
         "engine": {"threads": s.threads, "seed": s.seed, "device": s.device},
-        "eval": {"k": 10, "max_users": s.eval_users, "validation": False, "data_path": datasets[window + 1]},
+        "eval": {"k": 10, "max_users": s.eval_users, "validation": False, "data_path": datasets[window + 1],
+                 "write_ranks": True},
         "checkpoint": checkpoint,
         "logging": {"out_dir": str(work / arm / f"w{window}"), "log_every": 10, "progress": False},
     }  # fmt: skip
@@ -220,8 +223,9 @@ def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: 
 
 
 def train_window(work: Path, arm: str, window: int, datasets: list[str], sizes: dict[str, int],
-                 s: Settings) -> dict[str, Any]:  # fmt: skip
-    """One arm trained on ``window`` (continuing its run) and evaluated on the next window: its row."""
+                 s: Settings, targets: EvalTargets) -> dict[str, Any]:  # fmt: skip
+    """One arm trained on ``window`` (continuing its run) and evaluated on the next window: its row, with
+    its per-user ranks read by ``zch_segments`` (uncertainty; known against new targets)."""
     (work / arm).mkdir(parents=True, exist_ok=True)
     config = write_config(work, arm, window, datasets, sizes, s)
     start = time.perf_counter()
@@ -243,6 +247,7 @@ def train_window(work: Path, arm: str, window: int, datasets: list[str], sizes: 
         "ndcg@10": test["ndcg@10"],
         "hr@10": test["hr@10"],
         "eval_users": test["users"],
+        "segments": segments(EvalRanks.read_csv(Path(test["ranks_file"])), targets),
     }
     zch = summary.get("zch", {}).get("item")
     if zch is not None:
@@ -273,12 +278,16 @@ def targets(windows: list[dict[str, Any]], kernel: dict[str, Any] | None) -> dic
         "zch": z, "oracle": o, "ratio": z / o if z is not None and o else None,
         "per_window_ratio": [w["zch"]["ndcg@10"] / w["oracle"]["ndcg@10"] if w["oracle"]["ndcg@10"] else None
                              for w in full],
+        "separable_per_window": [separable(w["zch"]["segments"]["all"], w["oracle"]["segments"]["all"])
+                                 for w in full if "segments" in w["zch"] and "segments" in w["oracle"]],
         "target_met": bool(o) and z is not None and z >= 0.97 * o,  # an oracle at 0 measured nothing
     }  # fmt: skip
     goals["zch NDCG@10 >= 5% above hashed at the same rows (mean over windows)"] = {
         "zch": z, "hashed": h, "ratio": z / h if z is not None and h else None,
         "per_window_ratio": [w["zch"]["ndcg@10"] / w["hashed"]["ndcg@10"] if w["hashed"]["ndcg@10"] else None
                              for w in full],
+        "separable_per_window": [separable(w["zch"]["segments"]["all"], w["hashed"]["segments"]["all"])
+                                 for w in full if "segments" in w["zch"] and "segments" in w["hashed"]],
         "target_met": bool(z) and h is not None and z >= 1.05 * h,
     }  # fmt: skip
     ratios = [w["zch"]["step_ms"] / w["hashed"]["step_ms"] for w in full]
@@ -305,6 +314,23 @@ def print_windows(windows: list[dict[str, Any]]) -> None:
             print(f"{w['window']:>6} {arm:7} {100 * r['collision_rate']:8.3f}% {r['occupancy']:9.3f} "
                   f"{r['ndcg@10']:8.4f} {r['hr@10']:7.4f} {r['samples_per_s']:9.1f} {r['step_ms']:8.1f} "
                   f"{vs_oracle:11.3f} {vs_hashed:9.3f}")  # fmt: skip
+
+
+def print_segments(windows: list[dict[str, Any]]) -> None:
+    """Per arm: HR@10 with its 95% half-width, NDCG@10 with its standard error, on all users and on the
+    users whose target an earlier window held (known) or not (new)."""
+    print(f"{'window':>6} {'arm':7} {'users':>6} {'hr@10':>15} {'ndcg@10':>16} {'known':>6} {'ndcg known':>10} "
+          f"{'new':>6} {'ndcg new':>9}")  # fmt: skip
+    for w in windows:
+        for arm in ARMS:
+            seg = w.get(arm, {}).get("segments")
+            if seg is None:
+                continue
+            a, kn, nw = seg["all"], seg["known"], seg["new"]
+            ci = f"{a['hr@10']:.4f}+-{a['hr@10_ci95'] or 0:.4f}"
+            se = f"{a['ndcg@10']:.4f}+-{a['ndcg@10_se'] or 0:.4f}"
+            print(f"{w['window']:>6} {arm:7} {a['users']:>6} {ci:>15} {se:>16} {kn['users']:>6} {kn['ndcg@10']:10.4f} "
+                  f"{nw['users']:>6} {nw['ndcg@10']:9.4f}")  # fmt: skip
 
 
 def timings(row: dict[str, Any]) -> dict[str, float]:
@@ -443,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": asdict(s),
                 "note": "training reads the first steps_per_window x micro_batch_size samples of each window (a "
                 "subsample of its users); evaluation: eval_users of the next window, leave-one-out on the last "
-                "event, full ranking over the arm's table rows",
+                "event, full ranking over the arm's table rows; segments: users whose target an earlier window "
+                "held (known) or not (new), with HR@10 95% half-widths and NDCG@10 standard errors",
                 "stream": stream,
                 "windows": done,
                 "kernel": kernel or None,
@@ -456,11 +483,12 @@ def main(argv: list[str] | None = None) -> int:
         recorder = Points("bench_zch", out, report)
         if not args.skip_training:
             for t, row in enumerate(windows):  # window-major: the arms of a window run back to back
+                targets_t = eval_targets(datasets[t + 1], np.unique(np.concatenate(items[: t + 1])))
                 for arm in ARMS:
                     if arm in broken:
                         continue
                     print(f"bench_zch: window {t}, {arm} ({time.perf_counter() - began:.0f} s)", flush=True)
-                    value = recorder.run(f"window {t} {arm}", train_window, work, arm, t, datasets, sizes, s)
+                    value = recorder.run(f"window {t} {arm}", train_window, work, arm, t, datasets, sizes, s, targets_t)
                     if value is None:
                         broken.add(arm)  # its later windows would continue from an older checkpoint
                         continue
@@ -475,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         recorder.run("kernel", kernel_point, s, keep=kernel.update)
         result = recorder.save(final=True)
     print_windows(result["windows"])
+    print_segments(result["windows"])
     if kernel:
         print_kernel(kernel)
     for name, goal in result["targets"].items():

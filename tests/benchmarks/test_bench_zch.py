@@ -82,3 +82,32 @@ def test_kernel_only_rerun_keeps_the_measured_windows(bench, tmp_path: Path) -> 
     result = json.loads(out.read_text())
     assert result["windows"] == windows and result["kernel"]["rows"][0]["ids"] == 64
     assert "kernel_rerun" in result and set(result["targets"]) and out.with_suffix(".png").stat().st_size > 0
+
+
+@pytest.fixture
+def seg(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("zch_segments")
+
+
+def test_segments_split_users_by_whether_an_earlier_window_held_their_target(seg) -> None:
+    from freescale.trainer.eval.evaluate import EvalRanks
+
+    targets = seg.EvalTargets(users=np.array([1, 2, 3, 4]), items=np.array([50, 60, 70, 80]),
+                              known=np.array([True, False, True, False]))  # fmt: skip
+    per_user = EvalRanks(user_ids=np.array([4, 3, 2, 1]), ranks=np.array([0, 20, 3, 1]))
+    got = seg.segments(per_user, targets)
+    assert got["all"]["users"] == 4 and got["all"]["hits"] == 3 and got["all"]["hr@10"] == 0.75
+    assert got["known"]["users"] == 2 and got["known"]["hits"] == 1  # users 3 (rank 20) and 1 (rank 1)
+    assert got["new"]["hits"] == 2 and got["new"]["ndcg@10"] == pytest.approx((1 + 1 / np.log2(5)) / 2)
+    assert got["all"]["hr@10_ci95"] == pytest.approx(1.96 * np.sqrt(0.75 * 0.25 / 4))
+    with pytest.raises(ValueError, match="evaluated user 9 has no test target"):
+        seg.segments(EvalRanks(np.array([9]), np.array([0])), targets)
+
+
+def test_two_arms_separate_only_beyond_twice_their_combined_standard_error(seg) -> None:
+    a = {"ndcg@10": 0.044, "ndcg@10_se": 0.008}
+    b = {"ndcg@10": 0.021, "ndcg@10_se": 0.006}
+    assert seg.separable(a, b) is True  # 0.023 > 2 * 0.010
+    assert seg.separable(a, {"ndcg@10": 0.030, "ndcg@10_se": 0.006}) is False
+    assert seg.separable(a, {"ndcg@10": 0.0, "ndcg@10_se": None}) is None
