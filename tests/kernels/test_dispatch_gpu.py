@@ -154,6 +154,7 @@ def test_gradients_flow_through_the_triton_kernels() -> None:
     assert_bytes_equal(grads["triton"], grads["pytorch"], "values.grad")
 
 
+@pytest.mark.multi_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (the launch-device check)")
 def test_kernels_launch_on_the_tensors_device() -> None:
     """Tensors on cuda:1 while cuda:0 is current: the launchers make cuda:1 current for the launch."""

@@ -203,3 +203,12 @@ def test_the_linked_checkout_imports_as_the_installed_package(tmp_path: Path) ->
     module, trainer = result.stdout.split()
     assert module == str(tmp_path / "freescale" / "tools" / "gpu_check.py")
     assert (Path(trainer) / "simulate" / "profiles").is_dir() and Path(trainer).resolve() == REPO / "trainer"
+
+
+def test_one_gpu_leaves_multi_gpu_tests_out_so_any_skip_is_a_miss() -> None:
+    """On the H200 (one device) the launch-device test skipped, so ``no_gpu_test_skipped`` was missed on
+    every run of a one-GPU machine: such tests carry ``multi_gpu`` and are deselected there."""
+    assert gpu_check.gpu_marks(1) == gpu_check.gpu_marks(None) == "gpu and not multi_gpu"
+    assert gpu_check.gpu_marks(2) == "gpu"
+    needs_two = [p for p in gpu_check.gpu_test_files(REPO) if "device_count() < 2" in p.read_text()]
+    assert needs_two and all("pytest.mark.multi_gpu" in p.read_text() for p in needs_two)
