@@ -105,8 +105,9 @@ def cost_model(s: Settings) -> tuple[Any, dict[str, Any]]:
 def make_lengths(s: Settings, shape: str) -> np.ndarray:
     """Lengths of one shape (see the module docstring); the preset and Pareto shapes come from the
     synthetic generator's own sampler, so they are the lengths ``freescale generate`` writes."""
+    from freescale.datasets.generator_config import GeneratorConfig
     from freescale.datasets.presets import preset
-    from freescale.datasets.synthetic import GeneratorConfig, sample_lengths
+    from freescale.datasets.synthetic import sample_lengths
 
     if shape == "lognormal":  # unchanged since the first version, so results stay comparable
         rng = np.random.default_rng(s.seed)

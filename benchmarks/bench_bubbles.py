@@ -113,7 +113,7 @@ def make_data(s: Settings, work: Path) -> dict[str, Any]:
     from freescale.pipeline.config import PrepareConfig, SampleConfig
     from freescale.pipeline.dataset.manifest import load_manifest
     from freescale.pipeline.prepare import prepare
-    from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.learning_config import ModelExtraConfig
     from freescale.trainer.simulate.calibrate import calibrate
 
     generate(

@@ -157,7 +157,7 @@ def train(config: str, cwd: Path, steps_per_epoch: int) -> dict[str, Any]:
 def dense_params(s: Settings, architecture: str) -> int:
     """Dense parameters of the transducer (embedding tables excluded: both use the same ones)."""
     from freescale.model_config import ModelConfig
-    from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.learning_config import ModelExtraConfig
     from freescale.trainer.model.transducer import SequentialTransducer
 
     model = ModelConfig(d_model=s.d_model, num_layers=s.num_layers, num_heads=s.num_heads, max_uih_len=s.cap)

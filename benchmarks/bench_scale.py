@@ -83,8 +83,8 @@ def fixed_cost_split() -> dict[str, Any]:
 
     from freescale.model_config import ModelConfig
     from freescale.pipeline.dataset.samples import CollateConfig
-    from freescale.trainer.config import ModelExtraConfig
     from freescale.trainer.data.batches import collate
+    from freescale.trainer.learning_config import ModelExtraConfig
     from freescale.trainer.simulate.calibrate import MicroBatchTimer, synthetic_samples
 
     class Count(TorchDispatchMode):

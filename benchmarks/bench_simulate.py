@@ -190,7 +190,7 @@ def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
 def dense_params(model_table: dict[str, Any], items: int) -> int:
     """Data-parallel parameters of the model (what the dense all-reduce carries)."""
     from freescale.model_config import ModelConfig
-    from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.learning_config import ModelExtraConfig
     from freescale.trainer.model.transducer import SequentialTransducer
 
     model = SequentialTransducer(ModelConfig(**model_table), ModelExtraConfig(num_items=items, num_actions=8))

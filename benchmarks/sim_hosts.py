@@ -192,8 +192,8 @@ def contention_rank(argv: list[str]) -> int:
 
     from freescale.model_config import ModelConfig
     from freescale.pipeline.dataset.samples import CollateConfig
-    from freescale.trainer.config import ModelExtraConfig
     from freescale.trainer.data.batches import collate
+    from freescale.trainer.learning_config import ModelExtraConfig
     from freescale.trainer.simulate.calibrate import CALIBRATION_ITEMS, MicroBatchTimer, synthetic_samples
 
     parser = argparse.ArgumentParser()
@@ -308,7 +308,7 @@ def fit_cost_model(s: Any, work: Path) -> str:
     from bench_pec import model_table
 
     from freescale.model_config import ModelConfig
-    from freescale.trainer.config import ModelExtraConfig
+    from freescale.trainer.learning_config import ModelExtraConfig
     from freescale.trainer.simulate.calibrate import calibrate
 
     path = work / "cost-hosts.json"

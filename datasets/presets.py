@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .synthetic import GeneratorConfig
+from .generator_config import GeneratorConfig
 
 __all__ = ["PRESETS", "preset"]
 

@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = {"freescale": 0, "kernels": 1, "datasets": 1, "pipeline": 2, "trainer": 3, "tools": 4}
 
 # trainer/ layer of a module: its folder, or for modules at the top of trainer/ "base" or "top".
-TRAINER_BASE = {"config", "config_toml", "table_config", "user_tables", "errors", "checkpoint", "checkpoint_dirs",
-                "checkpoint_record", "run_dir", "rendezvous", "lifetime", "cpus", "peers"}  # fmt: skip
+TRAINER_BASE = {"config", "config_checks", "config_toml", "engine_config", "learning_config", "loop_config",
+                "table_config", "user_tables", "errors", "checkpoint", "checkpoint_dirs", "checkpoint_record",
+                "run_dir", "rendezvous", "lifetime", "cpus", "peers"}  # fmt: skip
 TRAINER_LAYERS = {
     "base": {"base"},
     "data": {"base", "data"},

@@ -24,7 +24,8 @@ from freescale.trainer.checkpoint_record import (
     check_user_table_set,
     vocabulary_tables,
 )
-from freescale.trainer.config import ModelExtraConfig, RunConfig
+from freescale.trainer.config import RunConfig
+from freescale.trainer.learning_config import ModelExtraConfig
 
 OPTION = "checkpoint.continue_on_new_data"
 ROW_OPTIONS = {"item": "model_extra.num_items", "action": "model_extra.num_actions"}  # model_options keys

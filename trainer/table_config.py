@@ -17,7 +17,9 @@ user table refuse the same mistakes with the same words, each naming its own opt
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from freescale.trainer.config_checks import check, choice
 
 ID_MODES = ("exact", "hashed", "zch")
 ZCH_POLICIES = ("ttl", "lru", "lfu")  # kernels.zch.POLICIES, without importing torch here
@@ -30,16 +32,6 @@ ZCH_DEFAULTS = {
     "zch_ttl": 0,
     "zch_admission_threshold": 1,
 }
-
-
-def check(condition: bool, option: str, message: str, value: Any) -> None:
-    """``ValueError("<option> <message>, got <value>")`` unless ``condition``."""
-    if not condition:
-        raise ValueError(f"{option} {message}, got {value!r}")
-
-
-def choice(option: str, value: str, choices: tuple[str, ...]) -> None:
-    check(value in choices, option, f"must be one of {list(choices)}", value)
 
 
 class ZchOptions(Protocol):

@@ -11,11 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from freescale.datasets.generator_config import GeneratorConfig
 from freescale.datasets.ids import stable_id
+from freescale.datasets.log_vocabulary import ACTIONS, user_names
 from freescale.datasets.presets import preset
 from freescale.datasets.sessions import LONG_GAP_MIN_S, SIMILAR, home_topics, session_times, topic_sizes
 from freescale.datasets.sources import iter_events
-from freescale.datasets.synthetic import ACTIONS, GeneratorConfig, generate, user_names
+from freescale.datasets.synthetic import generate
 
 ENGAGED = {ACTIONS[name] for name in ("like", "add_to_cart", "purchase", "review")}
 

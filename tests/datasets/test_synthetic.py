@@ -14,18 +14,12 @@ import pyarrow as pa
 import pytest
 
 from freescale.datasets.config import SourcesConfig
+from freescale.datasets.generator_config import GeneratorConfig
 from freescale.datasets.ids import stable_id
+from freescale.datasets.log_vocabulary import ACTIONS, user_names
 from freescale.datasets.presets import PRESETS, preset
 from freescale.datasets.sources import iter_events, plan_read_tasks, read_task, read_user_table
-from freescale.datasets.synthetic import (
-    ACTIONS,
-    GeneratorConfig,
-    ItemSampler,
-    chunk_bounds,
-    generate,
-    sample_lengths,
-    user_names,
-)
+from freescale.datasets.synthetic import ItemSampler, chunk_bounds, generate, sample_lengths
 
 
 def digest_tree(root: Path) -> dict[str, str]:

@@ -27,8 +27,11 @@ from profile_cases import PROFILE_READS, USER_TABLES, profile_fields
 
 from freescale.model_config import ModelConfig
 from freescale.pipeline.dataset.samples import CollateConfig
-from freescale.trainer.config import DataConfig, EngineConfig, ModelExtraConfig, OptimizerConfig, RunConfig
+from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import Batch, collate
+from freescale.trainer.engine_config import EngineConfig
+from freescale.trainer.learning_config import ModelExtraConfig, OptimizerConfig
+from freescale.trainer.loop_config import DataConfig
 
 
 @dataclass

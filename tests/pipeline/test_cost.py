@@ -9,7 +9,7 @@ import pytest
 
 from freescale.model_config import ModelConfig
 from freescale.pipeline.cost import CostModel
-from freescale.trainer.config import ModelExtraConfig
+from freescale.trainer.learning_config import ModelExtraConfig
 from freescale.trainer.simulate.calibrate import calibrate, fit
 from freescale.trainer.simulate.calibrate import main as calibrate_main
 

@@ -169,7 +169,7 @@ def test_inspect_verify_checks_every_file(copy, capsys) -> None:
 def test_verify_false_is_offered_where_datasets_are_opened() -> None:
     from freescale.pipeline.stats import StatsConfig
     from freescale.tools.cli import build_parser
-    from freescale.trainer.config import DataConfig
+    from freescale.trainer.loop_config import DataConfig
 
     assert build_parser().parse_args(["stats", "x", "--no-verify"]).no_verify
     assert StatsConfig(input="x", verify=False).verify is False

@@ -73,7 +73,7 @@ def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: st
 
 def test_nodes_of_a_hierarchical_all_to_all() -> None:
     """Whole nodes from ``engine.ranks_per_node`` or the launcher's ranks per node; flat is 0 nodes."""
-    from freescale.trainer.config import EngineConfig
+    from freescale.trainer.engine_config import EngineConfig
 
     assert EngineConfig().nodes_of(8, 4) == 0
     assert EngineConfig(all_to_all="hierarchical").nodes_of(8, 4) == 4
@@ -104,7 +104,8 @@ def test_config_round_trip_overrides_and_model_table(tmp_path: Path) -> None:
 
 
 def test_configs_built_in_code_refuse_non_finite_floats() -> None:
-    from freescale.trainer.config import DataConfig, OptimizerConfig
+    from freescale.trainer.learning_config import OptimizerConfig
+    from freescale.trainer.loop_config import DataConfig
 
     with pytest.raises(ValueError, match=r"optimizer\.sparse_lr must be finite"):
         RunConfig(data=DataConfig(path="x"), optimizer=OptimizerConfig(sparse_lr=math.inf))

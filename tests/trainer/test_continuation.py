@@ -21,8 +21,10 @@ from train_cli import FREESCALE, prepare_tiny_windows, run_toml, run_train
 from freescale.pipeline.dataset import loader
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.trainer.checkpoint_record import DataIdentity, RunRecord, check_model, model_options, read_record
-from freescale.trainer.config import DataConfig, ModelExtraConfig, RunConfig
+from freescale.trainer.config import RunConfig
 from freescale.trainer.continuation import check_continuation, check_eval_data
+from freescale.trainer.learning_config import ModelExtraConfig
+from freescale.trainer.loop_config import DataConfig
 from freescale.trainer.table_config import UserTableConfig
 
 ZCH = {"num_items": 0, "ids": "zch", "zch_size": 128, "zch_bucket_size": 16, "zch_max_probe": 8}

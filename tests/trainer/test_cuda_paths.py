@@ -14,7 +14,8 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from freescale.trainer.config import EngineConfig, RunConfig
+from freescale.trainer.config import RunConfig
+from freescale.trainer.engine_config import EngineConfig
 from freescale.trainer.engines.overlap import CommWorker
 from freescale.trainer.launch import check_cuda_devices
 from freescale.trainer.metrics.instrument import StepTimer

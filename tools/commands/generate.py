@@ -33,7 +33,7 @@ def generator_overrides(pairs: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` strings → typed generator options (types from ``GeneratorConfig``'s fields)."""
     from typing import get_type_hints
 
-    from freescale.datasets.synthetic import GeneratorConfig
+    from freescale.datasets.generator_config import GeneratorConfig
     from freescale.overrides import typed_overrides
 
     return typed_overrides(pairs, get_type_hints(GeneratorConfig))

@@ -32,7 +32,7 @@ from freescale.kernels.transport import (
     WorkHandle,
     make_transport,
 )
-from freescale.trainer.config import EngineConfig
+from freescale.trainer.engine_config import EngineConfig
 
 __all__ = [
     "TRANSPORTS",

@@ -1,7 +1,7 @@
 """Engine registry: ``engine.name`` -> the factory that builds that engine for one rank.
 
 The runner asks ``make_engine`` and never names an engine class; a new engine is one factory here
-(and its name in ``config.ENGINES``). Factories import their engine lazily, so TorchRec is imported
+(and its name in ``engine_config.ENGINES``). Factories import their engine lazily, so TorchRec is imported
 only for ``engine.name = "torchrec"``.
 """
 

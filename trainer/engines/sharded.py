@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import torch
 
-from freescale.trainer.config import OptimizerConfig
 from freescale.trainer.engines.comm import TimedHandle, TimedTransport
 from freescale.trainer.engines.input_dist import DistContext, InputDistribution, source_ranks
 from freescale.trainer.engines.sharded_zch import ZchRows
 from freescale.trainer.engines.sparse_optim import SparseOptimizer, make_sparse_optimizer, sum_by_row
 from freescale.trainer.engines.table_layout import TableSpec, init_rows, shard_bounds
 from freescale.trainer.engines.zch_shard import ZchShard
+from freescale.trainer.learning_config import OptimizerConfig
 
 
 class RowWiseShardedTables(InputDistribution, ZchRows):

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from freescale.trainer.config import OptimizerConfig
+from freescale.trainer.learning_config import OptimizerConfig
 
 
 class RowWiseAdagrad:

@@ -26,7 +26,8 @@ from typing import Any
 
 from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.dataset.vocabulary import Vocabulary, hash_collision_rate
-from freescale.trainer.config import ModelExtraConfig, RunConfig
+from freescale.trainer.config import RunConfig
+from freescale.trainer.learning_config import ModelExtraConfig
 
 
 class TableSizeError(ValueError):

@@ -45,8 +45,8 @@ from freescale.kernels.hstu_attention import hstu_attention
 from freescale.kernels.hstu_attention_ref import time_bucket
 from freescale.kernels.triton_support import triton_unavailable_reason
 from freescale.model_config import ModelConfig
-from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.jagged import JaggedLayout, from_groups, pad_source, to_padded
+from freescale.trainer.learning_config import ModelExtraConfig
 
 
 def resolve_attention(choice: str, architecture: str, device: torch.device) -> str:

@@ -38,10 +38,10 @@ import torch
 from freescale.model_config import ModelConfig
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.dataset.samples import CollateConfig
-from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.batches import Batch, collate
 from freescale.trainer.data.jagged import padded_sum_of_squares
 from freescale.trainer.engines.engine import batch_loss
+from freescale.trainer.learning_config import ModelExtraConfig
 from freescale.trainer.model.transducer import SequentialTransducer, resolve_attention
 from freescale.trainer.simulate.calibrate_options import HELP, add_arguments
 from freescale.trainer.table_config import ZCH_DEFAULTS

@@ -187,7 +187,8 @@ def test_zipf_fit_recovers_exact_and_sampled_exponents() -> None:
     values, mult = np.unique(exact[exact > 0], return_counts=True)
     fit = figures.zipf_fit(dict(zip(values.tolist(), mult.tolist())), min_count=10)
     assert fit["zipf_exponent"] == pytest.approx(1.2, abs=0.01)
-    from freescale.datasets.synthetic import GeneratorConfig, ItemSampler
+    from freescale.datasets.generator_config import GeneratorConfig
+    from freescale.datasets.synthetic import ItemSampler
 
     for s in (0.9, 1.3):
         sampler = ItemSampler(GeneratorConfig(n_items=50_000, zipf=s))

@@ -9,10 +9,10 @@ import torch
 from trainer_samples import collate_cfg, make_samples
 
 from freescale.model_config import ModelConfig
-from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.batches import collate
 from freescale.trainer.engines.engine import batch_features, batch_loss
 from freescale.trainer.engines.jagged_ids import split_features
+from freescale.trainer.learning_config import ModelExtraConfig
 from freescale.trainer.model.transducer import SequentialTransducer
 
 

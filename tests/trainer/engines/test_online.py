@@ -20,7 +20,7 @@ from pec_check import RankPool
 from train_cli import prepare_tiny, run_toml, train
 
 from freescale.pipeline.cost import CostModel
-from freescale.trainer.config import EngineConfig
+from freescale.trainer.engine_config import EngineConfig
 from freescale.trainer.engines.online import balancer_cost_model
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import torch
 
 from freescale.kernels.hstu_attention import hstu_attention
 from freescale.model_config import ModelConfig
-from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.jagged import build_layout
+from freescale.trainer.learning_config import ModelExtraConfig
 from freescale.trainer.model.transducer import SequentialTransducer, resolve_attention
 
 LENGTHS = [5, 17, 0, 2, 1, 40, 16]

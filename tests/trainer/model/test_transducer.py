@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from freescale.model_config import ModelConfig
-from freescale.trainer.config import ModelExtraConfig
 from freescale.trainer.data.jagged import build_layout
+from freescale.trainer.learning_config import ModelExtraConfig
 from freescale.trainer.model.transducer import SequentialTransducer
 
 

@@ -14,8 +14,10 @@ from train_cli import prepare_tiny, run_toml, train
 
 from freescale.model_config import ModelConfig
 from freescale.pipeline.dataset.reader import PreparedDataset
-from freescale.trainer.config import DataConfig, EngineConfig, RunConfig
+from freescale.trainer.config import RunConfig
 from freescale.trainer.engine_choices import Choices, resolve_choices
+from freescale.trainer.engine_config import EngineConfig
+from freescale.trainer.loop_config import DataConfig
 from freescale.trainer.simulate.auto import Probe, batch_overlap_rate, predict, probe
 from freescale.trainer.simulate.sim_config import HardwareProfile
 
