@@ -128,7 +128,9 @@ def _write_lines(stream, lines: pl.Series) -> None:
 def write_purchases(writers: Writers, ev: dict, cfg: GeneratorConfig, chunk: int, stats: dict) -> None:
     part = _sorted_channel(ev, 1)
     rng = np.random.default_rng([cfg.seed, 3, chunk])
+    # numpy strings, not objects: an empty object array (a chunk without this file's purchases) is no String
     kinds = pc.take(pa.array(PURCHASE_KINDS), pa.array(part["purchase_kind"])).to_numpy(zero_copy_only=False)
+    kinds = kinds.astype(str) if len(kinds) else np.zeros(0, dtype="<U1")
     for f, stream in enumerate(writers.purchases):
         sel = part["user"] % len(writers.purchases) == f
         names = user_names(part["user"][sel], cfg.n_users)
