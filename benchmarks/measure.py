@@ -297,4 +297,3 @@ def device_environment(device: str) -> dict[str, Any]:
     else:
         env["device_name"] = platform.processor() or platform.machine()
     return env
-
