@@ -4,12 +4,14 @@ On CUDA a small lookup is bound by per-call overhead, not arithmetic: each aten 
 a kernel launch, and each host read of a device value drains the stream. ``counting_ops()`` counts,
 while its block runs, in ``OpCounts``:
 
-* ``syncs``: ``aten._local_scalar_dense`` (what ``.item()``, ``int()``, ``bool()``, ``.tolist()`` and
-  Python ``if tensor`` go through) plus every op whose output shape depends on the data
+* ``syncs``: ``aten._local_scalar_dense`` (what ``.item()``, ``int()``, ``bool()`` and Python
+  ``if tensor`` go through), ``Tensor.tolist`` and ``Tensor.numpy`` (a device-to-host copy on CUDA; on
+  CPU they read memory without an op, so they are counted by wrapping them, as ``tolist``), plus
+  every op whose output shape depends on the data
   (``nonzero``, ``masked_select``, ``unique``, ``bincount``, indexing with a boolean mask, ...): on
   CUDA each waits for the device to know the size;
-* ``launches``: ops that compute (every op but views and the syncs' host reads), roughly the kernels
-  a CUDA stream would run;
+* ``launches``: ops that compute (every op but views, wrapped Python numbers and the syncs' host
+  reads), roughly the kernels a CUDA stream would run;
 * ``ops``: every op by name, to show where the counts come from.
 
 The counts are the same on CPU and CUDA: the instrument sees the ops Python asks for, not how a
@@ -40,6 +42,7 @@ DATA_DEPENDENT = {
     "bincount",
     "repeat_interleave",  # without output_size the output length is the sum of the repeats
 }
+HOST_ONLY = {"scalar_tensor"}  # a Python number wrapped for an op (a CPU scalar on CUDA too): no kernel
 BOOL_INDEXED = {"index", "index_put", "index_put_", "_index_put_impl_"}  # a boolean mask: a nonzero inside
 
 
@@ -65,9 +68,7 @@ def is_sync(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     """Whether ``func`` reads a device value on the host or sizes its output from the data."""
     name = func.overloadpacket.__name__
     if func is SCALAR_READ or name in DATA_DEPENDENT:
-        if name == "repeat_interleave" and kwargs.get("output_size") is not None:
-            return False
-        return True
+        return not (name == "repeat_interleave" and kwargs.get("output_size") is not None)
     return name in BOOL_INDEXED and _bool_index(args, kwargs)
 
 
@@ -83,14 +84,30 @@ class _Counter(TorchDispatchMode):
         if is_sync(func, args, kwargs):
             self.counts.syncs += 1
             self.counts.sync_ops[name] += 1
-        if func is not SCALAR_READ and not func.is_view:
+        if func is not SCALAR_READ and not func.is_view and name not in HOST_ONLY:
             self.counts.launches += 1
         return func(*args, **kwargs)
 
 
+def _host_read(counts: OpCounts, method: Any) -> Any:
+    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        counts.syncs += 1
+        counts.sync_ops["tolist"] += 1
+        return method(self, *args, **kwargs)
+
+    return read
+
+
 @contextmanager
 def counting_ops() -> Iterator[OpCounts]:
-    """Count the aten ops (syncs, launches, by name) that the block runs in this thread."""
+    """Count the aten ops (syncs, launches, by name) and host reads that the block runs in this thread."""
     counts = OpCounts()
-    with _Counter(counts):
-        yield counts
+    methods = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+    try:
+        for name, method in methods.items():
+            setattr(torch.Tensor, name, _host_read(counts, method))
+        with _Counter(counts):
+            yield counts
+    finally:
+        for name, method in methods.items():
+            setattr(torch.Tensor, name, method)
