@@ -8,7 +8,7 @@ launch kernels) at the aten dispatch seam on CPU, so the bounds hold on machines
 The bounds: a read-only lookup reads the host once (the id check); a training lookup once for the id
 check and once per run of proposal rounds (``FIRST_ROUNDS``, then twice as many each run: at most
 four runs for 16 probes), usually once. Before the rounds ran masked over fixed shapes, a training
-lookup of 720 ids cost 39 syncs on the table of the benchmark's shape.
+lookup of 720 ids cost 39 syncs on the table of the benchmark's shape and 77 through ``ZchShard``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from sync_count import OpCounts, counting_ops
 
 from freescale.kernels.zch import FIRST_ROUNDS, ZchConfig, ZchTable
+from freescale.trainer.engines.zch_shard import ZchShard
 
 IDS = 720  # ids of one bench_zch step (d_model 128, micro batch 32)
 BENCH = {"zch_size": 75_008, "bucket_size": 64, "max_probe": 16}  # bench_zch's zch arm (75k rows)
@@ -81,3 +82,19 @@ def test_a_read_only_lookup_syncs_once() -> None:
         table.lookup(torch.cat([ids[0][:360], ids[1][:360]]), train=False)
     assert counts.syncs == 1 and only_host_reads(counts), counts.summary()
     assert counts.launches <= READ_LAUNCHES, counts.summary()
+
+
+def test_the_trainers_shard_lookup_adds_no_sync_to_the_tables() -> None:
+    shard = ZchShard(ZchConfig(**BENCH), 0, torch.device("cpu"), table=0, seed=0)
+    calls = stream(10**6, 6)
+    for ids in calls[:-1]:
+        shard.lookup(ids, None, True)
+        shard.trained()
+    with counting_ops() as counts:
+        _, step = shard.lookup(calls[-1], None, True)
+    assert step is not None and step.step == len(calls)
+    assert counts.syncs <= 3 and only_host_reads(counts), counts.summary()
+    assert counts.launches <= TRAIN_LAUNCHES["lru"] + 30, counts.summary()
+    with counting_ops() as counts:
+        shard.lookup(calls[0], None, False)  # evaluation while the last batch is ahead: from the trained state
+    assert counts.syncs == 1 and only_host_reads(counts), counts.summary()
