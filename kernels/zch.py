@@ -435,11 +435,11 @@ def first_true(mask: torch.Tensor) -> torch.Tensor:
 def best_slot(open_: torch.Tensor, empty: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
     """Column each row proposes: its nearest open empty slot, else the open slot with the smallest keys."""
     free = open_ & empty
-    victims = open_ & ~empty
+    victims = open_ ^ free  # open and occupied
     for key in keys:
         masked = torch.where(victims, key, INT64_MAX)
         victims &= masked == masked.min(dim=1, keepdim=True).values
-    return torch.where(free.any(dim=1), first_true(free), first_true(victims))
+    return first_true(torch.where(free.any(dim=1, keepdim=True), free, victims))
 
 
 def empty_rows(device: torch.device) -> torch.Tensor:
