@@ -32,9 +32,13 @@ class ZchRows:
         for t, shard in enumerate(self.zch):
             if shard is None:
                 continue
-            mine = ctx.recv_table == t
-            rows, step = shard.lookup(ctx.recv_ids[mine], clock, train)
-            ctx.recv_ids[mine] = rows
+            if len(self.zch) == 1:  # every id is this table's: no boolean mask (two host syncs on CUDA)
+                rows, step = shard.lookup(ctx.recv_ids, clock, train)
+                ctx.recv_ids.copy_(rows)
+            else:
+                mine = ctx.recv_table == t
+                rows, step = shard.lookup(ctx.recv_ids[mine], clock, train)
+                ctx.recv_ids[mine] = rows
             if step is not None:
                 steps.append(step)
         ctx.zch = steps if train else None
@@ -59,7 +63,7 @@ class ZchRows:
         keys, resets = self.row_keys(ctx), torch.full_like(ctx.recv_ids, -1)
         for step in ctx.zch or []:
             was_reset = (ctx.recv_table == step.table) & torch.isin(ctx.recv_ids, step.reassigned)
-            resets[was_reset] = step.step
+            resets = torch.where(was_reset, step.step, resets)  # not resets[was_reset] =: a host sync on CUDA
         bits = torch.stack([keys, resets], dim=1).contiguous().view(torch.float32)
         return torch.cat([rows, bits], dim=1)
 
