@@ -77,14 +77,15 @@ class ZchRows:
 
     def fresh_rows(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
         """(requester) ``rows`` in send order with every row reset in this batch replaced by its new
-        value, computed here (PEC prefetched it before the owner's reset)."""
-        if ctx.send_resets is None or not bool((ctx.send_resets >= 0).any()):
+        value, computed here (PEC prefetched it before the owner's reset). Every row's value is computed
+        with its own step and kept where it was reset (in place): fixed shapes, no host sync."""
+        if ctx.send_resets is None:
             return rows
         keys, _, tables = self.send_layout(ctx)
+        reset, steps = ctx.send_resets >= 0, ctx.send_resets.clamp(min=0)
         for t, shard in enumerate(self.zch):
             if shard is None:
                 continue
-            for step in torch.unique(ctx.send_resets[(tables == t) & (ctx.send_resets >= 0)]).tolist():
-                where = (tables == t) & (ctx.send_resets == step)
-                rows[where] = shard.reset_values(keys[where] - self.key_offsets[t], step, self.dim)
+            fresh = shard.reset_values(keys - self.key_offsets[t], steps, self.dim).to(rows.dtype)
+            rows.copy_(torch.where((reset & (tables == t))[:, None], fresh, rows))
         return rows

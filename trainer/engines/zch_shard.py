@@ -157,7 +157,7 @@ class ZchShard:
         state["counters"], state["step"] = undo.counters.clone(), undo.step.clone()
         return state
 
-    def reset_values(self, rows: torch.Tensor, step: int, dim: int) -> torch.Tensor:
+    def reset_values(self, rows: torch.Tensor, step: int | torch.Tensor, dim: int) -> torch.Tensor:
         """New embeddings of reassigned global ``rows`` at identity-table ``step``: the same bits wherever
         computed (the owner's shard, a PEC reader's prefetched copy)."""
         return reset_values(rows, step, dim, bound=self.bound, seed=self.seed, table=self.index)
@@ -171,6 +171,8 @@ class ZchShard:
             )
 
 
-def reset_values(rows: torch.Tensor, step: int, dim: int, *, bound: float, seed: int, table: int) -> torch.Tensor:
-    """``hashed_uniform`` keyed by (engine seed, table, global row, identity-table step)."""
+def reset_values(
+    rows: torch.Tensor, step: int | torch.Tensor, dim: int, *, bound: float, seed: int, table: int
+) -> torch.Tensor:
+    """``hashed_uniform`` keyed by (engine seed, table, global row, identity-table step: one, or one per row)."""
     return hashed_uniform(rows, dim, bound=bound, seed=seed, table=table, step=step)
