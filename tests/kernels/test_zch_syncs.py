@@ -25,8 +25,8 @@ from freescale.trainer.engines.zch_shard import ZchShard
 IDS = 720  # ids of one bench_zch step (d_model 128, micro batch 32)
 BENCH = {"zch_size": 75_008, "bucket_size": 64, "max_probe": 16}  # bench_zch's zch arm (75k rows)
 POLICIES = {"lru": {}, "ttl": {"ttl": 500}, "lfu": {"admission_threshold": 2}}
-# Launches of a training lookup of the benchmark's shape settled in the first run of rounds (today about 200,
-# 210 and 330: lfu has a second victim key and the admission table).
+# Launches of a training lookup of the benchmark's shape settled in the first run of rounds (today about 190,
+# 200 and 320: lfu has a second victim key and the admission table).
 TRAIN_LAUNCHES = {"lru": 240, "ttl": 250, "lfu": 380}
 READ_LAUNCHES = 60  # read-only lookup (about 45 today)
 
