@@ -27,6 +27,8 @@ POLICIES = ("ttl", "lru", "lfu")
 # the evicted ids' ages in the policy's clock (event seconds for ttl, lookup calls for lru and lfu).
 COUNTERS = ("lookups", "hits", "inserts", "evictions", "collisions", "admission_waits", "evicted_age_sum")
 INT64_MAX = torch.iinfo(torch.int64).max
+INT64_MIN = torch.iinfo(torch.int64).min
+FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
 
 
 @dataclass(frozen=True)
@@ -123,16 +125,18 @@ class ZchLookup:
     rows: torch.Tensor  # int64, the ids' shape: a slot of the table (shard), or its fallback_row
     reassigned: torch.Tensor  # int64, ascending: rows whose embedding and optimizer state must be reset
     stats: torch.Tensor  # int64 [len(COUNTERS)]
+    step: int | None = None  # training: the table's step after the call, read with the call's other host values
 
     def stats_dict(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self.stats.tolist(), strict=True))
 
 
-def check_ids(ids: torch.Tensor, times: torch.Tensor | None) -> None:
-    """Raw ids are int64 >= 0 (-1 marks an empty slot); times, when given, one int64 per id."""
+def check_ids(ids: torch.Tensor, times: torch.Tensor | None, *, values: bool = True) -> None:
+    """Raw ids are int64 >= 0 (-1 marks an empty slot); times, when given, one int64 per id. ``values=False``
+    checks dtype and shapes only (no host sync): ``ZchTable`` reads the values' check with its own."""
     if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"ids: expected int64 raw ids, got {ids.dtype}")
-    if ids.numel() and int(ids.min()) < 0:
+    if values and ids.numel() and int(ids.min()) < 0:
         raise ValueError(f"ids: raw ids must be >= 0 (got {int(ids.min())}); -1 marks an empty slot")
     if times is not None and times.shape != ids.shape:
         raise ValueError(f"times: shape {tuple(times.shape)} differs from the ids' {tuple(ids.shape)}")
@@ -179,22 +183,38 @@ class ZchTable:
     def counters_dict(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
 
-    def window(self, ids: torch.Tensor) -> torch.Tensor:
+    def window(self, ids: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """[n, max_probe] shard slots each id probes, nearest first: its home slot, then onwards, wrapping
-        in the bucket. An id of another rank's buckets is an error."""
-        return self._probe_window(*self._locate(ids))
+        in the bucket. An id of another rank's buckets is an error (``check=False``: clamped into the shard
+        unchecked, one host sync fewer, for a caller that checks the same ids before using the slots)."""
+        return self._probe_window(*self._locate(ids, check=check))
 
-    def _locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(shard slot of each id's bucket start, home slot inside the bucket); another rank's id is an error."""
+    def _locate(self, ids: torch.Tensor, *, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shard slot of each id's bucket start, home slot inside the bucket); with ``check``, a negative id
+        or another rank's id is an error, both read in one host sync."""
         cfg = self.config
         bucket, home = bucket_and_home(ids, cfg.num_buckets, cfg.bucket_size)
+        base = bucket * cfg.bucket_size - self.first_slot
+        if check and ids.numel():
+            self._check_values(ids, bucket)
+        if not check and self.rank is not None:
+            base = base.clamp(0, self.slots - cfg.bucket_size)
+        return base, home
+
+    def _check_values(self, ids: torch.Tensor, bucket: torch.Tensor) -> None:
+        """Raw ids are >= 0 and (a shard) of this rank's buckets: one host read for both."""
+        flags = [ids.min() < 0]
         if self.rank is not None:
-            owner = bucket // (cfg.num_buckets // cfg.world_size)
-            if bool((owner != self.rank).any()):
-                raise ValueError(
-                    f"zch: ids of rank {int(owner[owner != self.rank][0])}'s buckets looked up on rank {self.rank}"
-                )
-        return bucket * cfg.bucket_size - self.first_slot, home
+            owner = bucket // (self.config.num_buckets // self.config.world_size)
+            flags.append((owner != self.rank).any())
+        bad = torch.stack(flags).tolist()
+        if bad[0]:
+            raise ValueError(f"ids: raw ids must be >= 0 (got {int(ids.min())}); -1 marks an empty slot")
+        if len(bad) > 1 and bad[1]:
+            owner = bucket // (self.config.num_buckets // self.config.world_size)
+            raise ValueError(
+                f"zch: ids of rank {int(owner[owner != self.rank][0])}'s buckets looked up on rank {self.rank}"
+            )
 
     def _probe_window(self, base: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
         """``base + (home + probe) mod bucket_size`` for every probe; home < bucket_size and max_probe <=
@@ -204,21 +224,16 @@ class ZchTable:
         within = torch.where(within >= cfg.bucket_size, within - cfg.bucket_size, within)
         return base[:, None] + within
 
+    def _find(self, window: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hit, slot) of each id in its window: the slot holding it, or (not found) its window's last slot."""
+        match = take(self.identities, window) == ids[:, None]
+        return match.any(dim=1), window.gather(1, first_true(match)[:, None]).squeeze(1)
+
     def _read(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(row, hit) of every id, reading only: each id's home slot first (where most ids live), the rest
-        of its window only for the ids not found there; an id absent from its window gets the fallback row."""
-        base, home = self._locate(ids)
-        rows = base + home
-        hit = self.identities.index_select(0, rows) == ids
-        rest = torch.nonzero(~hit).squeeze(1)
-        if rest.numel():
-            window = self._probe_window(base[rest], home[rest])
-            match = take(self.identities, window) == ids[rest, None]
-            found = match.any(dim=1)
-            slot = (window * match).sum(dim=1)  # an id holds one slot at most: the sum is that slot
-            rows[rest] = torch.where(found, slot, self.fallback_row)
-            hit[rest] = found
-        return rows, hit
+        """(row, hit) of every id, reading only, every id's whole window at once (fixed shapes: no host sync
+        but the id check); an id absent from its window gets the fallback row."""
+        hit, slot = self._find(self.window(ids), ids)
+        return torch.where(hit, slot, self.fallback_row), hit
 
     @torch.no_grad()
     def lookup(self, ids: torch.Tensor, times: torch.Tensor | None = None, *, train: bool = True) -> ZchLookup:
@@ -226,151 +241,146 @@ class ZchTable:
 
         ``times``: event time (int64 seconds) per id; required in training under ttl, unused otherwise.
         ``train=False`` reads only: unknown ids get the fallback row and nothing in the table changes.
+        Host syncs: one to check the ids, and in training one more per ``settle`` read (usually one).
         """
-        check_ids(ids, times)
-        cfg, device = self.config, self.device
-        flat = ids.reshape(-1).to(device=device, dtype=torch.int64)
-        n = flat.numel()
+        check_ids(ids, times, values=False)
+        flat = ids.reshape(-1).to(device=self.device, dtype=torch.int64)
         if not train:  # per id, no deduplication: nothing to insert, count or update
             rows, hit = self._read(flat)
-            stats = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
-            stats[0], stats[1] = n, hit.sum()
-            stats[4] = n - stats[1]
-            return ZchLookup(rows.reshape(ids.shape), empty_rows(device), stats)
-        unique, inverse = torch.unique(flat, return_inverse=True)
-        occurrences = torch.bincount(inverse, minlength=unique.numel())
-        window = self.window(unique)
-        match = take(self.identities, window) == unique[:, None]
-        hit = match.any(dim=1)
-        hit_slot = window.gather(1, first_true(match)[:, None]).squeeze(1)
-        rows = torch.where(hit, hit_slot, self.fallback_row)
-        stats = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
-        stats[0], stats[1] = n, occurrences[hit].sum()
-        if cfg.policy == "ttl" and times is None:
+            return ZchLookup(rows.reshape(ids.shape), empty_rows(self.device), read_stats(hit))
+        if self.config.policy == "ttl" and times is None:
             raise ValueError("times: policy 'ttl' needs the event time of every id in training")
-
+        base, home = self._locate(flat)
         self.step += 1
-        if cfg.policy == "ttl":
-            assert times is not None
-            flat_times = times.reshape(-1).to(device=device, dtype=torch.int64)
-            clock = torch.full_like(unique, torch.iinfo(torch.int64).min)
-            clock = clock.scatter_reduce(0, inverse, flat_times, "amax")
-        else:
-            clock = self.step.expand(unique.numel())
-        first = torch.full_like(unique, n).scatter_reduce(0, inverse, torch.arange(n, device=device), "amin")
-        miss = ~hit
-        counts_at_insert = occurrences
-        admitted = miss
-        if cfg.pending_size:
-            counts_at_insert, admitted = self._admission(unique, occurrences, first, miss)
+        calls = sort_calls(flat, times if self.config.policy == "ttl" else None, self.step, self.device)
+        window = self._probe_window(base.index_select(0, calls.order), home.index_select(0, calls.order))
+        hit, hit_slot = self._find(window, calls.ids)
+        miss = calls.lead & ~hit
+        counts_at_insert, admitted = calls.occurrences, miss
+        if self.config.pending_size:
+            counts_at_insert, admitted = self._admission(calls, miss)
+        placed, (count, step) = self._place(window, admitted, calls, hit, hit_slot)
+        stats, rows = self._apply(calls, hit, hit_slot, placed, counts_at_insert, miss & ~admitted)
+        if self.config.pending_size:
+            self._admitted(calls.ids, placed >= 0)
+        reassigned = torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
+        unsorted = torch.empty_like(rows).index_put_((calls.order,), rows)
+        return ZchLookup(unsorted.reshape(ids.shape), reassigned, stats, step)
 
-        placed_slot = self._place(window, admitted, first, clock, hit_slot[hit])
-        placed = placed_slot >= 0
-        slots = placed_slot[placed]
-        evicted = self.identities[slots] >= 0
-        ages = clock[placed][evicted] - self.last_seen[slots[evicted]]
-
-        hits = hit_slot[hit]
-        if cfg.policy == "ttl":
-            self.last_seen[hits] = torch.maximum(self.last_seen[hits], clock[hit])
-        else:
-            self.last_seen[hits] = clock[hit]
-        self.counts[hits] += occurrences[hit]
-        self.identities[slots] = unique[placed]
-        self.last_seen[slots] = clock[placed]
-        self.counts[slots] = counts_at_insert[placed]
-        if cfg.pending_size:
-            self._admitted(unique[placed])
-
-        rows[placed] = slots
-        stats[2], stats[3] = placed.sum(), evicted.sum()
-        stats[4] = n - stats[1] - occurrences[placed].sum()
-        stats[5] = occurrences[miss & ~admitted].sum()
-        stats[6] = ages.sum()
-        self.counters += stats
-        return ZchLookup(rows[inverse].reshape(ids.shape), torch.sort(slots).values, stats)
-
-    def _admission(
-        self, unique: torch.Tensor, occurrences: torch.Tensor, first: torch.Tensor, miss: torch.Tensor
+    def _apply(
+        self,
+        calls: SortedCalls,
+        hit: torch.Tensor,
+        hit_slot: torch.Tensor,
+        placed: torch.Tensor,
+        counts_at_insert: torch.Tensor,
+        waiting: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the hits' and the placed ids' metadata (one masked write per state tensor); (the call's
+        stats, row of every sorted position)."""
+        is_placed = placed >= 0
+        target = torch.where(is_placed, placed, hit_slot)  # in the shard for every position
+        held, seen = take(self.identities, target), take(self.last_seen, target)
+        evicted = is_placed & (held >= 0)
+        ages = torch.where(evicted, calls.clock - seen, 0)
+        new_seen = calls.clock
+        if self.config.policy == "ttl":
+            new_seen = torch.where(is_placed, calls.clock, torch.maximum(seen, calls.clock))
+        new_counts = torch.where(is_placed, counts_at_insert, take(self.counts, target) + calls.occurrences)
+        masked_put(
+            (self.identities, self.last_seen, self.counts),
+            target,
+            (calls.ids, new_seen, new_counts),
+            calls.lead & (hit | is_placed),
+        )
+        row = torch.where(hit, hit_slot, torch.where(is_placed, placed, self.fallback_row))
+        rows = row.index_select(0, calls.start)  # every position: its id's (lead's) row
+        stats = torch.stack(
+            [
+                torch.full((), rows.numel(), dtype=torch.int64, device=rows.device),
+                hit.sum(),
+                is_placed.sum(),
+                evicted.sum(),
+                (rows == self.fallback_row).sum(),
+                torch.where(waiting, calls.occurrences, 0).sum(),
+                ages.sum(),
+            ]
+        )
+        self.counters += stats
+        return stats, rows
+
+    def _admission(self, calls: SortedCalls, miss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Count the missing ids in the pending table; (count so far per id, admitted mask).
 
         Each pending entry holds one id and its count. Ids of the call meet their entry in first-occurrence
         order: an id finding its own entry adds to it, any other replaces it, so only the first id of
         the call at an entry can find its own count there, and the entry ends holding the last one's.
+        Masked, full-size: every position computes, only the missing ids' leads count.
         """
-        index = torch.nonzero(miss).squeeze(1)
-        ids, prio = unique[index], first[index]
-        slot = pending_slot(ids, self.config.pending_size)
-        big = torch.full((self.config.pending_size,), INT64_MAX, dtype=torch.int64, device=ids.device)
-        is_first = prio == big.scatter_reduce(0, slot, prio, "amin")[slot]
-        is_last = prio == torch.full_like(big, -1).scatter_reduce(0, slot, prio, "amax")[slot]
-        own = is_first & (self.pending_ids[slot] == ids)
-        seen = occurrences[index] + torch.where(own, self.pending_counts[slot], 0)
-        self.pending_ids[slot[is_last]] = ids[is_last]
-        self.pending_counts[slot[is_last]] = seen[is_last]
-        counts = occurrences.clone()
-        counts[index] = seen
-        admitted = torch.zeros_like(miss)
-        admitted[index] = seen >= self.config.admission_threshold
-        return counts, admitted
+        size, device = self.config.pending_size, calls.ids.device
+        ids, prio = calls.ids, calls.order
+        slot = pending_slot(ids, size)
+        lowest = torch.full((size,), INT64_MAX, dtype=torch.int64, device=device)
+        lowest = lowest.scatter_reduce(0, slot, torch.where(miss, prio, INT64_MAX), "amin")
+        highest = torch.full((size,), -1, dtype=torch.int64, device=device)
+        highest = highest.scatter_reduce(0, slot, torch.where(miss, prio, -1), "amax")
+        is_first = miss & (take(lowest, slot) == prio)
+        is_last = miss & (take(highest, slot) == prio)
+        own = is_first & (take(self.pending_ids, slot) == ids)
+        seen = calls.occurrences + torch.where(own, take(self.pending_counts, slot), 0)
+        masked_put((self.pending_ids, self.pending_counts), slot, (ids, seen), is_last)
+        counts = torch.where(miss, seen, calls.occurrences)
+        return counts, miss & (seen >= self.config.admission_threshold)
 
-    def _admitted(self, ids: torch.Tensor) -> None:
+    def _admitted(self, ids: torch.Tensor, placed: torch.Tensor) -> None:
         """Free the pending entries of ids that took a slot (an entry another id took over stays)."""
         slot = pending_slot(ids, self.config.pending_size)
-        mine = slot[self.pending_ids[slot] == ids]
-        self.pending_ids[mine] = -1
-        self.pending_counts[mine] = 0
+        mine = placed & (take(self.pending_ids, slot) == ids)
+        masked_put(
+            (self.pending_ids, self.pending_counts), slot, (torch.full_like(ids, -1), torch.zeros_like(ids)), mine
+        )
 
     def _place(
         self,
         window: torch.Tensor,
         admitted: torch.Tensor,
-        first: torch.Tensor,
-        clock: torch.Tensor,
-        hit_slots: torch.Tensor,
-    ) -> torch.Tensor:
-        """Slot taken by each admitted missing id (-1: none, the fallback row), in proposal rounds.
+        calls: SortedCalls,
+        hit: torch.Tensor,
+        hit_slot: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """(slot taken by each admitted missing id, -1: none, the fallback row; [slots taken, table step])
+        in proposal rounds.
 
         Each round every id still unplaced proposes its best available slot (the first empty one by
         probe distance, else the policy's victim); a slot proposed by several goes to the id that
         occurred first; the others try again next round without the slots taken. Every loss removes a
-        slot from the loser's window, so ``max_probe + 1`` rounds settle every id.
+        slot from the loser's window, so ``max_probe + 1`` rounds settle every id. The rounds run masked
+        over fixed shapes, ``FIRST_ROUNDS`` then twice as many each time, with one host read after each
+        run: whether an id may still propose, the slots taken, the table's step.
         """
-        cfg = self.config
-        device = window.device
-        placed = torch.full_like(first, -1)
-        candidates = torch.nonzero(admitted).squeeze(1)
-        if candidates.numel() == 0:
-            return placed
-        win = window.index_select(0, candidates)
-        held = take(self.identities, win)
-        empty = held < 0
-        usable = empty | self._evictable(win, held, clock[candidates])
-        keys = self._victim_keys(win)
-        claimed = torch.zeros(self.slots, dtype=torch.bool, device=device)
-        claimed[hit_slots] = True
-        prio = first[candidates]
-        live = torch.arange(candidates.numel(), device=device)  # ids still unplaced, by position in candidates
-        for _ in range(cfg.max_probe + 1):
-            rows_live = win.index_select(0, live)
-            open_ = usable.index_select(0, live) & ~take(claimed, rows_live)
-            proposing = open_.any(dim=1)
-            live, open_, rows_live = (
-                live[proposing],
-                open_[proposing],
-                rows_live[proposing],
-            )  # an id with nothing open keeps the fallback row
-            if live.numel() == 0:
-                break
-            choice = best_slot(open_, empty.index_select(0, live), [key.index_select(0, live) for key in keys])
-            slot = rows_live.gather(1, choice[:, None]).squeeze(1)
-            winner = torch.full((self.slots,), INT64_MAX, dtype=torch.int64, device=device)
-            won = winner.scatter_reduce(0, slot, prio[live], "amin")[slot] == prio[live]
-            placed[candidates[live[won]]] = slot[won]
-            claimed[slot[won]] = True
-            live = live[~won]
-        return placed
+        held = take(self.identities, window)
+        rounds = Rounds(
+            window=window,
+            empty=held < 0,
+            usable=((held < 0) | self._evictable(window, held, calls.clock)) & admitted[:, None],
+            keys=self._victim_keys(window),
+            prio=calls.order,
+            claimed=torch.zeros(self.slots, dtype=torch.int64, device=window.device).scatter_reduce(
+                0, hit_slot, hit.to(torch.int64), "amax"
+            ),
+            placed=torch.full_like(calls.order, -1),
+            live=admitted,
+        )
+        done, run, limit = 0, FIRST_ROUNDS, self.config.max_probe + 1
+        while True:
+            for _ in range(min(run, limit - done)):
+                rounds.play(self.slots)
+            done, run = done + min(run, limit - done), run * 2
+            more, count, step = torch.stack(
+                [rounds.proposing().any().to(torch.int64), (rounds.placed >= 0).sum(), self.step]
+            ).tolist()
+            if not more or done == limit:
+                return rounds.placed, [count, step]
 
     def _evictable(self, win: torch.Tensor, held: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:
         """Occupied slots the policy lets a new id take: under ttl only ids unseen for more than ttl."""
@@ -425,12 +435,102 @@ def first_true(mask: torch.Tensor) -> torch.Tensor:
 def best_slot(open_: torch.Tensor, empty: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
     """Column each row proposes: its nearest open empty slot, else the open slot with the smallest keys."""
     free = open_ & empty
-    victims = open_ & ~empty
+    victims = open_ ^ free  # open and occupied
     for key in keys:
         masked = torch.where(victims, key, INT64_MAX)
         victims &= masked == masked.min(dim=1, keepdim=True).values
-    return torch.where(free.any(dim=1), first_true(free), first_true(victims))
+    return first_true(torch.where(free.any(dim=1, keepdim=True), free, victims))
 
 
 def empty_rows(device: torch.device) -> torch.Tensor:
     return torch.zeros(0, dtype=torch.int64, device=device)
+
+
+def read_stats(hit: torch.Tensor) -> torch.Tensor:
+    """``COUNTERS`` of a read-only call: lookups, hits, and every miss a collision."""
+    n = torch.full((), hit.numel(), dtype=torch.int64, device=hit.device)
+    hits, zero = hit.sum(), torch.zeros((), dtype=torch.int64, device=hit.device)
+    return torch.stack([n, hits, zero, zero, n - hits, zero, zero])
+
+
+def masked_put(
+    dsts: tuple[torch.Tensor, ...], index: torch.Tensor, values: tuple[torch.Tensor, ...], mask: torch.Tensor
+) -> None:
+    """``dst[index[mask]] = value[mask]`` for each (dst, value), without compacting by the mask (a host
+    sync on CUDA). The masked entries' indices must differ; every other entry writes, to the first masked
+    entry's index, that entry's value (none masked: index[-1]'s own value), so every index written gets
+    one value whatever the order of the writes: deterministic."""
+    if mask.numel() == 0:
+        return
+    anchor = first_true(mask[None])  # [1]
+    some = mask.any()
+    at = index.index_select(0, anchor)
+    target = torch.where(mask, index, at)
+    for dst, value in zip(dsts, values, strict=True):
+        fill = torch.where(some, value.index_select(0, anchor), dst.index_select(0, at))
+        dst.index_put_((target,), torch.where(mask, value, fill))
+
+
+@dataclass
+class SortedCalls:
+    """A training call's ids sorted stably, equal ids adjacent: fixed-size stand-ins for ``torch.unique``'s
+    outputs (whose length is a host sync). Per-id values are meaningful at each id's lead position."""
+
+    ids: torch.Tensor  # [n] raw ids, ascending
+    order: torch.Tensor  # [n] each one's position in the call: at a lead, the id's first occurrence
+    lead: torch.Tensor  # [n] bool: the first of equal ids (one lead per distinct id)
+    start: torch.Tensor  # [n] position of each one's lead
+    occurrences: torch.Tensor  # [n] at a lead: the id's occurrences in the call
+    clock: torch.Tensor  # [n] at a lead: the policy clock (ttl: the id's latest event time; else the step)
+
+
+def sort_calls(flat: torch.Tensor, times: torch.Tensor | None, step: torch.Tensor, device: torch.device) -> SortedCalls:
+    """``SortedCalls`` of a call's flat ids (``times``: their event times under ttl, else None)."""
+    ids, order = torch.sort(flat, stable=True)
+    n = ids.numel()
+    positions = torch.arange(n, device=device)
+    lead = torch.ones(n, dtype=torch.bool, device=device)
+    lead[1:] = ids[1:] != ids[:-1]
+    start = torch.where(lead, positions, 0).cummax(0).values
+    next_lead = torch.where(lead, positions, n).flip(0).cummin(0).values.flip(0)
+    occurrences = torch.cat([next_lead[1:], positions.new_full((1,), n)]) - positions
+    if times is None:
+        clock = step.expand(n)
+    else:
+        sorted_times = times.reshape(-1).to(device=device, dtype=torch.int64).index_select(0, order)
+        clock = torch.full_like(ids, INT64_MIN).scatter_reduce(0, start, sorted_times, "amax")
+    return SortedCalls(ids, order, lead, start, occurrences, clock)
+
+
+@dataclass
+class Rounds:
+    """``ZchTable._place``'s proposal rounds over a sorted call, masked: [n] or [n, max_probe] throughout."""
+
+    window: torch.Tensor  # [n, P] slots probed
+    empty: torch.Tensor  # [n, P] slot empty when the call began
+    usable: torch.Tensor  # [n, P] the id may take the slot (admitted, and the slot empty or evictable)
+    keys: list[torch.Tensor]  # [n, P] victim keys, most significant first
+    prio: torch.Tensor  # [n] first occurrence: the lower wins a contested slot
+    claimed: torch.Tensor  # [slots] int64, 1: held by a hit of the call or taken in a round
+    placed: torch.Tensor  # [n] slot taken, -1: none
+    live: torch.Tensor  # [n] bool: still unplaced
+
+    def open_slots(self) -> torch.Tensor:
+        return self.usable & self.live[:, None] & (take(self.claimed, self.window) == 0)
+
+    def proposing(self) -> torch.Tensor:
+        """Ids the next round would let propose (unplaced, with an open slot)."""
+        return self.open_slots().any(dim=1)
+
+    def play(self, slots: int) -> None:
+        """One round: an id with nothing open drops out (fallback row), the others propose, the first wins."""
+        open_ = self.open_slots()
+        self.live = self.live & open_.any(dim=1)
+        choice = best_slot(open_, self.empty, self.keys)
+        slot = self.window.gather(1, choice[:, None]).squeeze(1)
+        bids = torch.where(self.live, self.prio, INT64_MAX)
+        winner = torch.full((slots,), INT64_MAX, dtype=torch.int64, device=slot.device)
+        won = self.live & (take(winner.scatter_reduce(0, slot, bids, "amin"), slot) == self.prio)
+        self.placed = torch.where(won, slot, self.placed)
+        self.claimed = self.claimed.scatter_reduce(0, slot, won.to(torch.int64), "amax")
+        self.live = self.live & ~won

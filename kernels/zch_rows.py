@@ -22,18 +22,19 @@ from .zch_hash import GOLDEN, as_signed, logical_shift_right, mix64
 
 
 def hashed_uniform(
-    rows: torch.Tensor, dim: int, *, bound: float, seed: int = 0, table: int = 0, step: int = 0
+    rows: torch.Tensor, dim: int, *, bound: float, seed: int = 0, table: int = 0, step: int | torch.Tensor = 0
 ) -> torch.Tensor:
     """[len(rows), dim] float32 uniform in [-bound, bound), a pure function of (seed, table, row, step, column).
 
     24 bits of ``mix64`` per element, scaled exactly in float32, so every device gets the same values.
+    ``step``: one for all rows, or an int64 tensor of one per row (the same values as row by row).
     """
     rows = rows.reshape(-1).to(torch.int64)
     salt = torch.tensor(seed, dtype=torch.int64, device=rows.device)
     for part in (table, step):
         salt = mix64(mix64(salt) + part)
     columns = torch.arange(dim, dtype=torch.int64, device=rows.device)
-    h = mix64(mix64(rows[:, None] * as_signed(GOLDEN) + salt) + columns)
+    h = mix64(mix64(rows[:, None] * as_signed(GOLDEN) + salt[..., None]) + columns)
     unit = logical_shift_right(h, 40).to(torch.float32) * (1.0 / (1 << 24))  # [0, 1), exact
     return unit * (2 * bound) - bound
 

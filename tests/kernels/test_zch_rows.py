@@ -80,6 +80,14 @@ def test_hashed_uniform_is_a_function_of_its_key() -> None:
     assert abs(float(many.mean())) < 0.02 and abs(float(many.std()) - (1 / 3) ** 0.5) < 0.02
 
 
+def test_hashed_uniform_with_a_step_per_row_equals_row_by_row() -> None:
+    rows, steps = torch.tensor([0, 5, 5, 1_000_000, 7]), torch.tensor([9, 9, 10, 0, 123456789])
+    together = hashed_uniform(rows, 16, bound=0.5, seed=3, table=1, step=steps)
+    for i in range(len(rows)):
+        one = hashed_uniform(rows[i : i + 1], 16, bound=0.5, seed=3, table=1, step=int(steps[i]))
+        assert torch.equal(together[i : i + 1], one)
+
+
 def test_state_without_a_row_per_entry_is_refused() -> None:
     weight = torch.zeros(ROWS, DIM)
     with pytest.raises(ValueError, match="optimizer state 'step' has shape"):

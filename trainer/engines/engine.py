@@ -177,8 +177,9 @@ def zch_extra(specs: list[TableSpec], ctx: DistContext) -> dict[str, float]:
     extra: dict[str, float] = {}
     for step in ctx.zch or []:
         prefix = f"zch.{specs[step.table].name}."
-        extra.update({prefix + name: float(value) for name, value in zip(COUNTERS, step.stats.tolist())})
-        extra[prefix + "occupied"], extra[prefix + "slots"] = float(step.occupied), float(step.slots)
+        *counts, occupied = torch.cat([step.stats, step.occupied.reshape(1)]).tolist()  # one host read
+        extra.update({prefix + name: float(value) for name, value in zip(COUNTERS, counts, strict=True)})
+        extra[prefix + "occupied"], extra[prefix + "slots"] = float(occupied), float(step.slots)
     return extra
 
 

@@ -32,9 +32,13 @@ class ZchRows:
         for t, shard in enumerate(self.zch):
             if shard is None:
                 continue
-            mine = ctx.recv_table == t
-            rows, step = shard.lookup(ctx.recv_ids[mine], clock, train)
-            ctx.recv_ids[mine] = rows
+            if len(self.zch) == 1:  # every id is this table's: no boolean mask (two host syncs on CUDA)
+                rows, step = shard.lookup(ctx.recv_ids, clock, train)
+                ctx.recv_ids.copy_(rows)
+            else:
+                mine = ctx.recv_table == t
+                rows, step = shard.lookup(ctx.recv_ids[mine], clock, train)
+                ctx.recv_ids[mine] = rows
             if step is not None:
                 steps.append(step)
         ctx.zch = steps if train else None
@@ -59,7 +63,7 @@ class ZchRows:
         keys, resets = self.row_keys(ctx), torch.full_like(ctx.recv_ids, -1)
         for step in ctx.zch or []:
             was_reset = (ctx.recv_table == step.table) & torch.isin(ctx.recv_ids, step.reassigned)
-            resets[was_reset] = step.step
+            resets = torch.where(was_reset, step.step, resets)  # not resets[was_reset] =: a host sync on CUDA
         bits = torch.stack([keys, resets], dim=1).contiguous().view(torch.float32)
         return torch.cat([rows, bits], dim=1)
 
@@ -73,14 +77,15 @@ class ZchRows:
 
     def fresh_rows(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
         """(requester) ``rows`` in send order with every row reset in this batch replaced by its new
-        value, computed here (PEC prefetched it before the owner's reset)."""
-        if ctx.send_resets is None or not bool((ctx.send_resets >= 0).any()):
+        value, computed here (PEC prefetched it before the owner's reset). Every row's value is computed
+        with its own step and kept where it was reset (in place): fixed shapes, no host sync."""
+        if ctx.send_resets is None:
             return rows
         keys, _, tables = self.send_layout(ctx)
+        reset, steps = ctx.send_resets >= 0, ctx.send_resets.clamp(min=0)
         for t, shard in enumerate(self.zch):
             if shard is None:
                 continue
-            for step in torch.unique(ctx.send_resets[(tables == t) & (ctx.send_resets >= 0)]).tolist():
-                where = (tables == t) & (ctx.send_resets == step)
-                rows[where] = shard.reset_values(keys[where] - self.key_offsets[t], step, self.dim)
+            fresh = shard.reset_values(keys - self.key_offsets[t], steps, self.dim).to(rows.dtype)
+            rows.copy_(torch.where((reset & (tables == t))[:, None], fresh, rows))
         return rows

@@ -50,7 +50,7 @@ class ZchStep:
     reassigned: torch.Tensor  # global rows given to a new id: reset before the batch trains
     step: int  # the identity table's training-call number: the key of the reset values
     stats: torch.Tensor  # int64 [len(kernels.zch.COUNTERS)] of this call
-    occupied: int  # slots holding an id after the call
+    occupied: torch.Tensor  # int64 []: slots holding an id after the call (read with stats, by the metrics)
     slots: int
 
 
@@ -97,15 +97,15 @@ class ZchShard:
         if not train:
             result = self.trained_table().lookup(ids, train=False)
             return result.rows + self.first_row, None
-        self._undo, self._view = self._record(ids), None
         times = torch.full_like(ids, clock) if self.config.policy == "ttl" and clock is not None else None
+        undo = self._record(ids)
         result = self.table.lookup(ids, times, train=True)
-        self.ahead = True
-        occupied = int((self.table.identities >= 0).sum())
+        assert result.step is not None
+        self._undo, self._view, self.ahead = undo, None, True
+        occupied = (self.table.identities >= 0).sum()
         step = ZchStep(
-            self.index, result.reassigned + self.first_row, int(self.table.step), result.stats, occupied,
-            self.table.slots,
-        )  # fmt: skip
+            self.index, result.reassigned + self.first_row, result.step, result.stats, occupied, self.table.slots
+        )
         return result.rows + self.first_row, step
 
     def item_rows(self) -> torch.Tensor:
@@ -130,13 +130,15 @@ class ZchShard:
         return self._view
 
     def _record(self, ids: torch.Tensor) -> Undo:
-        """Every slot and admission entry ``ids`` can touch (their windows), with its values now."""
-        table = self.table
-        unique = torch.unique(ids)
-        slots = torch.unique(table.window(unique).reshape(-1))
+        """Every slot and admission entry ``ids`` can touch (their windows), with its values now; repeated
+        entries (ids sharing a window or a repeated id) hold the same value, so restoring them is
+        deterministic, and nothing sized by the data needs a host sync. ``ids`` are checked by the lookup
+        that follows (an unchecked window is clamped into the shard)."""
+        table, flat = self.table, ids.reshape(-1)
+        slots = table.window(flat, check=False).reshape(-1)
         pending = torch.zeros(0, dtype=torch.int64, device=ids.device)
         if table.pending_ids.numel():
-            pending = torch.unique(pending_slot(unique, table.pending_ids.numel()))
+            pending = pending_slot(flat, table.pending_ids.numel())
         return Undo(
             slots, table.identities[slots], table.last_seen[slots], table.counts[slots], pending,
             table.pending_ids[pending], table.pending_counts[pending], table.counters.clone(), table.step.clone(),
@@ -155,7 +157,7 @@ class ZchShard:
         state["counters"], state["step"] = undo.counters.clone(), undo.step.clone()
         return state
 
-    def reset_values(self, rows: torch.Tensor, step: int, dim: int) -> torch.Tensor:
+    def reset_values(self, rows: torch.Tensor, step: int | torch.Tensor, dim: int) -> torch.Tensor:
         """New embeddings of reassigned global ``rows`` at identity-table ``step``: the same bits wherever
         computed (the owner's shard, a PEC reader's prefetched copy)."""
         return reset_values(rows, step, dim, bound=self.bound, seed=self.seed, table=self.index)
@@ -169,6 +171,8 @@ class ZchShard:
             )
 
 
-def reset_values(rows: torch.Tensor, step: int, dim: int, *, bound: float, seed: int, table: int) -> torch.Tensor:
-    """``hashed_uniform`` keyed by (engine seed, table, global row, identity-table step)."""
+def reset_values(
+    rows: torch.Tensor, step: int | torch.Tensor, dim: int, *, bound: float, seed: int, table: int
+) -> torch.Tensor:
+    """``hashed_uniform`` keyed by (engine seed, table, global row, identity-table step: one, or one per row)."""
     return hashed_uniform(rows, dim, bound=bound, seed=seed, table=table, step=step)
