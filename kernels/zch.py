@@ -28,6 +28,7 @@ POLICIES = ("ttl", "lru", "lfu")
 COUNTERS = ("lookups", "hits", "inserts", "evictions", "collisions", "admission_waits", "evicted_age_sum")
 INT64_MAX = torch.iinfo(torch.int64).max
 INT64_MIN = torch.iinfo(torch.int64).min
+COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
 
 
@@ -372,15 +373,23 @@ class ZchTable:
             live=admitted,
         )
         done, run, limit = 0, FIRST_ROUNDS, self.config.max_probe + 1
+        # on the host a sync costs nothing and a large call's rounds are [n, max_probe] work: there they shrink
+        # to the ids still live while many rows remain (a few hundred ids run faster masked, as on a GPU)
+        compacting = window.device.type == "cpu"
+        if compacting and rounds.prio.numel() >= COMPACT_MIN_ROWS:
+            rounds.compact()
         while True:
             for _ in range(min(run, limit - done)):
                 rounds.play(self.slots)
+                if compacting and rounds.prio.numel() >= COMPACT_MIN_ROWS:
+                    rounds.compact()
             done, run = done + min(run, limit - done), run * 2
+            placed = rounds.result()
             more, count, step = torch.stack(
-                [rounds.proposing().any().to(torch.int64), (rounds.placed >= 0).sum(), self.step]
+                [rounds.proposing().any().to(torch.int64), (placed >= 0).sum(), self.step]
             ).tolist()
             if not more or done == limit:
-                return rounds.placed, [count, step]
+                return placed, [count, step]
 
     def _evictable(self, win: torch.Tensor, held: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:
         """Occupied slots the policy lets a new id take: under ttl only ids unseen for more than ttl."""
@@ -514,6 +523,32 @@ class Rounds:
     claimed: torch.Tensor  # [slots] int64, 1: held by a hit of the call or taken in a round
     placed: torch.Tensor  # [n] slot taken, -1: none
     live: torch.Tensor  # [n] bool: still unplaced
+    # after ``compact``: the call positions of the rows above (which then hold only the ids still live),
+    # and every position's slot taken so far
+    index: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+    winner: torch.Tensor | None = None  # [slots] the lowest bid per slot in a round (INT64_MAX between rounds)
+
+    def compact(self) -> None:
+        """Keep only the rows of ids still live (a data-dependent size: a host sync, used on CPU only).
+        The rounds give the same slots: a row that is not live neither proposes nor bids."""
+        if self.index is None:
+            self.index = torch.arange(self.prio.numel(), device=self.prio.device)
+            self.out = self.placed.clone()
+        assert self.out is not None
+        self.out.index_copy_(0, self.index, self.placed)
+        keep = self.live.nonzero().squeeze(1)
+        self.index = self.index.index_select(0, keep)
+        for name in ("window", "empty", "usable", "prio", "placed", "live"):
+            setattr(self, name, getattr(self, name).index_select(0, keep))
+        self.keys = [key.index_select(0, keep) for key in self.keys]
+
+    def result(self) -> torch.Tensor:
+        """Every call position's slot taken, -1: none."""
+        if self.index is None:
+            return self.placed
+        assert self.out is not None
+        return self.out.index_copy(0, self.index, self.placed)
 
     def open_slots(self) -> torch.Tensor:
         return self.usable & self.live[:, None] & (take(self.claimed, self.window) == 0)
@@ -529,8 +564,10 @@ class Rounds:
         choice = best_slot(open_, self.empty, self.keys)
         slot = self.window.gather(1, choice[:, None]).squeeze(1)
         bids = torch.where(self.live, self.prio, INT64_MAX)
-        winner = torch.full((slots,), INT64_MAX, dtype=torch.int64, device=slot.device)
-        won = self.live & (take(winner.scatter_reduce(0, slot, bids, "amin"), slot) == self.prio)
+        if self.winner is None:  # one table-sized buffer per call, reset where a round wrote (not all of it)
+            self.winner = torch.full((slots,), INT64_MAX, dtype=torch.int64, device=slot.device)
+        won = self.live & (take(self.winner.scatter_reduce_(0, slot, bids, "amin"), slot) == self.prio)
+        self.winner.index_fill_(0, slot, INT64_MAX)
         self.placed = torch.where(won, slot, self.placed)
-        self.claimed = self.claimed.scatter_reduce(0, slot, won.to(torch.int64), "amax")
+        self.claimed.scatter_reduce_(0, slot, won.to(torch.int64), "amax")
         self.live = self.live & ~won

@@ -298,3 +298,29 @@ def test_cuda_table_equals_reference(policy: str) -> None:
     run_both(config, calls, device="cuda")
     ids = torch.tensor([0, 1, 2**63 - 1], dtype=torch.int64)
     assert mix64(ids.cuda()).tolist() == mix64(ids).tolist()
+
+
+@pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
+def test_large_calls_compacting_on_cpu_equal_masked_rounds(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the proposal rounds of a call of at least ``COMPACT_MIN_ROWS`` ids shrink to the ids still
+    live; the slots, rows, counters and state must be those of the masked rounds (a GPU's path)."""
+    import freescale.kernels.zch as zch
+
+    lfu = policy == "lfu"
+    config = ZchConfig(zch_size=2048, bucket_size=16, max_probe=8, policy=policy, ttl=3 if policy == "ttl" else None,
+                       admission_threshold=2 if lfu else 1, admission_slots=512 if lfu else 0)  # fmt: skip
+    generator = torch.Generator().manual_seed(7)
+    pool = torch.randint(0, 2**62, (12_000,), generator=generator)
+    calls = [(pool[(torch.rand(6_000, generator=generator) ** 2 * pool.numel()).long()], torch.full((6_000,), t))
+             for t in range(6)]  # fmt: skip
+    results = []
+    for threshold in (1_000, 10**9):  # compacting, masked throughout
+        monkeypatch.setattr(zch, "COMPACT_MIN_ROWS", threshold)
+        table = ZchTable(config)
+        looked = [table.lookup(ids, times) for ids, times in calls]
+        results.append((looked, table.state_dict()))
+    (compact, compact_state), (masked, masked_state) = results
+    for a, b in zip(compact, masked, strict=True):
+        assert torch.equal(a.rows, b.rows) and torch.equal(a.reassigned, b.reassigned) and torch.equal(a.stats, b.stats)
+    assert all(torch.equal(compact_state[k], masked_state[k]) for k in masked_state)
+    assert int(compact[-1].stats[COUNTERS.index("evictions")]) > 0  # crowded: rounds with lost proposals
