@@ -232,8 +232,18 @@ class ZchTable:
 
     def _read(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, hit) of every id, reading only, every id's whole window at once (fixed shapes: no host sync
-        but the id check); an id absent from its window gets the fallback row."""
-        hit, slot = self._find(self.window(ids), ids)
+        but the id check); an id absent from its window gets the fallback row. A large call on CPU first
+        reads each id's home slot and probes the windows of the others only (the same rows)."""
+        base, home = self._locate(ids)
+        if ids.device.type != "cpu" or ids.numel() < COMPACT_MIN_ROWS:
+            hit, slot = self._find(self._probe_window(base, home), ids)
+            return torch.where(hit, slot, self.fallback_row), hit
+        slot = base + home
+        hit = take(self.identities, slot) == ids
+        away = (~hit).nonzero().squeeze(1)
+        far_hit, far_slot = self._find(self._probe_window(base[away], home[away]), ids[away])
+        hit = hit.index_put((away,), far_hit)
+        slot = slot.index_put((away,), far_slot)
         return torch.where(hit, slot, self.fallback_row), hit
 
     @torch.no_grad()
