@@ -184,10 +184,10 @@ def zch_extra(specs: list[TableSpec], ctx: DistContext) -> dict[str, float]:
 
 
 def has_nonfinite(loss: torch.Tensor, grads: list[torch.Tensor | None]) -> bool:
-    """Whether this rank's loss or any of its embedding-row gradients is NaN or infinite."""
-    if not bool(torch.isfinite(loss.detach()).all()):
-        return True
-    return any(g is not None and not bool(torch.isfinite(g).all()) for g in grads)
+    """Whether this rank's loss or any of its embedding-row gradients is NaN or infinite (one host read:
+    each read of a device value drains a CUDA stream)."""
+    finite = [torch.isfinite(loss.detach()).all(), *(torch.isfinite(g).all() for g in grads if g is not None)]
+    return not bool(torch.stack(finite).all())
 
 
 def broadcast_parameters(module: torch.nn.Module) -> None:
@@ -353,7 +353,7 @@ class FreeScaleEngine:
 
     def _finish_dense_all_reduce(self, handle: TimedHandle, params: list[torch.nn.Parameter]) -> None:
         flat = handle.wait()
-        self.nonfinite = bool(flat[-1] > 0) or not bool(torch.isfinite(flat[:-1]).all())
+        self.nonfinite = bool((flat[-1] > 0) | ~torch.isfinite(flat[:-1]).all())  # one host read
         flat = flat[:-1] / self.world_size
         offset = 0
         for p in params:

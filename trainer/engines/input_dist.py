@@ -203,8 +203,10 @@ class InputDistribution:
             ids = [per_feature[name].to(self.device, torch.int64) for name in names]
             ids_all = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64, device=self.device)
             high = self.specs[t].rows if self.zch[t] is None else None
-            if ids_all.numel() and (int(ids_all.min()) < 0 or (high is not None and int(ids_all.max()) >= high)):
-                raise ValueError(f"table {self.specs[t].name}: ids must be in [0, {high or 'inf'})")
+            if ids_all.numel():
+                lowest, highest = torch.stack([ids_all.min(), ids_all.max()]).tolist()  # one host read
+                if lowest < 0 or (high is not None and highest >= high):
+                    raise ValueError(f"table {self.specs[t].name}: ids must be in [0, {high or 'inf'})")
             table_unique, inverse = torch.unique(ids_all, sorted=True, return_inverse=True)
             table_unique, inverse = self._by_owner(t, table_unique, inverse)
             unique.append(table_unique)
