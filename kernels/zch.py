@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .zch_hash import HASH_VERSION, bucket_and_home, pending_slot
-from .zch_rounds import INT64_MAX, Rounds, SortedCalls, first_true, masked_put, sort_calls, take
+from .zch_rounds import INT64_MAX, Rounds, SortedCalls, masked_put, sort_calls, take
 
 POLICIES = ("ttl", "lru", "lfu")
 # Per-call statistics and the table's running totals, in this order. Lookups and hits, collisions and
@@ -28,6 +28,7 @@ POLICIES = ("ttl", "lru", "lfu")
 # the evicted ids' ages in the policy's clock (event seconds for ttl, lookup calls for lru and lfu).
 COUNTERS = ("lookups", "hits", "inserts", "evictions", "collisions", "admission_waits", "evicted_age_sum")
 COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
+READ_CHUNK = 4096  # CPU: ids probing their windows at once in a large read-only call (ZchTable._read_from_home)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
 
 
@@ -218,31 +219,46 @@ class ZchTable:
 
     def _probe_window(self, base: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
         """``base + (home + probe) mod bucket_size`` for every probe; home < bucket_size and max_probe <=
-        bucket_size, so one conditional subtraction wraps (cheaper than ``%`` on int64)."""
-        cfg = self.config
-        within = home[:, None] + torch.arange(cfg.max_probe, dtype=torch.int64, device=home.device)
-        within = torch.where(within >= cfg.bucket_size, within - cfg.bucket_size, within)
+        bucket_size, so a mask (a power-of-two bucket) or one conditional subtraction wraps (cheaper than
+        ``%`` on int64)."""
+        size = self.config.bucket_size
+        within = home[:, None] + torch.arange(self.config.max_probe, dtype=torch.int64, device=home.device)
+        if size & (size - 1) == 0:
+            within &= size - 1
+        else:
+            within = torch.where(within >= size, within - size, within)
         return base[:, None] + within
 
     def _find(self, window: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hit, slot) of each id in its window: the slot holding it, or (not found) its window's last slot."""
-        match = take(self.identities, window) == ids[:, None]
-        return match.any(dim=1), window.gather(1, first_true(match)[:, None]).squeeze(1)
+        """(hit, slot) of each id in its window: the slot holding it (an id is held at most once), or, not
+        found, shard slot 0 (a valid index for the caller's masked reads)."""
+        slot = torch.where(take(self.identities, window) == ids[:, None], window, -1).amax(dim=1)
+        hit = slot >= 0
+        return hit, slot.clamp(min=0)
 
     def _read(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, hit) of every id, reading only, every id's whole window at once (fixed shapes: no host sync
-        but the id check); an id absent from its window gets the fallback row. A large call on CPU first
-        reads each id's home slot and probes the windows of the others only (the same rows)."""
+        but the id check); an id absent from its window gets the fallback row. A large call on CPU reads
+        home slots first (``_read_from_home``): the same rows."""
         base, home = self._locate(ids)
-        if ids.device.type != "cpu" or ids.numel() < COMPACT_MIN_ROWS:
-            hit, slot = self._find(self._probe_window(base, home), ids)
-            return torch.where(hit, slot, self.fallback_row), hit
+        if ids.device.type == "cpu" and ids.numel() >= COMPACT_MIN_ROWS:
+            return self._read_from_home(ids, base, home)
+        hit, slot = self._find(self._probe_window(base, home), ids)
+        return torch.where(hit, slot, self.fallback_row), hit
+
+    def _read_from_home(self, ids: torch.Tensor, base: torch.Tensor, home: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``_read`` with data-dependent sizes (CPU). An id is never held past an empty slot of its window
+        (it took the nearest empty one, and slots never empty again), so a home slot holding the id is a
+        hit and an empty one a miss. Only the other ids probe their windows, ``READ_CHUNK`` at a time:
+        [chunk, max_probe] temporaries that stay in cache instead of [n, max_probe] ones."""
         slot = base + home
-        hit = take(self.identities, slot) == ids
-        away = (~hit).nonzero().squeeze(1)
-        far_hit, far_slot = self._find(self._probe_window(base[away], home[away]), ids[away])
-        hit = hit.index_put((away,), far_hit)
-        slot = slot.index_put((away,), far_slot)
+        held = take(self.identities, slot)
+        hit = held == ids
+        away = (~hit & (held >= 0)).nonzero().squeeze(1)
+        for chunk in away.split(READ_CHUNK):
+            far_hit, far_slot = self._find(self._probe_window(base[chunk], home[chunk]), ids[chunk])
+            hit.index_put_((chunk,), far_hit)
+            slot.index_put_((chunk,), far_slot)
         return torch.where(hit, slot, self.fallback_row), hit
 
     @torch.no_grad()

@@ -49,6 +49,9 @@ def mix64_int(value: int) -> int:
 def bucket_and_home(ids: torch.Tensor, num_buckets: int, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The bucket of each id and its home slot inside the bucket, from the top 63 bits of ``mix64``."""
     h = logical_shift_right(mix64(ids), 1)
+    if num_buckets & (num_buckets - 1) == 0 and bucket_size & (bucket_size - 1) == 0:  # powers of two (h >= 0)
+        shift = num_buckets.bit_length() - 1
+        return h & (num_buckets - 1), (h >> shift) & (bucket_size - 1)
     return h % num_buckets, (h // num_buckets) % bucket_size
 
 

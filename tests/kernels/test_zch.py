@@ -326,3 +326,38 @@ def test_large_calls_compacting_on_cpu_equal_masked_rounds(policy: str, monkeypa
         assert torch.equal(a.rows, b.rows) and torch.equal(a.reassigned, b.reassigned) and torch.equal(a.stats, b.stats)
     assert all(torch.equal(compact_state[k], masked_state[k]) for k in masked_state)
     assert int(compact[-2].stats[COUNTERS.index("evictions")]) > 0  # crowded: rounds with lost proposals
+
+
+def held_past_an_empty_slot(table: ZchTable) -> list[int]:
+    """Held ids with an empty slot between their home slot and their own (none may be: reads stop there)."""
+    held = table.identities.tolist()
+    bad = []
+    for slot, raw_id in enumerate(held):
+        if raw_id < 0:
+            continue
+        window = table.window(torch.tensor([raw_id])).squeeze(0).tolist()
+        if any(held[s] < 0 for s in window[: window.index(slot)]):
+            bad.append(raw_id)
+    return bad
+
+
+@SETTINGS
+@given(configs(), streams(), st.data())
+def test_home_first_reads_equal_the_reference(config: ZchConfig, calls: list, data: st.DataObject) -> None:
+    """Large CPU reads stop at a home slot that is empty: right only because no id is ever held past an
+    empty slot of its window. Both are checked on every stream, with the large-call path forced."""
+    import freescale.kernels.zch as zch
+
+    table = run_both(config, calls)
+    assert held_past_an_empty_slot(table) == []
+    held = [raw_id for raw_id in table.identities.tolist() if raw_id >= 0]
+    ids = data.draw(st.lists(st.sampled_from([*held, 0, 7, BIG]), max_size=30))
+    query = torch.tensor(ids, dtype=torch.int64)
+    masked = table.lookup(query, train=False)
+    previous = zch.COMPACT_MIN_ROWS
+    zch.COMPACT_MIN_ROWS = 0
+    try:
+        home_first = table.lookup(query, train=False)
+    finally:
+        zch.COMPACT_MIN_ROWS = previous
+    assert torch.equal(home_first.rows, masked.rows) and torch.equal(home_first.stats, masked.stats)
