@@ -86,6 +86,8 @@ class Settings:
     inbatch_negatives: int = 32
     dense_lr: float = 0.005
     sparse_lr: float = 0.1
+    embedding_init: str = "rows"  # model_extra.embedding_init of every arm (rows: TorchRec's sqrt(1/rows))
+    embedding_init_gain: float = 1.0
     threads: int = 2
     device: str = "cpu"  # engine.device of the training runs (cuda: the quality comparison at GPU speed)
     # the tables
@@ -210,6 +212,7 @@ def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: 
         "model": {"d_model": s.d_model, "num_layers": s.num_layers, "num_heads": s.num_heads,
                   "num_negatives": s.num_negatives, "max_uih_len": s.max_uih_len},
         "model_extra": {"architecture": "hstu", "loss": "sampled_softmax", "inbatch_negatives": s.inbatch_negatives,
+                        "embedding_init": s.embedding_init, "embedding_init_gain": s.embedding_init_gain,
                         **arm_ids(arm, sizes, s)},
         "data": {"path": datasets[window], "max_steps": s.steps_per_window, "seed": s.seed},
         "optimizer": {"dense_lr": s.dense_lr, "sparse_lr": s.sparse_lr},

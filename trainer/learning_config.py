@@ -13,6 +13,7 @@ from freescale.trainer.table_config import ID_MODES, check_zch_options
 ARCHITECTURES = ("hstu", "sasrec")
 LOSSES = ("sampled_softmax", "full_softmax")
 ATTENTIONS = ("auto", "triton", "torch")
+EMBEDDING_INITS = ("rows", "dim")
 PRECISIONS = ("fp32", "bf16")
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam")
@@ -44,6 +45,11 @@ class ModelExtraConfig:
     # length-grouped padded PyTorch, auto = triton on CUDA, torch elsewhere (docs/kernels.md)
     attention: str = "auto"
     precision: str = "fp32"  # fp32 | bf16: the dense layers under bf16 autocast (GPUs; parameters stay fp32)
+    # Initial rows of every embedding table: uniform in ±gain·sqrt(1/rows) ("rows", TorchRec's default:
+    # the range shrinks as a table grows) or ±gain·sqrt(1/d_model) ("dim": the same for any table size,
+    # so a zch or hashed table's spare capacity does not change the model). docs/training.md
+    embedding_init: str = "rows"
+    embedding_init_gain: float = 1.0
 
     def __post_init__(self) -> None:
         choice("model_extra.architecture", self.architecture, ARCHITECTURES)
@@ -56,6 +62,8 @@ class ModelExtraConfig:
                 "(leave model_extra.attention = 'auto')"
             )
         choice("model_extra.loss", self.loss, LOSSES)
+        choice("model_extra.embedding_init", self.embedding_init, EMBEDDING_INITS)
+        check(self.embedding_init_gain > 0, "model_extra.embedding_init_gain", "must be > 0", self.embedding_init_gain)
         for name in ("time_buckets", "ffn_multiplier"):
             check(getattr(self, name) >= 1, f"model_extra.{name}", "must be >= 1", getattr(self, name))
         for name in ("num_items", "num_actions"):

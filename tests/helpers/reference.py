@@ -31,7 +31,7 @@ class ReferenceTrainer:
         self.model = SequentialTransducer(cfg.model, cfg.model_extra)
         self.specs = table_specs(cfg)
         self.tables = [
-            init_rows(cfg.engine.seed, t, spec.rows, 0, spec.rows, spec.dim) for t, spec in enumerate(self.specs)
+            init_rows(cfg.engine.seed, t, spec, 0, spec.rows) for t, spec in enumerate(self.specs)
         ]
         self.sparse = [
             make_sparse_optimizer(cfg.optimizer, spec.rows, spec.dim, torch.device("cpu")) for spec in self.specs

@@ -28,7 +28,7 @@ updates together (``self.nonfinite``); the runner then stops the run or counts a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from freescale.trainer.engines.sharded import RowWiseShardedTables
 from freescale.trainer.engines.sparse_optim import make_dense_optimizer
 from freescale.trainer.engines.table_layout import TableSpec
 from freescale.trainer.engines.zch_shard import zch_config
+from freescale.trainer.learning_config import ModelExtraConfig
 from freescale.trainer.metrics.instrument import StepTimer
 from freescale.trainer.model.transducer import SequentialTransducer, sampled_softmax_loss
 from freescale.trainer.table_config import ZchOptions
@@ -114,7 +115,13 @@ def table_specs(cfg: RunConfig, world_size: int = 1) -> list[TableSpec]:
     d, extra = cfg.model.d_model, cfg.model_extra
     item = _spec("item", extra.num_items, d, ("item", "neg"), extra, world_size)
     profiles = [_spec(t.table, t.rows, d, (t.table,), t, world_size) for t in cfg.user_tables.values()]
-    return [item, TableSpec("action", extra.num_actions, d, ("action",)), *profiles]
+    specs = [item, TableSpec("action", extra.num_actions, d, ("action",)), *profiles]
+    return [replace(spec, init_bound=init_bound(spec, extra)) for spec in specs]
+
+
+def init_bound(spec: TableSpec, extra: ModelExtraConfig) -> float:
+    """``model_extra.embedding_init``: gain·sqrt(1/rows) ("rows", TorchRec's) or gain·sqrt(1/d) ("dim")."""
+    return extra.embedding_init_gain * (1.0 / (spec.rows if extra.embedding_init == "rows" else spec.dim)) ** 0.5
 
 
 def _spec(name: str, rows: int, d: int, features: tuple[str, ...], ids: ZchOptions, world_size: int) -> TableSpec:
@@ -370,8 +377,11 @@ class FreeScaleEngine:
         ctx = self.tables.input_dist(batch_features(batch))
         unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
         queries, targets, target_ids = batch_queries(self.model, batch, self.tables.feature_rows(ctx, unique_rows))
-        if self.tables.has_zch:  # full ranking scores table rows: a target is its row (unknown: the fallback)
+        if self.tables.has_zch:  # full ranking scores table rows: a target is its row
             target_ids = self.tables.feature_keys(ctx)["item"][batch.target_index[batch.last_input_rows()]]
+            items = self.tables.zch[0]
+            if items is not None:  # an id the table does not hold has no row of its own: -1 (a miss)
+                target_ids = torch.where(items.is_fallback(target_ids), -1, target_ids)
         return queries, targets, target_ids
 
     @torch.no_grad()

@@ -69,7 +69,7 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         self.bounds = [shard_bounds(spec.rows, world_size, rank) for spec in specs]
         self.rows_per_rank = [-(-spec.rows // world_size) for spec in specs]
         self.weights = [
-            init_rows(seed, t, spec.rows, lo, hi, self.dim).to(device)
+            init_rows(seed, t, spec, lo, hi).to(device)
             for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))
         ]
         self.optimizers: list[SparseOptimizer] = [
@@ -78,7 +78,8 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
         self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
         self.zch = [
-            None if spec.zch is None else ZchShard(spec.zch, rank, device, t, seed) for t, spec in enumerate(specs)
+            None if spec.zch is None else ZchShard(spec.zch, rank, device, t, seed, spec.bound)
+            for t, spec in enumerate(specs)
         ]
         for spec, shard in zip(specs, self.zch):
             if shard is not None and spec.rows != shard.rows_per_rank * world_size:

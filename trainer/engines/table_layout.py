@@ -22,15 +22,21 @@ class TableSpec:
     dim: int
     features: tuple[str, ...]
     zch: ZchConfig | None = None  # a zero-collision table: rows = zch_size + world_size (zch_shard.py)
+    init_bound: float | None = None  # rows start uniform in [-init_bound, init_bound); None: sqrt(1/rows)
+
+    @property
+    def bound(self) -> float:
+        """The initial rows' range (``model_extra.embedding_init``; TorchRec's sqrt(1/rows) by default)."""
+        return (1.0 / self.rows) ** 0.5 if self.init_bound is None else self.init_bound
 
 
-def init_rows(seed: int, table_index: int, total_rows: int, lo: int, hi: int, dim: int) -> torch.Tensor:
+def init_rows(seed: int, table_index: int, spec: TableSpec, lo: int, hi: int) -> torch.Tensor:
     """Rows ``[lo, hi)`` of a table's initial weights, identical for every sharding of the table.
 
-    Uniform(±sqrt(1/R)) like TorchRec's default, drawn per 4096-row chunk from a generator seeded by
-    (seed, table, chunk): any rank can produce its shard, and a single process the whole table.
+    Uniform(±``spec.bound``), drawn per 4096-row chunk from a generator seeded by (seed, table, chunk):
+    any rank can produce its shard, and a single process the whole table.
     """
-    bound = (1.0 / total_rows) ** 0.5
+    total_rows, dim, bound = spec.rows, spec.dim, spec.bound
     out = torch.empty(max(0, hi - lo), dim, dtype=torch.float32)
     for chunk in range(lo // INIT_CHUNK_ROWS, -(-hi // INIT_CHUNK_ROWS)):
         start = chunk * INIT_CHUNK_ROWS

@@ -282,7 +282,7 @@ class TorchRecEngine:
         with torch.no_grad():
             for name, (offset, rows) in _table_shards(self.dmp).items():
                 t, spec = specs[name]
-                rows.copy_(init_rows(self.cfg.engine.seed, t, spec.rows, offset, offset + rows.shape[0], spec.dim))
+                rows.copy_(init_rows(self.cfg.engine.seed, t, spec, offset, offset + rows.shape[0]))
 
     def _hook_ddp(self) -> None:
         from torch.nn.parallel import DistributedDataParallel

@@ -72,12 +72,15 @@ class Undo:
 class ZchShard:
     """This rank's buckets of one zero-collision table: identity table, undo record, reset values."""
 
-    def __init__(self, config: ZchConfig, rank: int, device: torch.device, table: int, seed: int) -> None:
+    def __init__(
+        self, config: ZchConfig, rank: int, device: torch.device, table: int, seed: int, bound: float | None = None
+    ) -> None:
         self.config, self.rank, self.index, self.seed = config, rank, table, seed
         self.table = ZchTable(config, device, rank)
         self.rows_per_rank = self.table.slots + 1
         self.first_row = rank * self.rows_per_rank  # global row of this shard's first slot
-        self.bound = (1.0 / (config.zch_size + config.world_size)) ** 0.5  # the table's initial range
+        # the table's initial range (TableSpec.bound; default TorchRec's sqrt(1/rows)): reset rows start there
+        self.bound = (1.0 / (config.zch_size + config.world_size)) ** 0.5 if bound is None else bound
         self.layout = torch.tensor(config.layout, dtype=torch.int64, device=device)
         self.ahead = False  # the last training lookup was for a batch that has not trained yet
         self._undo: Undo | None = None
@@ -113,6 +116,11 @@ class ZchShard:
         state; empty slots and the fallback row stand for none)."""
         held = self.trained_table().identities >= 0
         return torch.cat([held, held.new_zeros(1)])
+
+    def is_fallback(self, rows: torch.Tensor) -> torch.Tensor:
+        """bool per global row of the table (any rank's): whether it is a rank's fallback row, the row of
+        every id a read-only lookup does not find."""
+        return rows % self.rows_per_rank == self.rows_per_rank - 1
 
     def trained(self) -> None:
         """The batch looked up ahead starts training: its lookup is part of the trained state now."""

@@ -13,6 +13,11 @@ gathering the table. ``num_candidates > 0`` is the sampled protocol (labelled ``
 output; N uniform random items shared by a chunk of queries), for catalogues too large to score
 every step. ``eval.exclude_history`` leaves the items of the query's history out of the ranking.
 
+A target the engine has no row for (target id -1: an id a zero-collision table does not hold, read
+through the shared fallback row) is a miss, ranked below every candidate: the fallback row stands
+for no item, and scoring the target by it would rank a never-seen item by whatever that row learned
+(in a next-window evaluation most targets can be new, and such a row can outscore every held item).
+
 Ties and NaN are ranked pessimistically: a candidate counts above the target when its score is
 greater *or equal*, or NaN, and a NaN target is ranked below everything. Why: a collapsed or
 diverged model (every score equal, or NaN) must report HR@k = 0, not 1 — with ``>`` nothing beats a
@@ -183,6 +188,8 @@ def evaluate(
         queries, target_rows, target_ids = engine.encode(batch)
         queries, target_rows = F.normalize(queries.float(), dim=-1), F.normalize(target_rows.float(), dim=-1)
         target_scores = (queries * target_rows).sum(-1)
+        # a target without a row of its own (id -1: a zero-collision table does not hold it) is a miss
+        target_scores = torch.where(target_ids.to(target_scores.device) >= 0, target_scores, torch.nan)
         if num_candidates:
             rank = _sampled_ranks(
                 engine,

@@ -8,16 +8,19 @@ import pytest
 import torch
 
 from freescale.trainer.engines.input_dist import append_notes, split_notes
-from freescale.trainer.engines.table_layout import init_rows, shard_bounds
+from freescale.trainer.engines.table_layout import TableSpec, init_rows, shard_bounds
 
 
 def test_table_shards_concatenate_to_the_whole_table() -> None:
     rows, world = 10_000, 3
-    whole = init_rows(7, 1, rows, 0, rows, 4)
-    pieces = [init_rows(7, 1, rows, *shard_bounds(rows, world, r), 4) for r in range(world)]
+    spec = TableSpec("item", rows, 4, ("item",))
+    whole = init_rows(7, 1, spec, 0, rows)
+    pieces = [init_rows(7, 1, spec, *shard_bounds(rows, world, r)) for r in range(world)]
     assert torch.equal(torch.cat(pieces), whole)
     assert shard_bounds(rows, world, 2) == (6668, 10_000)
-    assert whole.abs().max() <= (1 / rows) ** 0.5
+    assert whole.abs().max() <= (1 / rows) ** 0.5 < whole.abs().max() * 1.01  # TorchRec's range by default
+    wide = init_rows(7, 1, TableSpec("item", rows, 4, ("item",), init_bound=0.5), 0, rows)
+    assert torch.allclose(wide, whole * (0.5 / (1 / rows) ** 0.5), atol=1e-6)  # the same draws, scaled
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])

@@ -100,6 +100,8 @@ def test_evaluation_routes_read_only_and_unknown_ids_use_the_fallback_row(gloo_w
         keys = tables.feature_keys(ctx)["item"]
         assert ctx.zch is None and int(keys[1]) == 8  # the fallback row: the shard's last
         assert int(keys[0]) == int(torch.nonzero(tables.zch[0].table.identities == 5)[0, 0])
+        assert tables.zch[0].is_fallback(keys).tolist() == [False, True]  # evaluation: 99 has no row
+        assert tables.zch[0].is_fallback(torch.tensor([17, 16, 9])).tolist() == [True, False, False]  # any rank's
         after = tables.local_state()
         assert [k for k in before if not torch.equal(before[k], after[k])] == []
     finally:

@@ -355,3 +355,34 @@ def test_most_popular_scores_every_evaluated_users_held_out_items(tmp_path: Path
     for split in ("validation", "test"):
         assert result[split]["users"] == users and 0.0 < result[split]["ndcg@10"] <= result[split]["hr@10"] < 1.0
     assert result["test"]["hr@10"] >= np.mean([t in top for t in tests])  # ties count in the target's favour
+
+
+class _UnknownTargetsEngine(_LastItemEngine):
+    """Queries = the target's row: every target ranks first, except that targets >= ``held`` come back with
+    id -1, as a zero-collision table's engine returns a target it does not hold (its fallback row)."""
+
+    held = 24
+
+    def encode(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        target_ids = batch.item_ids[batch.target_index[batch.last_input_rows()]]
+        rows = self.table[target_ids]
+        return rows, rows, torch.where(target_ids < self.held, target_ids, -1)
+
+    def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids]
+
+
+def test_a_target_without_a_row_of_its_own_is_a_miss(one_rank_group):
+    """The shared fallback row must not rank an unknown target: before, its score decided (here: first)."""
+    samples = [
+        {"item_ids": np.array([u, 10 + u]), "actions": np.zeros(2, np.int64), "timestamps": np.arange(2),
+         "cost": 1.0, "user_id": u, "window": 0, "length": 2}
+        for u in range(20)
+    ]  # fmt: skip
+    cfg = CollateConfig(num_items=32, num_actions=1, max_len=64, num_negatives=1, inbatch_negatives=0)
+    result = evaluate(_UnknownTargetsEngine(32), samples, cfg, num_candidates=0, k=1, keep_ranks=True)
+    ranks = dict(zip(result["ranks"].user_ids.tolist(), result["ranks"].ranks.tolist(), strict=True))
+    assert all(ranks[u] == 0 for u in range(14)) and all(ranks[u] >= 31 for u in range(14, 20))
+    assert result["hr@1"] == 14 / 20
+    sampled = evaluate(_UnknownTargetsEngine(32), samples, cfg, num_candidates=8, k=8)
+    assert sampled["hr@8"] <= 14 / 20
