@@ -136,7 +136,7 @@ def prefetch_exchange(
     readers, ol_recv, counts = owner_marks(tables, now, nxt)
     rows = tables.row_notes(nxt, tables.lookup(nxt))  # zch: each row with its key and reset step
     dim = rows.shape[1]
-    state = tables.state_rows(nxt, torch.ones_like(ol_recv))
+    state = tables.state_rows(nxt)
     width = state.shape[1]
     parts = zip(
         torch.split(rows, nxt.recv_splits), torch.split(state, nxt.recv_splits),
