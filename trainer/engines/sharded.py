@@ -55,7 +55,7 @@ from freescale.trainer.learning_config import OptimizerConfig
 
 
 class RowWiseShardedTables(InputDistribution, ZchRows):
-    """This rank's shards of several equal-width tables and their sparse optimizers."""
+    """This rank's shards of several equal-width tables (one fused tensor, one sparse optimizer) and the stages."""
 
     def __init__(
         self,

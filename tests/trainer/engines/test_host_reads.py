@@ -2,9 +2,10 @@
 read of a device value drains a CUDA stream (counted on CPU by ``sync_count``).
 
 Whole steps (``step_syncs``: one rank, the PEC worker's tasks included, after warm-up): with the tables'
-storage fused (``fused_tables.py``) the item/action case costs 31 syncs a step synchronously and 61
-with PEC, the four-table profile case 43 and 82; with one tensor and optimizer per table and a
-boolean mask per table in every lookup and update they cost 40 / 93 and 62 / 140.
+storage fused (``fused_tables.py``) and PEC's per-table row counts taken in one pass, the item/action
+case costs 31 syncs a step synchronously and 55 with PEC, the four-table profile case 43 and 68; with
+one tensor and optimizer per table and a boolean mask per table in every lookup and update they cost
+40 / 93 and 62 / 140 (61 and 82 with PEC's row counts still two masks a table).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from sync_count import counting_ops
 from freescale.trainer.engines.engine import has_nonfinite
 from freescale.trainer.runner import make_engine
 
-# (case options, overlap) -> host syncs of a steady step at most (fused storage; per-table masks: 40, 93, 62, 140)
+# (case, overlap) -> host syncs of a steady step at most (per-table masks everywhere: 40, 93, 62, 140)
 STEP_SYNCS = {
     ("item_action", "none"): 31,
-    ("item_action", "pec"): 61,
+    ("item_action", "pec"): 55,
     ("profiles", "none"): 43,
-    ("profiles", "pec"): 82,
+    ("profiles", "pec"): 68,
 }
 CASES = {"item_action": {}, "profiles": {"profiles": True, "sparse": "adam"}}  # 2 tables; 4 (2 zch)
 
