@@ -98,6 +98,12 @@ def _host_read(counts: OpCounts, method: Any) -> Any:
     return read
 
 
+def counting_in_this_thread(counts: OpCounts) -> TorchDispatchMode:
+    """A mode counting this thread's aten ops into ``counts`` (another thread's ``counting_ops``, which
+    must outlive it, counts the host reads ``tolist`` / ``numpy``): a worker thread's share of a step."""
+    return _Counter(counts)
+
+
 @contextmanager
 def counting_ops() -> Iterator[OpCounts]:
     """Count the aten ops (syncs, launches, by name) and host reads that the block runs in this thread."""

@@ -136,7 +136,7 @@ def prefetch_exchange(
     readers, ol_recv, counts = owner_marks(tables, now, nxt)
     rows = tables.row_notes(nxt, tables.lookup(nxt))  # zch: each row with its key and reset step
     dim = rows.shape[1]
-    state = tables.state_rows(nxt, torch.ones_like(ol_recv))
+    state = tables.state_rows(nxt)
     width = state.shape[1]
     parts = zip(
         torch.split(rows, nxt.recv_splits), torch.split(state, nxt.recv_splits),
@@ -164,12 +164,16 @@ def prefetch_exchange(
 
 
 def _unique_counts(tables: RowWiseShardedTables, nxt: DistContext, ol_recv: torch.Tensor) -> tuple[list, list]:
-    """Distinct rows per table among this owner's step-(n+1) requests, and how many of them are OL."""
-    ol_unique, next_unique = [], []
-    for t in range(len(tables.specs)):
-        in_table = nxt.recv_table == t
-        next_unique.append(int(torch.unique(nxt.recv_ids[in_table]).numel()))
-        ol_unique.append(int(torch.unique(nxt.recv_ids[in_table & ol_recv]).numel()))
+    """Distinct rows per table among this owner's step-(n+1) requests, and how many of them are OL:
+    one ``unique`` of the row keys for all tables and one host read (not two masks a table)."""
+    unique, inverse = torch.unique(tables.row_keys(nxt), return_inverse=True)
+    ol = torch.zeros(unique.numel(), dtype=torch.int64, device=unique.device)
+    ol.scatter_(0, inverse, ol_recv.to(torch.int64))  # OL is a property of the row: duplicates agree
+    table = tables.key_table(unique)
+    counts = torch.zeros(2, len(tables.specs), dtype=torch.int64, device=unique.device)
+    counts[0].index_add_(0, table, ol)
+    counts[1].index_add_(0, table, torch.ones_like(ol))
+    ol_unique, next_unique = counts.tolist()
     return ol_unique, next_unique
 
 

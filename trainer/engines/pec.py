@@ -221,22 +221,15 @@ class PECEngine(FreeScaleEngine):
     ) -> torch.Tensor:
         """Batch n+1's rows with its OL rows brought up to date by the owner's own update arithmetic."""
         ctx, masks = ahead.routed.result()
-        next_keys, _, next_tables = self.tables.send_layout(ctx)
-        ol_keys, ol_tables = next_keys[masks.ol_send], next_tables[masks.ol_send]
+        next_keys = self.tables.send_layout(ctx)[0]
+        ol_keys = next_keys[masks.ol_send]
         if ol_keys.numel() == 0:
             return rows
         mine = torch.isin(keys, ol_keys)
         unique, summed = sum_by_row(keys[mine], grads[mine])
         position = torch.searchsorted(unique, ol_keys)
-        ol_grads, ol_rows = summed[position], rows[masks.ol_send]
-        refreshed = torch.empty_like(ol_rows)
-        for t, optimizer in enumerate(self.tables.optimizers):
-            in_table = ol_tables == t
-            if bool(in_table.any()):
-                refreshed[in_table] = optimizer.updated(
-                    ol_rows[in_table], optimizer.unpack(state[in_table]), ol_grads[in_table]
-                )[0]
-        rows[masks.ol_send] = refreshed
+        optimizer = self.tables.fused.optimizer  # every table's: one update of all OL rows
+        rows[masks.ol_send] = optimizer.updated(rows[masks.ol_send], optimizer.unpack(state), summed[position])[0]
         return rows
 
     # cold gradients: deferred on the worker --------------------------------------------------------

@@ -29,10 +29,15 @@ row each raw id got: PEC addresses gradients by row and recomputes reset rows it
 evaluation ranks by row. With ttl, the step's event time rides as the last element of the routing
 note.
 
+Storage: all of this rank's shards are one fused tensor with one sparse optimizer over it
+(``fused_tables.py``), so ``lookup``, ``sparse_update`` and ``state_rows`` are one gather or one update
+over fused rows, with no per-table boolean mask (a host sync on CUDA each); ``weights[t]`` and
+``optimizers[t]`` are views of one table in it (checkpoint keys per table, as before).
+
 By role: the keyed jagged ids (``jagged_ids.py``), a table's spec, shard bounds and initial rows
-(``table_layout.py``), the input distribution (``input_dist.py``), the zero-collision tables' row
-assignment and resets (``sharded_zch.py``); this module holds the shards, their optimizer state and the
-later stages.
+(``table_layout.py``), the fused storage (``fused_tables.py``), the input distribution
+(``input_dist.py``), the zero-collision tables' row assignment and resets (``sharded_zch.py``); this
+module holds the shards and the later stages.
 """
 
 from __future__ import annotations
@@ -40,16 +45,17 @@ from __future__ import annotations
 import torch
 
 from freescale.trainer.engines.comm import TimedHandle, TimedTransport
+from freescale.trainer.engines.fused_tables import FusedTables
 from freescale.trainer.engines.input_dist import DistContext, InputDistribution, source_ranks
 from freescale.trainer.engines.sharded_zch import ZchRows
-from freescale.trainer.engines.sparse_optim import SparseOptimizer, make_sparse_optimizer, sum_by_row
+from freescale.trainer.engines.sparse_optim import SparseOptimizer
 from freescale.trainer.engines.table_layout import TableSpec, init_rows, shard_bounds
 from freescale.trainer.engines.zch_shard import ZchShard
 from freescale.trainer.learning_config import OptimizerConfig
 
 
 class RowWiseShardedTables(InputDistribution, ZchRows):
-    """This rank's shards of several equal-width tables and their sparse optimizers."""
+    """This rank's shards of several equal-width tables (one fused tensor, one sparse optimizer) and the stages."""
 
     def __init__(
         self,
@@ -68,13 +74,13 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         self.dim = dims.pop()
         self.bounds = [shard_bounds(spec.rows, world_size, rank) for spec in specs]
         self.rows_per_rank = [-(-spec.rows // world_size) for spec in specs]
-        self.weights = [
-            init_rows(seed, t, spec, lo, hi).to(device)
+        shards = [
+            init_rows(seed, t, spec, lo, hi)
             for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))
         ]
-        self.optimizers: list[SparseOptimizer] = [
-            make_sparse_optimizer(optimizer, hi - lo, self.dim, device) for lo, hi in self.bounds
-        ]
+        self.fused = FusedTables(shards, self.bounds, optimizer, device)
+        self.weights: list[torch.Tensor] = self.fused.weights  # views into the fused storage, per table
+        self.optimizers: list[SparseOptimizer] = self.fused.optimizers
         self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
         self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
         self.zch = [
@@ -110,24 +116,26 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
             keys = ctx.send_keys
         return keys, source_ranks(ctx.send_splits, self.device), tables
 
+    def key_table(self, keys: torch.Tensor) -> torch.Tensor:
+        """The table of each row key."""
+        return torch.searchsorted(self.key_offsets, keys, right=True) - 1
+
     def owned_by_me(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mask of the keys whose row lives on this rank, their table)."""
-        table = torch.searchsorted(self.key_offsets, keys, right=True) - 1
+        table = self.key_table(keys)
         local = keys - self.key_offsets[table]
         lo = torch.tensor([b[0] for b in self.bounds], device=self.device)[table]
         hi = torch.tensor([b[1] for b in self.bounds], device=self.device)[table]
         return (local >= lo) & (local < hi), table
 
+    def fused_rows(self, ctx: DistContext, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Fused storage row of every received id (those where ``mask``, if given: then one host sync)."""
+        index = self.fused.index(ctx.recv_ids, ctx.recv_table)
+        return index if mask is None else index[mask]
+
     def lookup(self, ctx: DistContext, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Rows of the received ids (those where ``mask``, if given) from the local shards, in receive order."""
-        ids, tables = ctx.recv_ids, ctx.recv_table
-        if mask is not None:
-            ids, tables = ids[mask], tables[mask]
-        rows = torch.empty(ids.numel(), self.dim, dtype=torch.float32, device=self.device)
-        for t, weight in enumerate(self.weights):
-            in_table = tables == t
-            rows[in_table] = weight[ids[in_table] - self.bounds[t][0]]
-        return rows
+        return self.fused.gather(self.fused_rows(ctx, mask))
 
     def output_dist(self, ctx: DistContext, rows: torch.Tensor) -> list[torch.Tensor]:
         """Send rows back; returns per table the rows of this rank's unique ids (plain tensors)."""
@@ -165,32 +173,16 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         theirs (in receive order). Every requester's gradient of one row is in the same part, summed
         in the same order, so updating a row in a later part gives bitwise the same row.
         """
-        ids, tables = ctx.recv_ids, ctx.recv_table
-        if mask is not None:
-            ids, tables = ids[mask], tables[mask]
-        for t, (weight, optimizer) in enumerate(zip(self.weights, self.optimizers)):
-            in_table = tables == t
-            rows, summed = sum_by_row(ids[in_table] - self.bounds[t][0], grads[in_table])
-            optimizer.step(weight, rows, summed)
+        self.fused.update(self.fused_rows(ctx, mask), grads)
 
     def sparse_update_keys(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
         """``sparse_update`` for gradients addressed by row key (all rows owned by this rank)."""
-        _, table = self.owned_by_me(keys)
-        for t, (weight, optimizer) in enumerate(zip(self.weights, self.optimizers)):
-            in_table = table == t
-            local = keys[in_table] - self.key_offsets[t] - self.bounds[t][0]
-            rows, summed = sum_by_row(local, grads[in_table])
-            optimizer.step(weight, rows, summed)
+        table = self.key_table(keys)
+        self.fused.update(self.fused.index(keys - self.key_offsets[table], table), grads)
 
-    def state_rows(self, ctx: DistContext, mask: torch.Tensor) -> torch.Tensor:
-        """Optimizer state of the received ids where ``mask`` is set, packed one row per id."""
-        ids, tables = ctx.recv_ids[mask], ctx.recv_table[mask]
-        width = self.optimizers[0].state_width(self.dim)
-        packed = torch.empty(ids.numel(), width, dtype=torch.float32, device=self.device)
-        for t, optimizer in enumerate(self.optimizers):
-            in_table = tables == t
-            packed[in_table] = optimizer.pack(optimizer.state_rows(ids[in_table] - self.bounds[t][0]))
-        return packed
+    def state_rows(self, ctx: DistContext, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Optimizer state of the received ids (those where ``mask``, if given), packed one row per id."""
+        return self.fused.state_rows(self.fused_rows(ctx, mask))
 
     def local_state(self) -> dict[str, torch.Tensor]:
         """This rank's shard of every table and optimizer state tensor, by checkpoint key; zch tables add

@@ -11,6 +11,7 @@ one accumulator per row, ``state += mean(g²)``, ``w -= lr · g / (sqrt(state) +
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -48,6 +49,13 @@ class RowWiseAdagrad:
 
     def state_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         return {key: tensor[rows] for key, tensor in self.state.items()}
+
+    def rows_view(self, lo: int, hi: int) -> RowWiseAdagrad:
+        """This optimizer restricted to rows ``[lo, hi)``: the same settings, its state views into this
+        one's (one table of ``fused_tables.FusedTables``)."""
+        view = copy.copy(self)
+        view.state = {key: tensor[lo:hi] for key, tensor in self.state.items()}
+        return view
 
     def state_width(self, dim: int) -> int:
         """Floats per row of ``pack`` (state travels with prefetched rows in PEC)."""
