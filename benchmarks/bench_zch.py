@@ -86,7 +86,7 @@ class Settings:
     inbatch_negatives: int = 32
     dense_lr: float = 0.005
     sparse_lr: float = 0.1
-    embedding_init: str = "rows"  # model_extra.embedding_init of every arm (rows: TorchRec's sqrt(1/rows))
+    embedding_init: str = "dim"  # model_extra.embedding_init of every arm (rows: TorchRec's sqrt(1/rows))
     embedding_init_gain: float = 1.0
     threads: int = 1
     device: str = "cpu"  # engine.device of the training runs (cuda: the quality comparison at GPU speed)

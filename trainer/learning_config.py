@@ -45,10 +45,10 @@ class ModelExtraConfig:
     # length-grouped padded PyTorch, auto = triton on CUDA, torch elsewhere (docs/kernels.md)
     attention: str = "auto"
     precision: str = "fp32"  # fp32 | bf16: the dense layers under bf16 autocast (GPUs; parameters stay fp32)
-    # Initial rows of every embedding table: uniform in ±gain·sqrt(1/rows) ("rows", TorchRec's default:
-    # the range shrinks as a table grows) or ±gain·sqrt(1/d_model) ("dim": the same for any table size,
-    # so a zch or hashed table's spare capacity does not change the model). docs/training.md
-    embedding_init: str = "rows"
+    # Initial rows of every embedding table: uniform in ±gain·sqrt(1/d_model) ("dim": the same for any
+    # table size, so a zch or hashed table's spare capacity does not change the model) or ±gain·sqrt(1/rows)
+    # ("rows", TorchRec's default: the range shrinks as a table grows). docs/training.md#embedding-init
+    embedding_init: str = "dim"
     embedding_init_gain: float = 1.0
 
     def __post_init__(self) -> None:

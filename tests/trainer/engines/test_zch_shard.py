@@ -49,7 +49,7 @@ def test_eviction_resets_the_row_and_its_optimizer_state_when_its_batch_trains(g
         assert bool((weight == 7.0).all()), "nothing is reset before the batch trains"
         tables.apply_resets(ctx)
         tables.apply_resets(ctx)  # idempotent
-        fresh = hashed_uniform(reassigned, tables.dim, bound=(1 / 9) ** 0.5, table=0, step=2)
+        fresh = hashed_uniform(reassigned, tables.dim, bound=tables.specs[0].bound, table=0, step=2)
         assert torch.equal(weight[reassigned], fresh)
         kept = torch.ones(9, dtype=torch.bool)
         kept[reassigned] = False
