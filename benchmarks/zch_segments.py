@@ -5,9 +5,9 @@ where it comes from.
   95% half-width of HR@10 (normal approximation) and the standard error of NDCG@10 say whether two
   arms differ by more than their sampling noise.
 * Segments: a next-window target is either an item some earlier window held (``known``: a row per id
-  can have learned it) or an id the model never trained (``new``: an oracle or zch table maps it to
-  its fallback row; a modulo table to whatever row another item trained). The two segments separate
-  what the id mapping buys on known items from what it does with ids it never saw.
+  can have learned it) or an id the model never trained (``new``: an oracle or zch table does not hold
+  it, so it is a miss; a modulo table scores it by whatever row another item trained). The two
+  segments separate what the id mapping buys on known items from what it does with ids it never saw.
 """
 
 from __future__ import annotations
