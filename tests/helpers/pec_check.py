@@ -251,12 +251,12 @@ class RankPool:
         return [by_rank[rank] for rank in range(self.world_size)]
 
     def close(self) -> None:
-        for queue in self.tasks:
-            queue.put(None)
+        """Kill the processes: every result is read, nothing is left to flush (a graceful exit of 6
+        processes took 10 s at the end of the engines' tests on a loaded 2-core host)."""
         for process in self.processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+            process.kill()
+        for process in self.processes:
+            process.join()
 
 
 def mismatches(results: list[dict]) -> list[str]:
