@@ -20,25 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.engines.engine import ItemShard
 from freescale.trainer.eval.evaluate import evaluate
 
 NUM_ITEMS = 50
-
-
-@pytest.fixture(scope="module")
-def one_rank_group(tmp_path_factory) -> Any:
-    """A gloo process group of this process alone (evaluation and the skip vote are collectives)."""
-    if dist.is_initialized():
-        yield
-        return
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def eval_samples(users: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 from collective_count import count_modes
 from online_check import OnlineCase
-from pec_check import RankPool
 
 from freescale.trainer.simulate.simulator import COLLECTIVES_PER_STEP
 
@@ -41,15 +40,11 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def counted() -> list[dict]:
+def counted(rank_pool) -> list[dict]:
     # rank 0 holds all the long samples: the balancer moves samples on every step
     schedule = [[[40, 40, 40, 30], [3, 3, 3, 3]] for _ in range(STEPS + 2)]
     case = OnlineCase(steps=STEPS, schedule=schedule, min_gain=0.0)
-    pool = RankPool(2, train=count_modes)
-    try:
-        return pool.run(case, tuple(EXPECTED))
-    finally:
-        pool.close()
+    return rank_pool(2, count_modes).run(case, tuple(EXPECTED))
 
 
 def per_step(result: dict) -> dict[str, float]:

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from online_check import OnlineCase, differences, train_online_modes
-from pec_check import RankPool
 from train_cli import prepare_tiny, run_toml, train
 
 from freescale.pipeline.cost import CostModel
@@ -27,17 +26,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pool2():
-    pool = RankPool(2, train=train_online_modes)
-    yield pool
-    pool.close()
+def pool2(rank_pool):
+    return rank_pool(2, train_online_modes)
 
 
 @pytest.fixture(scope="module")
-def pool4():
-    pool = RankPool(4, train=train_online_modes)
-    yield pool
-    pool.close()
+def pool4(rank_pool):
+    return rank_pool(4, train_online_modes)
 
 
 def assert_close(results: list[dict], base: str, other: str, rtol: float = 1e-5) -> None:

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pec_check import (
     OverlapCase,
-    RankPool,
     global_id_sets,
     mismatches,
     overlap_batches,
     train_case,
+    train_modes,
     training_state,
 )
 from train_cli import losses, prepare_tiny, run_toml, train
@@ -35,17 +35,13 @@ from freescale.trainer.runner import make_engine, step_seed
 
 
 @pytest.fixture(scope="module")
-def pool2():
-    pool = RankPool(2)
-    yield pool
-    pool.close()
+def pool2(rank_pool):
+    return rank_pool(2, train_modes)
 
 
 @pytest.fixture(scope="module")
-def pool4():
-    pool = RankPool(4)
-    yield pool
-    pool.close()
+def pool4(rank_pool):
+    return rank_pool(4, train_modes)
 
 
 def assert_exact(results: list[dict]) -> None:

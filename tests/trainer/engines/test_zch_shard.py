@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from online_check import OnlineCase, differences, train_online_modes
-from pec_check import OverlapCase, RankPool, mismatches, train_case
+from pec_check import OverlapCase, mismatches, train_case
 
 from freescale.kernels.zch_rows import hashed_uniform
 from freescale.trainer.engines.jagged_ids import JaggedIds
@@ -118,10 +118,8 @@ def test_pec_on_one_rank_with_evictions_is_bitwise_synchronous(gloo_world_of_one
 
 
 @pytest.fixture(scope="module")
-def pool2():
-    pool = RankPool(2, train=train_online_modes)
-    yield pool
-    pool.close()
+def pool2(rank_pool):
+    return rank_pool(2, train_online_modes)
 
 
 def exact(results: list[dict], base: str, other: str) -> list[str]:

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from train_cli import FREESCALE, MODEL, prepare_tiny, run_toml, train
@@ -117,17 +116,6 @@ def test_table_sizes_come_from_the_vocabulary_and_too_small_ones_are_refused():
     assert hashed.mode == "hashed" and hashed.hash_collision_rate == 1.0 and "hash_collision_rate" in hashed.describe()
     with pytest.raises(ValueError, match=r"model_extra\.num_items must be set with model_extra\.ids 'hashed'"):
         _cfg(ids="hashed")
-
-
-@pytest.fixture(scope="module")
-def one_rank_group(tmp_path_factory) -> Any:
-    if dist.is_initialized():
-        yield
-        return
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class _LastItemEngine:
