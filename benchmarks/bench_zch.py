@@ -30,7 +30,8 @@ mode its CPU kernel runs (training mode raises on CPU: recorded), on the same id
 empty tables, and tables full of other ids (every probe runs ``max_probe`` slots and falls back);
 ours also on a table that holds the queried ids (hits) and inserting (training mode).
 
-    python benchmarks/bench_zch.py            # 32 minutes on this project's shared 2-core host
+    python benchmarks/bench_zch.py            # about 6 minutes on an idle 2-core host (a stream a CPU learns)
+    python benchmarks/bench_zch.py --issue-scale   # the issue's stream (216,901 ids) on a GPU: never run yet
     python benchmarks/bench_zch.py --quick    # smoke run, no result file unless --out
 """
 
