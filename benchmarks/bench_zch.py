@@ -88,7 +88,7 @@ class Settings:
     dense_lr: float = 0.005
     sparse_lr: float = 0.1
     embedding_init: str = "dim"  # model_extra.embedding_init of every arm (rows: TorchRec's sqrt(1/rows))
-    embedding_init_gain: float = 1.0
+    embedding_init_gain: float = 0.25
     threads: int = 1
     device: str = "cpu"  # engine.device of the training runs (cuda: the quality comparison at GPU speed)
     # the tables
