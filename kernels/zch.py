@@ -27,6 +27,10 @@ POLICIES = ("ttl", "lru", "lfu")
 # admission_waits count id occurrences; inserts and evictions count table slots; evicted_age_sum adds
 # the evicted ids' ages in the policy's clock (event seconds for ttl, lookup calls for lru and lfu).
 COUNTERS = ("lookups", "hits", "inserts", "evictions", "collisions", "admission_waits", "evicted_age_sum")
+# On CPU a host read costs nothing, so a data-dependent size is cheaper than masked work over fixed shapes:
+# ``HOST_SHORTCUTS`` lets a CPU table take the shortcuts below (the tests turn it off to check the masked
+# path a GPU runs: the same rows, counters and state).
+HOST_SHORTCUTS = True
 COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
 READ_CHUNK = 4096  # CPU: ids probing their windows at once in a large read-only call (ZchTable._read_from_home)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
@@ -120,6 +124,21 @@ class ZchConfig:
 
 
 @dataclass
+class Overwritten:
+    """The entries a training call may have written, with their values before it: restoring them undoes the
+    call (with ``counters`` and ``step``). Entries repeat, always with the same value, so restoring in any
+    order is deterministic."""
+
+    slots: torch.Tensor  # int64 shard slots
+    identities: torch.Tensor
+    last_seen: torch.Tensor
+    counts: torch.Tensor
+    pending: torch.Tensor  # int64 entries of the admission counters (empty without admission)
+    pending_ids: torch.Tensor
+    pending_counts: torch.Tensor
+
+
+@dataclass
 class ZchLookup:
     """One ``lookup``: the row of every id, the rows given to a new id in this call, and the call's counts."""
 
@@ -127,6 +146,7 @@ class ZchLookup:
     reassigned: torch.Tensor  # int64, ascending: rows whose embedding and optimizer state must be reset
     stats: torch.Tensor  # int64 [len(COUNTERS)]
     step: int | None = None  # training: the table's step after the call, read with the call's other host values
+    overwritten: Overwritten | None = None  # training: what the call wrote, as it was before
 
     def stats_dict(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self.stats.tolist(), strict=True))
@@ -177,6 +197,11 @@ class ZchTable:
     @property
     def device(self) -> torch.device:
         return self.identities.device
+
+    @property
+    def host_shortcuts(self) -> bool:
+        """Whether data-dependent sizes are cheap here (CPU: ``HOST_SHORTCUTS``)."""
+        return HOST_SHORTCUTS and self.device.type == "cpu"
 
     def occupancy(self) -> float:
         return float((self.identities >= 0).sum()) / self.slots
@@ -241,16 +266,22 @@ class ZchTable:
         but the id check); an id absent from its window gets the fallback row. A large call on CPU reads
         home slots first (``_read_from_home``): the same rows."""
         base, home = self._locate(ids)
-        if ids.device.type == "cpu" and ids.numel() >= COMPACT_MIN_ROWS:
+        if self.host_shortcuts and ids.numel() >= COMPACT_MIN_ROWS:
             return self._read_from_home(ids, base, home)
         hit, slot = self._find(self._probe_window(base, home), ids)
         return torch.where(hit, slot, self.fallback_row), hit
 
     def _read_from_home(self, ids: torch.Tensor, base: torch.Tensor, home: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``_read`` with data-dependent sizes (CPU). An id is never held past an empty slot of its window
-        (it took the nearest empty one, and slots never empty again), so a home slot holding the id is a
-        hit and an empty one a miss. Only the other ids probe their windows, ``READ_CHUNK`` at a time:
-        [chunk, max_probe] temporaries that stay in cache instead of [n, max_probe] ones."""
+        """``_read`` with data-dependent sizes (CPU): ``_find_from_home``."""
+        hit, slot = self._find_from_home(ids, base, home)
+        return torch.where(hit, slot, self.fallback_row), hit
+
+    def _find_from_home(self, ids: torch.Tensor, base: torch.Tensor, home: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(hit, slot) of each id, with data-dependent sizes (CPU); a miss's slot is its home slot. An id is
+        never held past an empty slot of its window (it took the nearest empty one, and slots never empty
+        again), so a home slot holding the id is a hit and an empty one a miss. Only the other ids probe
+        their windows, ``READ_CHUNK`` at a time: [chunk, max_probe] temporaries that stay in cache instead
+        of [n, max_probe] ones."""
         slot = base + home
         held = take(self.identities, slot)
         hit = held == ids
@@ -258,8 +289,8 @@ class ZchTable:
         for chunk in away.split(READ_CHUNK):
             far_hit, far_slot = self._find(self._probe_window(base[chunk], home[chunk]), ids[chunk])
             hit.index_put_((chunk,), far_hit)
-            slot.index_put_((chunk,), far_slot)
-        return torch.where(hit, slot, self.fallback_row), hit
+            slot.index_put_((chunk,), torch.where(far_hit, far_slot, slot[chunk]))
+        return hit, slot
 
     @torch.no_grad()
     def lookup(self, ids: torch.Tensor, times: torch.Tensor | None = None, *, train: bool = True) -> ZchLookup:
@@ -279,19 +310,25 @@ class ZchTable:
         base, home = self._locate(flat)
         self.step += 1
         calls = sort_calls(flat, times if self.config.policy == "ttl" else None, self.step, self.device)
-        window = self._probe_window(base.index_select(0, calls.order), home.index_select(0, calls.order))
-        hit, hit_slot = self._find(window, calls.ids)
+        base, home = base.index_select(0, calls.order), home.index_select(0, calls.order)
+        window = None  # every id's: the masked path's; with host shortcuts only the admitted ids' (_place)
+        if self.host_shortcuts:
+            hit, hit_slot = self._find_from_home(calls.ids, base, home)
+        else:
+            window = self._probe_window(base, home)
+            hit, hit_slot = self._find(window, calls.ids)
         miss = calls.lead & ~hit
         counts_at_insert, admitted = calls.occurrences, miss
+        pending = (empty_rows(self.device),) * 3  # admission entries the call may write, and their values
         if self.config.pending_size:
-            counts_at_insert, admitted = self._admission(calls, miss)
-        placed, (count, step) = self._place(window, admitted, calls, hit, hit_slot)
-        stats, rows = self._apply(calls, hit, hit_slot, placed, counts_at_insert, miss & ~admitted)
+            counts_at_insert, admitted, pending = self._admission(calls, miss)
+        placed, (count, step) = self._place((base, home, window), admitted, calls, hit, hit_slot)
+        stats, rows, written = self._apply(calls, hit, hit_slot, placed, counts_at_insert, miss & ~admitted)
         if self.config.pending_size:
-            self._admitted(calls.ids, placed >= 0)
+            self._admitted(calls.ids, pending[0], placed >= 0)
         reassigned = torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
         unsorted = torch.empty_like(rows).index_put_((calls.order,), rows)
-        return ZchLookup(unsorted.reshape(ids.shape), reassigned, stats, step)
+        return ZchLookup(unsorted.reshape(ids.shape), reassigned, stats, step, Overwritten(*written, *pending))
 
     def _apply(
         self,
@@ -301,23 +338,24 @@ class ZchTable:
         placed: torch.Tensor,
         counts_at_insert: torch.Tensor,
         waiting: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         """Write the hits' and the placed ids' metadata (one masked write per state tensor); (the call's
-        stats, row of every sorted position)."""
+        stats, row of every sorted position, the slots written with their values before: ``Overwritten``)."""
         is_placed = placed >= 0
         target = torch.where(is_placed, placed, hit_slot)  # in the shard for every position
-        held, seen = take(self.identities, target), take(self.last_seen, target)
+        held, seen, counts = take(self.identities, target), take(self.last_seen, target), take(self.counts, target)
         evicted = is_placed & (held >= 0)
         ages = torch.where(evicted, calls.clock - seen, 0)
         new_seen = calls.clock
         if self.config.policy == "ttl":
             new_seen = torch.where(is_placed, calls.clock, torch.maximum(seen, calls.clock))
-        new_counts = torch.where(is_placed, counts_at_insert, take(self.counts, target) + calls.occurrences)
+        new_counts = torch.where(is_placed, counts_at_insert, counts + calls.occurrences)
         masked_put(
             (self.identities, self.last_seen, self.counts),
             target,
             (calls.ids, new_seen, new_counts),
             calls.lead & (hit | is_placed),
+            compact=self.host_shortcuts,
         )
         row = torch.where(hit, hit_slot, torch.where(is_placed, placed, self.fallback_row))
         rows = row.index_select(0, calls.start)  # every position: its id's (lead's) row
@@ -333,10 +371,13 @@ class ZchTable:
             ]
         )
         self.counters += stats
-        return stats, rows
+        return stats, rows, (target, held, seen, counts)
 
-    def _admission(self, calls: SortedCalls, miss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Count the missing ids in the pending table; (count so far per id, admitted mask).
+    def _admission(
+        self, calls: SortedCalls, miss: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Count the missing ids in the pending table; (count so far per id, admitted mask, the entries the
+        call may write with their values before: ``Overwritten``'s pending part, ``_admitted``'s too).
 
         Each pending entry holds one id and its count. Ids of the call meet their entry in first-occurrence
         order: an id finding its own entry adds to it, any other replaces it, so only the first id of
@@ -352,63 +393,74 @@ class ZchTable:
         highest = highest.scatter_reduce(0, slot, torch.where(miss, prio, -1), "amax")
         is_first = miss & (take(lowest, slot) == prio)
         is_last = miss & (take(highest, slot) == prio)
-        own = is_first & (take(self.pending_ids, slot) == ids)
-        seen = calls.occurrences + torch.where(own, take(self.pending_counts, slot), 0)
-        masked_put((self.pending_ids, self.pending_counts), slot, (ids, seen), is_last)
+        pending_ids, pending_counts = take(self.pending_ids, slot), take(self.pending_counts, slot)
+        own = is_first & (pending_ids == ids)
+        seen = calls.occurrences + torch.where(own, pending_counts, 0)
+        masked_put((self.pending_ids, self.pending_counts), slot, (ids, seen), is_last, compact=self.host_shortcuts)
         counts = torch.where(miss, seen, calls.occurrences)
-        return counts, miss & (seen >= self.config.admission_threshold)
+        return counts, miss & (seen >= self.config.admission_threshold), (slot, pending_ids, pending_counts)
 
-    def _admitted(self, ids: torch.Tensor, placed: torch.Tensor) -> None:
-        """Free the pending entries of ids that took a slot (an entry another id took over stays)."""
-        slot = pending_slot(ids, self.config.pending_size)
+    def _admitted(self, ids: torch.Tensor, slot: torch.Tensor, placed: torch.Tensor) -> None:
+        """Free the pending entries (``slot``: each id's) of ids that took a slot (an entry another id took
+        over stays)."""
         mine = placed & (take(self.pending_ids, slot) == ids)
-        masked_put(
-            (self.pending_ids, self.pending_counts), slot, (torch.full_like(ids, -1), torch.zeros_like(ids)), mine
-        )
+        cleared = (torch.full_like(ids, -1), torch.zeros_like(ids))
+        masked_put((self.pending_ids, self.pending_counts), slot, cleared, mine, compact=self.host_shortcuts)
 
     def _place(
         self,
-        window: torch.Tensor,
+        probe: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
         admitted: torch.Tensor,
         calls: SortedCalls,
         hit: torch.Tensor,
         hit_slot: torch.Tensor,
     ) -> tuple[torch.Tensor, list[int]]:
         """(slot taken by each admitted missing id, -1: none, the fallback row; [slots taken, table step])
-        in proposal rounds.
+        in proposal rounds. ``probe``: every sorted position's (bucket start, home slot, probe window); no
+        window: the host shortcuts, only the admitted ids' windows are built.
 
         Each round every id still unplaced proposes its best available slot (the first empty one by
         probe distance, else the policy's victim); a slot proposed by several goes to the id that
         occurred first; the others try again next round without the slots taken. Every loss removes a
         slot from the loser's window, so ``max_probe + 1`` rounds settle every id. The rounds run masked
         over fixed shapes, ``FIRST_ROUNDS`` then twice as many each time, with one host read after each
-        run: whether an id may still propose, the slots taken, the table's step.
+        run: whether an id may still propose, the slots taken, the table's step. With ``host_shortcuts``
+        (CPU) only the admitted ids take part and every round is followed by that read.
         """
+        (base, home, window), n, clock, prio = probe, admitted.numel(), calls.clock, calls.order
+        claimed = torch.zeros(self.slots, dtype=torch.int64, device=admitted.device)
+        claimed = claimed.scatter_reduce(0, hit_slot, hit.to(torch.int64), "amax")
+        index = out = None
+        shortcuts = window is None
+        if shortcuts:  # only the admitted ids' rows take part (a few per cent of a steady call's ids)
+            index = admitted.nonzero().squeeze(1)
+            if index.numel() == 0:
+                return torch.full_like(prio, -1), [0, int(self.step)]
+            base, home, admitted, clock, prio = (t.index_select(0, index) for t in (base, home, admitted, clock, prio))
+            window = self._probe_window(base, home)
+            out = torch.full((n,), -1, dtype=torch.int64, device=window.device)
         held = take(self.identities, window)
         rounds = Rounds(
             window=window,
             empty=held < 0,
-            usable=((held < 0) | self._evictable(window, held, calls.clock)) & admitted[:, None],
+            usable=((held < 0) | self._evictable(window, held, clock)) & admitted[:, None],
             keys=self._victim_keys(window),
-            prio=calls.order,
-            claimed=torch.zeros(self.slots, dtype=torch.int64, device=window.device).scatter_reduce(
-                0, hit_slot, hit.to(torch.int64), "amax"
-            ),
-            placed=torch.full_like(calls.order, -1),
+            prio=prio,
+            claimed=claimed,
+            placed=torch.full_like(prio, -1),
             live=admitted,
+            index=index,
+            out=out,
         )
-        done, run, limit = 0, FIRST_ROUNDS, self.config.max_probe + 1
-        # on the host a sync costs nothing and a large call's rounds are [n, max_probe] work: there they shrink
-        # to the ids still live while many rows remain (a few hundred ids run faster masked, as on a GPU)
-        compacting = window.device.type == "cpu"
-        if compacting and rounds.prio.numel() >= COMPACT_MIN_ROWS:
-            rounds.compact()
+        # on the host a read costs nothing: a run is one round, and a large call's rounds shrink to the ids
+        # still live while many remain
+        done, run, limit = 0, 1 if shortcuts else FIRST_ROUNDS, self.config.max_probe + 1
         while True:
             for _ in range(min(run, limit - done)):
                 rounds.play(self.slots)
-                if compacting and rounds.prio.numel() >= COMPACT_MIN_ROWS:
+                if shortcuts and rounds.prio.numel() >= COMPACT_MIN_ROWS:
                     rounds.compact()
-            done, run = done + min(run, limit - done), run * 2
+            done, run = done + min(run, limit - done), run if shortcuts else run * 2
             placed = rounds.result()
             more, count, step = torch.stack(
                 [rounds.proposing().any().to(torch.int64), (placed >= 0).sum(), self.step]

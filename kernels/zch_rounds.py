@@ -37,13 +37,26 @@ def best_slot(open_: torch.Tensor, empty: torch.Tensor, keys: list[torch.Tensor]
 
 
 def masked_put(
-    dsts: tuple[torch.Tensor, ...], index: torch.Tensor, values: tuple[torch.Tensor, ...], mask: torch.Tensor
+    dsts: tuple[torch.Tensor, ...],
+    index: torch.Tensor,
+    values: tuple[torch.Tensor, ...],
+    mask: torch.Tensor,
+    *,
+    compact: bool = False,
 ) -> None:
-    """``dst[index[mask]] = value[mask]`` for each (dst, value), without compacting by the mask (a host
-    sync on CUDA). The masked entries' indices must differ; every other entry writes, to the first masked
-    entry's index, that entry's value (none masked: index[-1]'s own value), so every index written gets
-    one value whatever the order of the writes: deterministic."""
+    """``dst[index[mask]] = value[mask]`` for each (dst, value). The masked entries' indices must differ.
+
+    ``compact``: exactly that (a data-dependent size: a host sync on CUDA, free on CPU). Otherwise without
+    compacting by the mask: every other entry writes, to the first masked entry's index, that entry's
+    value (none masked: index[-1]'s own value), so every index written gets one value whatever the order
+    of the writes: deterministic."""
     if mask.numel() == 0:
+        return
+    if compact:
+        keep = mask.nonzero().squeeze(1)
+        target = index.index_select(0, keep)
+        for dst, value in zip(dsts, values, strict=True):
+            dst.index_copy_(0, target, value.index_select(0, keep))
         return
     anchor = first_true(mask[None])  # [1]
     some = mask.any()
@@ -97,7 +110,7 @@ class Rounds:
     claimed: torch.Tensor  # [slots] int64, 1: held by a hit of the call or taken in a round
     placed: torch.Tensor  # [n] slot taken, -1: none
     live: torch.Tensor  # [n] bool: still unplaced
-    # after ``compact``: the call positions of the rows above (which then hold only the ids still live),
+    # compacted (``compact``, or built from some of a call's ids): the call positions of the rows above,
     # and every position's slot taken so far
     index: torch.Tensor | None = None
     out: torch.Tensor | None = None

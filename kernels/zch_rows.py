@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .zch_hash import GOLDEN, as_signed, logical_shift_right, mix64
+from .zch_hash import GOLDEN, MASK64, as_signed, logical_shift_right, mix64, mix64_int
 
 
 def hashed_uniform(
@@ -30,13 +30,25 @@ def hashed_uniform(
     ``step``: one for all rows, or an int64 tensor of one per row (the same values as row by row).
     """
     rows = rows.reshape(-1).to(torch.int64)
-    salt = torch.tensor(seed, dtype=torch.int64, device=rows.device)
-    for part in (table, step):
-        salt = mix64(mix64(salt) + part)
+    if isinstance(step, int):  # one salt: on the host (the same bits as the tensor form below, fewer launches)
+        salt = torch.tensor(as_signed(salt_int(seed, table, step)), dtype=torch.int64, device=rows.device)
+    else:
+        salt = torch.tensor(seed, dtype=torch.int64, device=rows.device)
+        for part in (table, step):
+            salt = mix64(mix64(salt) + part)
     columns = torch.arange(dim, dtype=torch.int64, device=rows.device)
     h = mix64(mix64(rows[:, None] * as_signed(GOLDEN) + salt[..., None]) + columns)
     unit = logical_shift_right(h, 40).to(torch.float32) * (1.0 / (1 << 24))  # [0, 1), exact
     return unit * (2 * bound) - bound
+
+
+def salt_int(seed: int, table: int, step: int) -> int:
+    """``hashed_uniform``'s salt for one step, on Python ints (unsigned): ``mix64(mix64(s) + part)`` for the
+    table, then the step, from the seed, every addition modulo 2**64."""
+    salt = seed
+    for part in (table, step):
+        salt = mix64_int((mix64_int(salt) + part) & MASK64)
+    return salt
 
 
 @torch.no_grad()

@@ -9,12 +9,15 @@ resume and the batch rules on small hand-made cases.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import freescale.kernels.zch as zch
 from freescale.kernels.zch import COUNTERS, ZchConfig, ZchTable
 from freescale.kernels.zch_hash import as_signed, bucket_and_home, mix64, mix64_int
 from freescale.kernels.zch_reference import ReferenceZchTable
@@ -54,17 +57,31 @@ def streams(draw: st.DrawFn) -> list[tuple[list[int], list[int], bool]]:
     return calls
 
 
+@contextmanager
+def host_shortcuts(on: bool) -> Iterator[None]:
+    """``kernels.zch.HOST_SHORTCUTS`` set for a block: off, a CPU table runs the masked path a GPU runs."""
+    previous, zch.HOST_SHORTCUTS = zch.HOST_SHORTCUTS, on
+    try:
+        yield
+    finally:
+        zch.HOST_SHORTCUTS = previous
+
+
 def assert_same(table: ZchTable, reference: ReferenceZchTable) -> None:
     ours, theirs = table.state_dict(), reference.state_dict()
     for name in theirs:
         assert torch.equal(ours[name].cpu(), theirs[name]), name
 
 
-def run_both(config: ZchConfig, calls: list[tuple[list[int], list[int], bool]], device: str = "cpu") -> ZchTable:
+def run_both(
+    config: ZchConfig, calls: list[tuple[list[int], list[int], bool]], device: str = "cpu", shortcuts: bool = True
+) -> ZchTable:
+    """The table (``shortcuts``: with CPU's host shortcuts, else masked) and the reference, call after call."""
     table, reference = ZchTable(config, device), ReferenceZchTable(config)
     for ids, times, train in calls:
         id_tensor, time_tensor = torch.tensor(ids, dtype=torch.int64), torch.tensor(times, dtype=torch.int64)
-        got = table.lookup(id_tensor.to(device), time_tensor.to(device), train=train)
+        with host_shortcuts(shortcuts):
+            got = table.lookup(id_tensor.to(device), time_tensor.to(device), train=train)
         want = reference.lookup(id_tensor, time_tensor, train=train)
         assert torch.equal(got.rows.cpu(), want.rows), (ids, train)
         assert torch.equal(got.reassigned.cpu(), want.reassigned)
@@ -74,9 +91,9 @@ def run_both(config: ZchConfig, calls: list[tuple[list[int], list[int], bool]], 
 
 
 @SETTINGS
-@given(configs(), streams())
-def test_vectorised_equals_reference(config: ZchConfig, calls: list) -> None:
-    table = run_both(config, calls)
+@given(configs(), streams(), st.booleans())
+def test_vectorised_equals_reference(config: ZchConfig, calls: list, shortcuts: bool) -> None:
+    table = run_both(config, calls, shortcuts=shortcuts)
     totals = table.counters_dict()
     assert totals["hits"] + totals["collisions"] <= totals["lookups"]
     assert totals["evictions"] <= totals["inserts"]
@@ -95,6 +112,28 @@ def test_evaluation_reads_only(config: ZchConfig, calls: list, data: st.DataObje
         held = table.identities.tolist()
         assert row == (held.index(raw_id) if raw_id in held else config.fallback_row)
     assert result.reassigned.numel() == 0
+
+
+@SETTINGS
+@given(configs(), streams(), st.booleans())
+def test_restoring_what_a_call_overwrote_undoes_it(config: ZchConfig, calls: list, shortcuts: bool) -> None:
+    """A training call's ``overwritten`` entries, restored with the counters and step it began with, give
+    back the table exactly as before the call (the trainer's checkpoints while a batch is looked up ahead)."""
+    table = ZchTable(config)
+    for ids, times, train in calls:
+        before = {k: v.clone() for k, v in table.state_dict().items()}
+        with host_shortcuts(shortcuts):
+            result = table.lookup(torch.tensor(ids, dtype=torch.int64), torch.tensor(times), train=train)
+        if not train:
+            continue
+        assert result.overwritten is not None
+        undone, old = {k: v.clone() for k, v in table.state_dict().items()}, result.overwritten
+        for name in ("identities", "last_seen", "counts"):
+            undone[name][old.slots] = getattr(old, name)
+        undone["pending_ids"][old.pending] = old.pending_ids
+        undone["pending_counts"][old.pending] = old.pending_counts
+        undone["counters"], undone["step"] = before["counters"], before["step"]
+        assert [k for k in before if not torch.equal(before[k], undone[k])] == []
 
 
 def test_pinned_hash_values() -> None:
@@ -238,9 +277,10 @@ def test_ttl_waits_for_expiry_and_lfu_admits_after_threshold() -> None:
     assert table.counts[table.identities == 9].tolist() == [3] and table.pending_ids.tolist().count(9) == 0
 
 
+@pytest.mark.parametrize("shortcuts", [True, False], ids=["host-shortcuts", "masked"])
 @pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
 @pytest.mark.parametrize("seed", range(6))
-def test_crowded_streams_equal_reference(policy: str, seed: int) -> None:
+def test_crowded_streams_equal_reference(policy: str, seed: int, shortcuts: bool) -> None:
     """Pools of 2-4x the table's rows and skewed draws: full windows, evictions and lost proposals in
     most calls (hypothesis' small examples reach them less often)."""
     generator = torch.Generator().manual_seed(seed)
@@ -262,7 +302,7 @@ def test_crowded_streams_equal_reference(policy: str, seed: int) -> None:
         picks = (torch.rand(size, generator=generator) ** 2 * pool.numel()).long()
         now += int(torch.randint(-1, 7, (), generator=generator))
         calls.append((pool[picks].tolist(), [now] * size, bool(torch.rand((), generator=generator) < 0.85)))
-    totals = run_both(config, calls).counters_dict()
+    totals = run_both(config, calls, shortcuts=shortcuts).counters_dict()
     assert totals["evictions"] > 0 and totals["inserts"] > totals["evictions"]
 
 
@@ -305,8 +345,6 @@ def test_large_calls_compacting_on_cpu_equal_masked_rounds(policy: str, monkeypa
     """On CPU the proposal rounds of a call of at least ``COMPACT_MIN_ROWS`` ids shrink to the ids still
     live, and a read-only call probes only the ids not in their home slot; the slots, rows, counters and
     state must be those of the masked path (a GPU's)."""
-    import freescale.kernels.zch as zch
-
     lfu = policy == "lfu"
     config = ZchConfig(zch_size=2048, bucket_size=16, max_probe=8, policy=policy, ttl=3 if policy == "ttl" else None,
                        admission_threshold=2 if lfu else 1, admission_slots=512 if lfu else 0)  # fmt: skip
@@ -315,8 +353,9 @@ def test_large_calls_compacting_on_cpu_equal_masked_rounds(policy: str, monkeypa
     calls = [(pool[(torch.rand(6_000, generator=generator) ** 2 * pool.numel()).long()], torch.full((6_000,), t))
              for t in range(6)]  # fmt: skip
     results = []
-    for threshold in (1_000, 10**9):  # compacting, masked throughout
+    for threshold, shortcuts in ((1_000, True), (10**9, False)):  # compacting, masked throughout
         monkeypatch.setattr(zch, "COMPACT_MIN_ROWS", threshold)
+        monkeypatch.setattr(zch, "HOST_SHORTCUTS", shortcuts)
         table = ZchTable(config)
         looked = [table.lookup(ids, times) for ids, times in calls]
         looked.append(table.lookup(pool[:6_000], train=False))  # held and unknown ids, read only

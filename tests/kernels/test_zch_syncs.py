@@ -3,7 +3,8 @@
 On CUDA a step's lookup of a few hundred ids is bound by per-call overhead: every host read of a device
 value (``.item()``, ``bool()``, ``.tolist()``, an output sized by the data: ``nonzero``, ``unique``,
 boolean-mask indexing) drains the stream. ``sync_count.counting_ops`` counts them (and the ops that
-launch kernels) at the aten dispatch seam on CPU, so the bounds hold on machines without a GPU.
+launch kernels) at the aten dispatch seam on CPU, so the bounds hold on machines without a GPU; the
+CPU's own shortcuts (``kernels.zch.HOST_SHORTCUTS``: data-dependent sizes, free there) are off here.
 
 The bounds: a read-only lookup reads the host once (the id check); a training lookup once for the id
 check and once per run of proposal rounds (``FIRST_ROUNDS``, then twice as many each run: at most
@@ -19,6 +20,7 @@ import pytest
 import torch
 from sync_count import OpCounts, counting_ops
 
+import freescale.kernels.zch as zch
 from freescale.kernels.zch import FIRST_ROUNDS, ZchConfig, ZchTable
 from freescale.trainer.engines.zch_shard import ZchShard
 
@@ -29,6 +31,12 @@ POLICIES = {"lru": {}, "ttl": {"ttl": 500}, "lfu": {"admission_threshold": 2}}
 # 200 and 320: lfu has a second victim key and the admission table).
 TRAIN_LAUNCHES = {"lru": 240, "ttl": 250, "lfu": 380}
 READ_LAUNCHES = 60  # read-only lookup (about 45 today)
+
+
+@pytest.fixture(autouse=True)
+def masked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a GPU runs: no host shortcuts."""
+    monkeypatch.setattr(zch, "HOST_SHORTCUTS", False)
 
 
 def settle_reads(max_probe: int) -> int:

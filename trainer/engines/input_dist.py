@@ -184,8 +184,8 @@ class InputDistribution:
         unknown = sorted(set(per_feature) - set(self.table_of))
         if unknown:
             raise ValueError(f"features {unknown} have no table; known: {sorted(self.table_of)}")
-        unique, feature_index = self._unique_per_table(per_feature)
-        send_ids, send_position, counts = self._bucket_by_owner(unique)
+        unique, owners, feature_index = self._unique_per_table(per_feature)
+        send_ids, send_position, counts = self._bucket_by_owner(unique, owners)
         splits = [len(self.specs) + 1] * self.world_size
         header = torch.cat([counts, counts.new_full((self.world_size, 1), note.numel())], dim=1)
         counts_handle = comm.start("input_dist.counts", header.flatten(), splits, splits)
@@ -194,11 +194,14 @@ class InputDistribution:
             self, comm, feature_index, unique, send_position, send_ids, counts, note, counts_handle, train
         )
 
-    def _unique_per_table(self, per_feature: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
+    def _unique_per_table(
+        self, per_feature: dict[str, torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], dict]:
+        """Per table its unique ids ordered by owner and their owners; per feature (table, index into them)."""
         grouped: list[list[str]] = [[] for _ in self.specs]
         for feature in per_feature:
             grouped[self.table_of[feature]].append(feature)
-        unique, feature_index = [], {}
+        unique, owners, feature_index = [], [], {}
         for t, names in enumerate(grouped):
             ids = [per_feature[name].to(self.device, torch.int64) for name in names]
             ids_all = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64, device=self.device)
@@ -208,40 +211,46 @@ class InputDistribution:
                 if lowest < 0 or (high is not None and highest >= high):
                     raise ValueError(f"table {self.specs[t].name}: ids must be in [0, {high or 'inf'})")
             table_unique, inverse = torch.unique(ids_all, sorted=True, return_inverse=True)
-            table_unique, inverse = self._by_owner(t, table_unique, inverse)
+            table_unique, inverse, owner = self._by_owner(t, table_unique, inverse)
             unique.append(table_unique)
+            owners.append(owner)
             for name, part in zip(names, torch.split(inverse, [i.numel() for i in ids])):
                 feature_index[name] = (t, part)
-        return unique, feature_index
+        return unique, owners, feature_index
 
     def owner_of(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """The rank holding each id of table ``t``: its row's shard, or (zch) its bucket's."""
+        if self.world_size == 1:
+            return torch.zeros_like(ids)
         shard = self.zch[t]
         if shard is not None:
             return shard.owner(ids)
         return torch.div(ids, self.rows_per_rank[t], rounding_mode="floor")
 
-    def _by_owner(self, t: int, unique: torch.Tensor, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sorted unique ids of a zch table reordered owner by owner (ascending within each owner), so each
-        owner's ids are a slice as for exact ids (whose owners ascend with the ids)."""
-        if self.zch[t] is None or unique.numel() == 0:
-            return unique, inverse
-        order = torch.sort(self.owner_of(t, unique), stable=True).indices
+    def _by_owner(
+        self, t: int, unique: torch.Tensor, inverse: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, inverse, owner of each id): sorted unique ids of a zch table reordered owner by owner
+        (ascending within each owner), so each owner's ids are a slice as for exact ids (whose owners
+        ascend with the ids)."""
+        owner = self.owner_of(t, unique)
+        if self.zch[t] is None or unique.numel() == 0 or self.world_size == 1:  # already by owner (exact ids; one rank)
+            return unique, inverse, owner
+        owner, order = torch.sort(owner, stable=True)
         position = torch.empty_like(order)
         position[order] = torch.arange(order.numel(), device=order.device)
-        return unique[order], position[inverse]
+        return unique[order], position[inverse], owner
 
-    def _bucket_by_owner(self, unique: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    def _bucket_by_owner(
+        self, unique: list[torch.Tensor], owners: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
         """Send buffer ordered (owner, table); unique ids ordered by owner make each (owner, table) a slice."""
         counts = torch.zeros(self.world_size, len(self.specs), dtype=torch.int64, device=self.device)
-        owners = []
-        for t, ids in enumerate(unique):
-            owner = self.owner_of(t, ids)
-            owners.append(owner)
+        for t, owner in enumerate(owners):
             counts[:, t] = torch.bincount(owner, minlength=self.world_size)
         starts = torch.cumsum(counts.flatten(), 0) - counts.flatten()
         send_position = []
-        for t, (ids, owner) in enumerate(zip(unique, owners)):
+        for t, (ids, owner) in enumerate(zip(unique, owners, strict=True)):
             first_of_owner = torch.cumsum(counts[:, t], 0) - counts[:, t]
             rank_in_owner = torch.arange(ids.numel(), device=self.device) - first_of_owner[owner]
             send_position.append(starts.view(self.world_size, -1)[owner, t] + rank_in_owner)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from freescale.kernels.zch import ZchConfig, ZchTable
-from freescale.kernels.zch_hash import bucket_and_home, pending_slot
+from freescale.kernels.zch import Overwritten, ZchConfig, ZchTable
+from freescale.kernels.zch_hash import bucket_and_home
 from freescale.kernels.zch_rows import hashed_uniform
 from freescale.trainer.table_config import ZchOptions
 
@@ -56,15 +56,10 @@ class ZchStep:
 
 @dataclass
 class Undo:
-    """The entries a training lookup may change, as they were before it."""
+    """What the last training lookup wrote, as it was before it (``kernels.zch.Overwritten``), and the
+    running counters and step."""
 
-    slots: torch.Tensor
-    identities: torch.Tensor
-    last_seen: torch.Tensor
-    counts: torch.Tensor
-    pending: torch.Tensor
-    pending_ids: torch.Tensor
-    pending_counts: torch.Tensor
+    overwritten: Overwritten
     counters: torch.Tensor
     step: torch.Tensor
 
@@ -101,10 +96,10 @@ class ZchShard:
             result = self.trained_table().lookup(ids, train=False)
             return result.rows + self.first_row, None
         times = torch.full_like(ids, clock) if self.config.policy == "ttl" and clock is not None else None
-        undo = self._record(ids)
+        counters, table_step = self.table.counters.clone(), self.table.step.clone()
         result = self.table.lookup(ids, times, train=True)
-        assert result.step is not None
-        self._undo, self._view, self.ahead = undo, None, True
+        assert result.step is not None and result.overwritten is not None
+        self._undo, self._view, self.ahead = Undo(result.overwritten, counters, table_step), None, True
         occupied = (self.table.identities >= 0).sum()
         step = ZchStep(
             self.index, result.reassigned + self.first_row, result.step, result.stats, occupied, self.table.slots
@@ -137,31 +132,17 @@ class ZchShard:
                 getattr(self._view, name).copy_(tensor)
         return self._view
 
-    def _record(self, ids: torch.Tensor) -> Undo:
-        """Every slot and admission entry ``ids`` can touch (their windows), with its values now; repeated
-        entries (ids sharing a window or a repeated id) hold the same value, so restoring them is
-        deterministic, and nothing sized by the data needs a host sync. ``ids`` are checked by the lookup
-        that follows (an unchecked window is clamped into the shard)."""
-        table, flat = self.table, ids.reshape(-1)
-        slots = table.window(flat, check=False).reshape(-1)
-        pending = torch.zeros(0, dtype=torch.int64, device=ids.device)
-        if table.pending_ids.numel():
-            pending = pending_slot(flat, table.pending_ids.numel())
-        return Undo(
-            slots, table.identities[slots], table.last_seen[slots], table.counts[slots], pending,
-            table.pending_ids[pending], table.pending_counts[pending], table.counters.clone(), table.step.clone(),
-        )  # fmt: skip
-
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The identity table as of the batches trained so far (the live tensors when none is ahead)."""
         live = {name: getattr(self.table, name) for name in STATE}
         if not self.ahead or self._undo is None:
             return live
         undo, state = self._undo, {name: tensor.clone() for name, tensor in live.items()}
+        before = undo.overwritten
         for name in SHARDED_STATE:
-            state[name][undo.slots] = getattr(undo, name)
-        state["pending_ids"][undo.pending] = undo.pending_ids
-        state["pending_counts"][undo.pending] = undo.pending_counts
+            state[name][before.slots] = getattr(before, name)
+        state["pending_ids"][before.pending] = before.pending_ids
+        state["pending_counts"][before.pending] = before.pending_counts
         state["counters"], state["step"] = undo.counters.clone(), undo.step.clone()
         return state
 

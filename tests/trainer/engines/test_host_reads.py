@@ -5,7 +5,8 @@ Whole steps (``step_syncs``: one rank, the PEC worker's tasks included, after wa
 storage fused (``fused_tables.py``) and PEC's per-table row counts taken in one pass, the item/action
 case costs 31 syncs a step synchronously and 55 with PEC, the four-table profile case 43 and 68; with
 one tensor and optimizer per table and a boolean mask per table in every lookup and update they cost
-40 / 93 and 62 / 140 (61 and 82 with PEC's row counts still two masks a table).
+40 / 93 and 62 / 140 (61 and 82 with PEC's row counts still two masks a table). Zero-collision tables
+run the masked path a GPU runs (no CPU host shortcuts: ``kernels.zch.HOST_SHORTCUTS``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pec_check import OverlapCase, overlap_batches
 from step_syncs import step_syncs
 from sync_count import counting_ops
 
+import freescale.kernels.zch as zch
 from freescale.trainer.engines.engine import has_nonfinite
 from freescale.trainer.runner import make_engine
 
@@ -27,6 +29,11 @@ STEP_SYNCS = {
     ("profiles", "pec"): 68,
 }
 CASES = {"item_action": {}, "profiles": {"profiles": True, "sparse": "adam"}}  # 2 tables; 4 (2 zch)
+
+
+@pytest.fixture(autouse=True)
+def masked_zch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zch, "HOST_SHORTCUTS", False)
 
 
 def test_the_nonfinite_check_reads_the_host_once_whatever_it_finds() -> None:
@@ -50,8 +57,9 @@ def test_the_id_range_check_reads_each_table_once_and_names_it() -> None:
     tables = InputDistribution.__new__(InputDistribution)  # only what the per-table dedup reads
     tables.specs = [TableSpec("item", 100, 4, ("item",)), TableSpec("action", 6, 4, ("action",))]
     tables.table_of, tables.device, tables.zch = {"item": 0, "action": 1}, torch.device("cpu"), [None, None]
+    tables.world_size, tables.rows_per_rank = 1, [100, 6]
     with counting_ops() as counts:
-        unique, _ = tables._unique_per_table({"item": torch.tensor([5, 99, 5]), "action": torch.tensor([0, 5])})
+        unique, _, _ = tables._unique_per_table({"item": torch.tensor([5, 99, 5]), "action": torch.tensor([0, 5])})
     assert [u.tolist() for u in unique] == [[5, 99], [0, 5]]
     assert counts.sync_ops["tolist"] == 2, counts.summary()  # the range check: one read per table
     for bad in (torch.tensor([3, 100]), torch.tensor([-1, 3])):
