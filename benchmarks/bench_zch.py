@@ -101,13 +101,18 @@ class Settings:
     kernel_slots: int = 65_536
     kernel_batches: tuple[int, ...] = (8_192, 65_536)
     kernel_repeats: int = 15
+    kernel_step_slots: int = 12_288  # the steady training step: about the zch arm's rows
+    kernel_step_ids: int = 650  # distinct ids a step looks up (the zch arm's, measured)
+    kernel_step_new: int = 20  # of them never seen (its insert rate, about 3%)
+    kernel_step_calls: int = 300
     seed: int = 0
 
 
 # The issue's stream (>= 200k distinct items over the days, <= ~60k alive at once): 7 days, 216,901 ids.
 ISSUE_SCALE = Settings(n_users=32_000, n_items=36_000, windows=7, steps_per_window=2_000, d_model=128, device="cuda")
 QUICK = Settings(n_users=300, n_items=300, windows=3, median=15.0, steps_per_window=3, eval_users=30,
-                 kernel_slots=4_096, kernel_batches=(1_024,), kernel_repeats=3)  # fmt: skip
+                 kernel_slots=4_096, kernel_batches=(1_024,), kernel_repeats=3, kernel_step_slots=1_024,
+                 kernel_step_ids=100, kernel_step_calls=10)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the stream
@@ -352,6 +357,13 @@ def print_kernel(kernel: dict[str, Any]) -> None:
         print(f"  {row['ids']:>7} ids: {cells}")
     if kernel.get("torchrec_error"):
         print(f"  TorchRec did not run: {kernel['torchrec_error'][:300]}")
+    step = kernel.get("steady_training")
+    if step:
+        print(
+            f"  steady training step, {step['ids']} ids ({step['new_ids']} new) on {step['slots']} slots "
+            f"({100 * step['occupancy']:.0f}% full): {1e3 * step['shortcuts_s']:.2f} ms with the CPU's "
+            f"host shortcuts, {1e3 * step['masked_s']:.2f} ms masked ({step['masked_over_shortcuts']:.2f}x)"
+        )
 
 
 def plot(windows: list[dict[str, Any]], kernel: dict[str, Any] | None, out: Path) -> None:

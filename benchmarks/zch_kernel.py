@@ -2,8 +2,10 @@
 ``HashZchManagedCollisionModule.remap`` on CPU, in read-only mode (the only mode TorchRec's CPU kernel
 runs; its training mode is tried and the error recorded), on the same ids and table shape: empty
 tables, tables full of other ids (every probe runs ``max_probe`` slots and falls back), ours also on a
-table holding the queried ids (hits) and inserting (training mode). ``s``: ``bench_zch.Settings``
-(``kernel_slots``, ``kernel_batches``, ``kernel_repeats``, ``bucket_size``, ``max_probe``, ``seed``).
+table holding the queried ids (hits) and inserting (training mode). Then a steady training step's
+lookup (a few hundred distinct ids, a few new, on a table kept full by lru eviction) with the CPU's
+host shortcuts and without them (``kernels.zch.HOST_SHORTCUTS``: the masked path a GPU runs), on the
+same calls. ``s``: ``bench_zch.Settings`` (``kernel_*``, ``bucket_size``, ``max_probe``, ``seed``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,58 @@ def time_inserts(config: Any, ids: Any, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
+def steady_calls(s: Any) -> list[Any]:
+    """``kernel_step_calls`` warm-up then as many timed calls: ``kernel_step_ids`` distinct ids each,
+    ``kernel_step_new`` of them new, the rest drawn from the ids alive (0.9x the slots, the oldest
+    retiring as new ones arrive)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(s.seed)
+    alive = torch.randint(0, 2**62, (int(0.9 * s.kernel_step_slots),), dtype=torch.int64, generator=gen)
+    calls = []
+    for _ in range(2 * s.kernel_step_calls):
+        new = torch.randint(0, 2**62, (s.kernel_step_new,), dtype=torch.int64, generator=gen)
+        old = alive[torch.randperm(len(alive), generator=gen)[: s.kernel_step_ids - s.kernel_step_new]]
+        calls.append(torch.cat([old, new]).unique())
+        alive = torch.cat([alive[s.kernel_step_new :], new])
+    return calls
+
+
+def time_steady(s: Any, calls: list[Any], shortcuts: bool) -> dict[str, Any]:
+    """Median seconds per call over five chunks of the timed calls, after the warm-up calls."""
+    import freescale.kernels.zch as zch
+
+    config = zch.ZchConfig(zch_size=s.kernel_step_slots, bucket_size=s.bucket_size, max_probe=s.max_probe)
+    table, previous = zch.ZchTable(config), zch.HOST_SHORTCUTS
+    zch.HOST_SHORTCUTS = shortcuts
+    try:
+        warm, timed = calls[: s.kernel_step_calls], calls[s.kernel_step_calls :]
+        for ids in warm:
+            table.lookup(ids, train=True)
+        chunks = [timed[i::5] for i in range(5)]
+        per_call = []
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            for ids in chunk:
+                table.lookup(ids, train=True)
+            per_call.append((time.perf_counter() - t0) / len(chunk))
+    finally:
+        zch.HOST_SHORTCUTS = previous
+    return {"median_s": statistics.median(per_call), "occupancy": table.occupancy(),
+            "counters": table.counters_dict()}  # fmt: skip
+
+
+def steady_step(s: Any) -> dict[str, Any]:
+    """A steady training step's lookup with and without the CPU's host shortcuts (the same calls)."""
+    calls = steady_calls(s)
+    ours, masked = time_steady(s, calls, True), time_steady(s, calls, False)
+    assert ours["counters"] == masked["counters"], "the shortcuts changed what the table decided"
+    return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
+            "calls_timed": s.kernel_step_calls, "occupancy": ours["occupancy"],
+            "shortcuts_s": ours["median_s"], "masked_s": masked["median_s"],
+            "masked_over_shortcuts": masked["median_s"] / ours["median_s"]}  # fmt: skip
+
+
 def kernel_point(s: Any) -> dict[str, Any]:
     """``ZchTable.lookup`` against TorchRec's ``HashZchManagedCollisionModule.remap`` on CPU."""
     import torch
@@ -49,7 +103,7 @@ def kernel_point(s: Any) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _kernel_point(s)
+        return {**_kernel_point(s), "steady_training": steady_step(s)}
     finally:
         torch.set_num_threads(threads)
 

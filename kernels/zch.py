@@ -425,7 +425,7 @@ class ZchTable:
         slot from the loser's window, so ``max_probe + 1`` rounds settle every id. The rounds run masked
         over fixed shapes, ``FIRST_ROUNDS`` then twice as many each time, with one host read after each
         run: whether an id may still propose, the slots taken, the table's step. With ``host_shortcuts``
-        (CPU) only the admitted ids take part and every round is followed by that read.
+        (CPU) only the admitted ids take part, and the rounds go on while any of them is unplaced.
         """
         (base, home, window), n, clock, prio = probe, admitted.numel(), calls.clock, calls.order
         claimed = torch.zeros(self.slots, dtype=torch.int64, device=admitted.device)
@@ -452,15 +452,23 @@ class ZchTable:
             index=index,
             out=out,
         )
-        # on the host a read costs nothing: a run is one round, and a large call's rounds shrink to the ids
-        # still live while many remain
-        done, run, limit = 0, 1 if shortcuts else FIRST_ROUNDS, self.config.max_probe + 1
+        limit = self.config.max_probe + 1
+        if shortcuts:
+            # a host read costs nothing: play until no id is live (a last round in which nobody can
+            # propose places nothing, so the slots are those of the masked runs)
+            for _ in range(limit):
+                rounds.play(self.slots)
+                if rounds.prio.numel() >= COMPACT_MIN_ROWS:  # a large call: shrink to the ids still live
+                    rounds.compact()
+                if not bool(rounds.live.any()):
+                    break
+            placed = rounds.result()
+            return placed, [int((placed >= 0).sum()), int(self.step)]
+        done, run = 0, FIRST_ROUNDS
         while True:
             for _ in range(min(run, limit - done)):
                 rounds.play(self.slots)
-                if shortcuts and rounds.prio.numel() >= COMPACT_MIN_ROWS:
-                    rounds.compact()
-            done, run = done + min(run, limit - done), run if shortcuts else run * 2
+            done, run = done + min(run, limit - done), run * 2
             placed = rounds.result()
             more, count, step = torch.stack(
                 [rounds.proposing().any().to(torch.int64), (placed >= 0).sum(), self.step]

@@ -93,7 +93,7 @@ def test_a_read_only_lookup_syncs_once() -> None:
 
 
 def test_the_trainers_shard_lookup_adds_no_sync_to_the_tables() -> None:
-    shard = ZchShard(ZchConfig(**BENCH), 0, torch.device("cpu"), table=0, seed=0)
+    shard = ZchShard(ZchConfig(**BENCH), 0, torch.device("cpu"), table=0, seed=0, bound=0.01)
     calls = stream(10**6, 6)
     for ids in calls[:-1]:
         shard.lookup(ids, None, True)

@@ -67,15 +67,12 @@ class Undo:
 class ZchShard:
     """This rank's buckets of one zero-collision table: identity table, undo record, reset values."""
 
-    def __init__(
-        self, config: ZchConfig, rank: int, device: torch.device, table: int, seed: int, bound: float | None = None
-    ) -> None:
+    def __init__(self, config: ZchConfig, rank: int, device: torch.device, table: int, seed: int, bound: float) -> None:
         self.config, self.rank, self.index, self.seed = config, rank, table, seed
         self.table = ZchTable(config, device, rank)
         self.rows_per_rank = self.table.slots + 1
         self.first_row = rank * self.rows_per_rank  # global row of this shard's first slot
-        # the table's initial range (TableSpec.bound; default TorchRec's sqrt(1/rows)): reset rows start there
-        self.bound = (1.0 / (config.zch_size + config.world_size)) ** 0.5 if bound is None else bound
+        self.bound = bound  # the table's initial range (TableSpec.bound): reset rows start there
         self.layout = torch.tensor(config.layout, dtype=torch.int64, device=device)
         self.ahead = False  # the last training lookup was for a batch that has not trained yet
         self._undo: Undo | None = None
