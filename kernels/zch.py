@@ -277,7 +277,7 @@ class ZchTable:
         return torch.where(hit, slot, self.fallback_row), hit
 
     def _find_from_home(self, ids: torch.Tensor, base: torch.Tensor, home: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(hit, slot) of each id, with data-dependent sizes (CPU); a miss's slot is its home slot. An id is
+        """(hit, slot) of each id, with data-dependent sizes (CPU); a miss's slot is some slot of the shard. An id is
         never held past an empty slot of its window (it took the nearest empty one, and slots never empty
         again), so a home slot holding the id is a hit and an empty one a miss. Only the other ids probe
         their windows, ``READ_CHUNK`` at a time: [chunk, max_probe] temporaries that stay in cache instead
@@ -287,9 +287,10 @@ class ZchTable:
         hit = held == ids
         away = (~hit & (held >= 0)).nonzero().squeeze(1)
         for chunk in away.split(READ_CHUNK):
-            far_hit, far_slot = self._find(self._probe_window(base[chunk], home[chunk]), ids[chunk])
-            hit.index_put_((chunk,), far_hit)
-            slot.index_put_((chunk,), torch.where(far_hit, far_slot, slot[chunk]))
+            window = self._probe_window(base.index_select(0, chunk), home.index_select(0, chunk))
+            far_hit, far_slot = self._find(window, ids.index_select(0, chunk))
+            hit.index_copy_(0, chunk, far_hit)
+            slot.index_copy_(0, chunk, far_slot)
         return hit, slot
 
     @torch.no_grad()
