@@ -12,13 +12,13 @@ The demo's own prepared dataset keeps histories up to 4,096 events and is planne
 run. So the demo trains on a second dataset prepared from the same sources with the trainer's model
 dimensions (``[model]`` of the run config doubles as ``prepare --model-config``, so the planner
 balances the costs this model actually has) and a 512-event cap. The run is a number of steps, not of
-seconds: with TorchRec's table-size-dependent embedding init (the default) the gain over most-popular appeared
-between steps 130 and 190 (test NDCG@10 0.0007 after 130 steps on a loaded host, 0.134 after 190 on an
-idle one, most popular 0.124), so a time budget made the demo's result depend on the machine's load.
-With ``model_extra.embedding_init = "dim"`` (gain 0.25, not the default: docs/training.md) learning is
-faster (loss 3.33 at step 50, below the default init's 4.36 at step 150; test NDCG@10 0.314 after 240
-steps against 0.249), but the result still should not depend on the machine. ``data.max_seconds`` is only a ceiling
-for a very slow machine; evaluation runs once, after the last step.
+seconds: with TorchRec's table-size-dependent embedding init (``model_extra.embedding_init = "rows"``)
+the gain over most-popular appeared between steps 130 and 190 (test NDCG@10 0.0007 after 130 steps on
+a loaded host, 0.134 after 190 on an idle one, most popular 0.124), so a time budget made the demo's
+result depend on the machine's load. With the default ``floor`` init learning is faster (test NDCG@10
+0.414 after 240 steps against ``rows``' 0.249: docs/training.md), but the result still should not
+depend on the machine. ``data.max_seconds`` is only a ceiling for a very slow machine; evaluation
+runs once, after the last step.
 """
 
 from __future__ import annotations

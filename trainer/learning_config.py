@@ -13,7 +13,7 @@ from freescale.trainer.table_config import ID_MODES, check_zch_options
 ARCHITECTURES = ("hstu", "sasrec")
 LOSSES = ("sampled_softmax", "full_softmax")
 ATTENTIONS = ("auto", "triton", "torch")
-EMBEDDING_INITS = ("rows", "dim")
+EMBEDDING_INITS = ("rows", "dim", "floor")
 PRECISIONS = ("fp32", "bf16")
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam")
@@ -45,12 +45,19 @@ class ModelExtraConfig:
     # length-grouped padded PyTorch, auto = triton on CUDA, torch elsewhere (docs/kernels.md)
     attention: str = "auto"
     precision: str = "fp32"  # fp32 | bf16: the dense layers under bf16 autocast (GPUs; parameters stay fp32)
-    # Initial rows of every embedding table: uniform in ±gain·sqrt(1/rows) ("rows", TorchRec's default:
-    # the range shrinks as a table grows) or ±gain·sqrt(1/d_model) ("dim": the same for any table size,
-    # so a zch or hashed table's spare capacity does not change the model; gain 0.25 starts every row
-    # at norm 0.25/sqrt(3) = 0.14). When to choose which: docs/training.md, [model_extra]
-    embedding_init: str = "rows"
-    embedding_init_gain: float = 1.0
+    # Initial rows of every embedding table: uniform in ±max(sqrt(1/rows), gain·sqrt(1/d_model)) ("floor",
+    # the default: TorchRec's range for small tables such as the actions, a table-size independent one
+    # for large ones, so a zch or hashed table's spare capacity does not change the model),
+    # ±gain·sqrt(1/rows) ("rows": TorchRec's, shrinking as a table grows) or ±gain·sqrt(1/d_model)
+    # ("dim": the same for any table). gain 0: the mode's default (rows 1.0; dim and floor 0.25: rows
+    # of norm 0.25/sqrt(3) = 0.14). Measured: docs/training.md, [model_extra]
+    embedding_init: str = "floor"
+    embedding_init_gain: float = 0.0
+
+    @property
+    def init_gain(self) -> float:
+        """``embedding_init_gain``, or (0) the mode's default: 1.0 for rows, 0.25 for dim and floor."""
+        return self.embedding_init_gain or (1.0 if self.embedding_init == "rows" else 0.25)
 
     def __post_init__(self) -> None:
         choice("model_extra.architecture", self.architecture, ARCHITECTURES)
@@ -64,7 +71,12 @@ class ModelExtraConfig:
             )
         choice("model_extra.loss", self.loss, LOSSES)
         choice("model_extra.embedding_init", self.embedding_init, EMBEDDING_INITS)
-        check(self.embedding_init_gain > 0, "model_extra.embedding_init_gain", "must be > 0", self.embedding_init_gain)
+        check(
+            self.embedding_init_gain >= 0,
+            "model_extra.embedding_init_gain",
+            "must be >= 0 (0: the mode's default)",
+            self.embedding_init_gain,
+        )
         for name in ("time_buckets", "ffn_multiplier"):
             check(getattr(self, name) >= 1, f"model_extra.{name}", "must be >= 1", getattr(self, name))
         for name in ("num_items", "num_actions"):

@@ -64,7 +64,7 @@ ZCH = {"ids": "zch", "zch_size": 1024}
         ({"model_extra": ZCH, "eval": {"num_candidates": 100}}, "eval.num_candidates must be 0 with model_extra.ids"),
         ({"model_extra": ZCH, "engine": {"name": "torchrec"}}, "model_extra.ids 'zch' runs on engine.name 'freescale'"),
         ({"model_extra": {"embedding_init": "normal"}}, "model_extra.embedding_init must be one of"),
-        ({"model_extra": {"embedding_init_gain": 0.0}}, "model_extra.embedding_init_gain must be > 0"),
+        ({"model_extra": {"embedding_init_gain": -1.0}}, "model_extra.embedding_init_gain must be >= 0"),
     ],
 )
 def test_config_errors_name_the_option(tmp_path: Path, tables: dict, message: str) -> None:

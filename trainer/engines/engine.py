@@ -120,8 +120,13 @@ def table_specs(cfg: RunConfig, world_size: int = 1) -> list[TableSpec]:
 
 
 def init_bound(spec: TableSpec, extra: ModelExtraConfig) -> float:
-    """``model_extra.embedding_init``: gain·sqrt(1/rows) ("rows", TorchRec's) or gain·sqrt(1/d) ("dim")."""
-    return extra.embedding_init_gain * (1.0 / (spec.rows if extra.embedding_init == "rows" else spec.dim)) ** 0.5
+    """``model_extra.embedding_init``: the larger of sqrt(1/rows) and gain·sqrt(1/d) ("floor"), gain·sqrt(1/rows)
+    ("rows", TorchRec's) or gain·sqrt(1/d) ("dim")."""
+    gain = extra.init_gain
+    by_rows, by_dim = (1.0 / spec.rows) ** 0.5, gain * (1.0 / spec.dim) ** 0.5
+    if extra.embedding_init == "floor":
+        return max(by_rows, by_dim)
+    return gain * by_rows if extra.embedding_init == "rows" else by_dim
 
 
 def _spec(name: str, rows: int, d: int, features: tuple[str, ...], ids: ZchOptions, world_size: int) -> TableSpec:

@@ -23,6 +23,29 @@ def test_table_shards_concatenate_to_the_whole_table() -> None:
     assert torch.allclose(wide, whole * (0.5 / (1 / rows) ** 0.5), atol=1e-6)  # the same draws, scaled
 
 
+@pytest.mark.parametrize(
+    ("mode", "gain", "rows", "expected"),
+    [
+        ("rows", 1.0, 10_000, 0.01),  # TorchRec's sqrt(1/rows)
+        ("rows", 2.0, 10_000, 0.02),
+        ("dim", 0.25, 10_000, 0.25 / 8),  # d = 64: any table size
+        ("dim", 0.25, 6, 0.25 / 8),
+        ("floor", 0.25, 10_000, 0.25 / 8),  # a large table: dim's
+        ("floor", 0.25, 6, (1 / 6) ** 0.5),  # a small one (actions): TorchRec's
+        ("rows", 0.0, 10_000, 0.01),  # gain 0: the mode's default, 1.0 for rows
+        ("dim", 0.0, 10_000, 0.25 / 8),  # and 0.25 for dim and floor
+        ("floor", 0.0, 10_000, 0.25 / 8),
+    ],
+)
+def test_embedding_init_modes_give_each_table_its_range(mode: str, gain: float, rows: int, expected: float) -> None:
+    from freescale.trainer.engines.engine import init_bound
+    from freescale.trainer.learning_config import ModelExtraConfig
+
+    extra = ModelExtraConfig(embedding_init=mode, embedding_init_gain=gain)
+    assert init_bound(TableSpec("item", rows, 64, ("item",)), extra) == pytest.approx(expected)
+    assert ModelExtraConfig().embedding_init == "floor"  # the default
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 @pytest.mark.parametrize("note_length", [0, 1, 4])
 def test_routing_notes_travel_with_the_ids_and_come_apart_again(world: int, note_length: int) -> None:
