@@ -32,7 +32,7 @@ COUNTERS = ("lookups", "hits", "inserts", "evictions", "collisions", "admission_
 # path a GPU runs: the same rows, counters and state).
 HOST_SHORTCUTS = True
 COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
-READ_CHUNK = 4096  # CPU: ids probing their windows at once in a large read-only call (ZchTable._read_from_home)
+READ_CHUNK = 4096  # CPU: ids probing their windows at once when hits are read home first (ZchTable._find_from_home)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
 
 
@@ -209,23 +209,19 @@ class ZchTable:
     def counters_dict(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
 
-    def window(self, ids: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+    def window(self, ids: torch.Tensor) -> torch.Tensor:
         """[n, max_probe] shard slots each id probes, nearest first: its home slot, then onwards, wrapping
-        in the bucket. An id of another rank's buckets is an error (``check=False``: clamped into the shard
-        unchecked, one host sync fewer, for a caller that checks the same ids before using the slots)."""
-        return self._probe_window(*self._locate(ids, check=check))
+        in the bucket. An id of another rank's buckets is an error."""
+        return self._probe_window(*self._locate(ids))
 
-    def _locate(self, ids: torch.Tensor, *, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """(shard slot of each id's bucket start, home slot inside the bucket); with ``check``, a negative id
-        or another rank's id is an error, both read in one host sync."""
+    def _locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shard slot of each id's bucket start, home slot inside the bucket); a negative id or another
+        rank's id is an error, both read in one host sync."""
         cfg = self.config
         bucket, home = bucket_and_home(ids, cfg.num_buckets, cfg.bucket_size)
-        base = bucket * cfg.bucket_size - self.first_slot
-        if check and ids.numel():
+        if ids.numel():
             self._check_values(ids, bucket)
-        if not check and self.rank is not None:
-            base = base.clamp(0, self.slots - cfg.bucket_size)
-        return base, home
+        return bucket * cfg.bucket_size - self.first_slot, home
 
     def _check_values(self, ids: torch.Tensor, bucket: torch.Tensor) -> None:
         """Raw ids are >= 0 and (a shard) of this rank's buckets: one host read for both."""
@@ -264,16 +260,12 @@ class ZchTable:
     def _read(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, hit) of every id, reading only, every id's whole window at once (fixed shapes: no host sync
         but the id check); an id absent from its window gets the fallback row. A large call on CPU reads
-        home slots first (``_read_from_home``): the same rows."""
+        home slots first (``_find_from_home``): the same rows."""
         base, home = self._locate(ids)
         if self.host_shortcuts and ids.numel() >= COMPACT_MIN_ROWS:
-            return self._read_from_home(ids, base, home)
-        hit, slot = self._find(self._probe_window(base, home), ids)
-        return torch.where(hit, slot, self.fallback_row), hit
-
-    def _read_from_home(self, ids: torch.Tensor, base: torch.Tensor, home: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``_read`` with data-dependent sizes (CPU): ``_find_from_home``."""
-        hit, slot = self._find_from_home(ids, base, home)
+            hit, slot = self._find_from_home(ids, base, home)
+        else:
+            hit, slot = self._find(self._probe_window(base, home), ids)
         return torch.where(hit, slot, self.fallback_row), hit
 
     def _find_from_home(self, ids: torch.Tensor, base: torch.Tensor, home: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -417,8 +409,8 @@ class ZchTable:
         hit_slot: torch.Tensor,
     ) -> tuple[torch.Tensor, list[int]]:
         """(slot taken by each admitted missing id, -1: none, the fallback row; [slots taken, table step])
-        in proposal rounds. ``probe``: every sorted position's (bucket start, home slot, probe window); no
-        window: the host shortcuts, only the admitted ids' windows are built.
+        in proposal rounds. ``probe``: every sorted position's (bucket start, home slot, probe window); with
+        the host shortcuts the window is None and only the admitted ids' windows are built here.
 
         Each round every id still unplaced proposes its best available slot (the first empty one by
         probe distance, else the policy's victim); a slot proposed by several goes to the id that
@@ -432,7 +424,7 @@ class ZchTable:
         claimed = torch.zeros(self.slots, dtype=torch.int64, device=admitted.device)
         claimed = claimed.scatter_reduce(0, hit_slot, hit.to(torch.int64), "amax")
         index = out = None
-        shortcuts = window is None
+        shortcuts = self.host_shortcuts
         if shortcuts:  # only the admitted ids' rows take part (a few per cent of a steady call's ids)
             index = admitted.nonzero().squeeze(1)
             if index.numel() == 0:
@@ -440,6 +432,7 @@ class ZchTable:
             base, home, admitted, clock, prio = (t.index_select(0, index) for t in (base, home, admitted, clock, prio))
             window = self._probe_window(base, home)
             out = torch.full((n,), -1, dtype=torch.int64, device=window.device)
+        assert window is not None  # the masked path's caller built every id's
         held = take(self.identities, window)
         rounds = Rounds(
             window=window,
