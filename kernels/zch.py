@@ -203,8 +203,13 @@ class ZchTable:
         """Whether data-dependent sizes are cheap here (CPU: ``HOST_SHORTCUTS``)."""
         return HOST_SHORTCUTS and self.device.type == "cpu"
 
+    def occupied(self) -> torch.Tensor:
+        """int64 []: slots holding an id, from the running counters (slots never empty again: every insert
+        fills one, every eviction re-fills one), without reading the identities."""
+        return self.counters[COUNTERS.index("inserts")] - self.counters[COUNTERS.index("evictions")]
+
     def occupancy(self) -> float:
-        return float((self.identities >= 0).sum()) / self.slots
+        return float(self.occupied()) / self.slots
 
     def counters_dict(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
@@ -302,8 +307,11 @@ class ZchTable:
             raise ValueError("times: policy 'ttl' needs the event time of every id in training")
         base, home = self._locate(flat)
         self.step += 1
-        calls = sort_calls(flat, times if self.config.policy == "ttl" else None, self.step, self.device)
-        base, home = base.index_select(0, calls.order), home.index_select(0, calls.order)
+        calls = sort_calls(
+            flat, times if self.config.policy == "ttl" else None, self.step, self.device, host_read=self.host_shortcuts
+        )
+        if not calls.in_call_order:
+            base, home = base.index_select(0, calls.order), home.index_select(0, calls.order)
         window = None  # every id's: the masked path's; with host shortcuts only the admitted ids' (_place)
         if self.host_shortcuts:
             hit, hit_slot = self._find_from_home(calls.ids, base, home)
@@ -320,8 +328,9 @@ class ZchTable:
         if self.config.pending_size:
             self._admitted(calls.ids, pending[0], placed >= 0)
         reassigned = torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
-        unsorted = torch.empty_like(rows).index_put_((calls.order,), rows)
-        return ZchLookup(unsorted.reshape(ids.shape), reassigned, stats, step, Overwritten(*written, *pending))
+        if not calls.in_call_order:
+            rows = torch.empty_like(rows).index_put_((calls.order,), rows)
+        return ZchLookup(rows.reshape(ids.shape), reassigned, stats, step, Overwritten(*written, *pending))
 
     def _apply(
         self,

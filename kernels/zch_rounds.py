@@ -21,9 +21,8 @@ def take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def first_true(mask: torch.Tensor) -> torch.Tensor:
-    """Column of the first True per row (0 where none), without relying on argmax's tie order."""
-    columns = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    return torch.where(mask, columns, mask.shape[1]).min(dim=1).values.clamp(max=mask.shape[1] - 1)
+    """Column of the first True per row (0 where none): ``argmax`` returns the first of equal maxima (documented)."""
+    return mask.to(torch.uint8).argmax(dim=1)
 
 
 def best_slot(open_: torch.Tensor, empty: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
@@ -78,10 +77,21 @@ class SortedCalls:
     start: torch.Tensor  # [n] position of each one's lead
     occurrences: torch.Tensor  # [n] at a lead: the id's occurrences in the call
     clock: torch.Tensor  # [n] at a lead: the policy clock (ttl: the id's latest event time; else the step)
+    in_call_order: bool = False  # ``order`` is the identity: the call's ids were distinct and ascending
 
 
-def sort_calls(flat: torch.Tensor, times: torch.Tensor | None, step: torch.Tensor, device: torch.device) -> SortedCalls:
-    """``SortedCalls`` of a call's flat ids (``times``: their event times under ttl, else None)."""
+def sort_calls(
+    flat: torch.Tensor, times: torch.Tensor | None, step: torch.Tensor, device: torch.device, *, host_read: bool = False
+) -> SortedCalls:
+    """``SortedCalls`` of a call's flat ids (``times``: their event times under ttl, else None).
+
+    ``host_read`` (CPU, where a host read costs nothing): a call of distinct ascending ids, what an owner
+    gets from one requester (its sorted unique ids), is recognised with one read and not sorted."""
+    if host_read and bool((flat[1:] > flat[:-1]).all()):
+        positions = torch.arange(flat.numel(), device=device)
+        clock = step.expand(flat.numel()) if times is None else times.reshape(-1).to(device=device, dtype=torch.int64)
+        lead = torch.ones(flat.numel(), dtype=torch.bool, device=device)
+        return SortedCalls(flat, positions, lead, positions, torch.ones_like(flat), clock, in_call_order=True)
     ids, order = torch.sort(flat, stable=True)
     n = ids.numel()
     positions = torch.arange(n, device=device)

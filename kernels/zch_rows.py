@@ -86,7 +86,7 @@ def reset_rows(
     if values is None:
         bound = (1.0 / weight.shape[0]) ** 0.5 if bound is None else bound
         values = hashed_uniform(rows, weight.shape[1], bound=bound, seed=seed, table=table, step=step)
-    weight[rows] = values.to(device=weight.device, dtype=weight.dtype)
+    weight.index_copy_(0, rows, values.to(device=weight.device, dtype=weight.dtype))
     for state in states:
         for tensor in state.values():
-            tensor[rows] = 0
+            tensor.index_fill_(0, rows, 0)

@@ -21,6 +21,7 @@ import freescale.kernels.zch as zch
 from freescale.kernels.zch import COUNTERS, ZchConfig, ZchTable
 from freescale.kernels.zch_hash import as_signed, bucket_and_home, mix64, mix64_int
 from freescale.kernels.zch_reference import ReferenceZchTable
+from freescale.kernels.zch_rounds import first_true
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BIG = 2**63 - 1
@@ -51,6 +52,8 @@ def streams(draw: st.DrawFn) -> list[tuple[list[int], list[int], bool]]:
     calls, now = [], 0
     for _ in range(draw(st.integers(1, 10))):
         ids = draw(st.lists(st.sampled_from(pool), min_size=0, max_size=25))
+        if draw(st.booleans()):  # distinct and ascending: what an owner gets from one requester
+            ids = sorted(set(ids))
         now += draw(st.integers(-3, 15))
         times = [now + draw(st.integers(-2, 2)) for _ in ids] if ids else []
         calls.append((ids, times, draw(st.booleans()) or not calls))
@@ -134,6 +137,13 @@ def test_restoring_what_a_call_overwrote_undoes_it(config: ZchConfig, calls: lis
         undone["pending_counts"][old.pending] = old.pending_counts
         undone["counters"], undone["step"] = before["counters"], before["step"]
         assert [k for k in before if not torch.equal(before[k], undone[k])] == []
+
+
+@SETTINGS
+@given(st.lists(st.lists(st.booleans(), min_size=5, max_size=5), min_size=1, max_size=8))
+def test_first_true_is_the_first_set_column(rows: list[list[bool]]) -> None:
+    want = [row.index(True) if True in row else 0 for row in rows]
+    assert first_true(torch.tensor(rows)).tolist() == want
 
 
 def test_pinned_hash_values() -> None:
@@ -301,7 +311,8 @@ def test_crowded_streams_equal_reference(policy: str, seed: int, shortcuts: bool
         size = int(torch.randint(1, 2 * config.zch_size, (), generator=generator))
         picks = (torch.rand(size, generator=generator) ** 2 * pool.numel()).long()
         now += int(torch.randint(-1, 7, (), generator=generator))
-        calls.append((pool[picks].tolist(), [now] * size, bool(torch.rand((), generator=generator) < 0.85)))
+        ids = pool[picks].unique() if len(calls) % 2 else pool[picks]  # every other call distinct and ascending
+        calls.append((ids.tolist(), [now] * ids.numel(), bool(torch.rand((), generator=generator) < 0.85)))
     totals = run_both(config, calls, shortcuts=shortcuts).counters_dict()
     assert totals["evictions"] > 0 and totals["inserts"] > totals["evictions"]
 

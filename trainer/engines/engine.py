@@ -270,7 +270,7 @@ class FreeScaleEngine:
             self.tables.apply_resets(ctx)
             owned_rows = self.tables.lookup(ctx)
         with stage("embedding_comm", "comm"):
-            unique_rows = self.tables.output_dist(ctx, owned_rows)
+            unique_rows = self.tables.output_dist(ctx, owned_rows, keys=False)
         if following is not None:
             with stage("input_dist", "comm"):
                 ahead = self.start_routing(following)

@@ -74,10 +74,7 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         self.dim = dims.pop()
         self.bounds = [shard_bounds(spec.rows, world_size, rank) for spec in specs]
         self.rows_per_rank = [-(-spec.rows // world_size) for spec in specs]
-        shards = [
-            init_rows(seed, t, spec, lo, hi)
-            for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))
-        ]
+        shards = [init_rows(seed, t, spec, lo, hi) for t, (spec, (lo, hi)) in enumerate(zip(specs, self.bounds))]
         self.fused = FusedTables(shards, self.bounds, optimizer, device)
         self.weights: list[torch.Tensor] = self.fused.weights  # views into the fused storage, per table
         self.optimizers: list[SparseOptimizer] = self.fused.optimizers
@@ -137,11 +134,16 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         """Rows of the received ids (those where ``mask``, if given) from the local shards, in receive order."""
         return self.fused.gather(self.fused_rows(ctx, mask))
 
-    def output_dist(self, ctx: DistContext, rows: torch.Tensor) -> list[torch.Tensor]:
-        """Send rows back; returns per table the rows of this rank's unique ids (plain tensors)."""
-        payload = self.row_notes(ctx, rows)
+    def output_dist(self, ctx: DistContext, rows: torch.Tensor, keys: bool = True) -> list[torch.Tensor]:
+        """Send rows back; returns per table the rows of this rank's unique ids (plain tensors).
+
+        ``keys``: zch rows travel with their row key and reset step (``row_notes``), which the requester's
+        ``feature_keys`` and ``send_layout`` read (evaluation, PEC); the synchronous training step reads
+        neither and sends the rows alone."""
+        notes = keys and self.has_zch
+        payload = self.row_notes(ctx, rows) if notes else rows
         received = self.comm.all_to_all("embedding_comm.rows", payload, ctx.recv_splits, ctx.send_splits)
-        received = self.take_row_notes(ctx, received)
+        received = self.take_row_notes(ctx, received) if notes else received
         return [received[position] for position in ctx.send_position]
 
     @staticmethod

@@ -97,7 +97,7 @@ class ZchShard:
         result = self.table.lookup(ids, times, train=True)
         assert result.step is not None and result.overwritten is not None
         self._undo, self._view, self.ahead = Undo(result.overwritten, counters, table_step), None, True
-        occupied = (self.table.identities >= 0).sum()
+        occupied = self.table.occupied()
         step = ZchStep(
             self.index, result.reassigned + self.first_row, result.step, result.stats, occupied, self.table.slots
         )
