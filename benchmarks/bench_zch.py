@@ -59,6 +59,7 @@ from freescale.overrides import add_set_option
 from freescale.trainer.eval.evaluate import EvalRanks
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_zch.json"
+ISSUE_SCALE_RESULTS = RESULTS.with_name("bench_zch_issue_scale.json")  # its own file: the default run's stays
 ARMS = ("oracle", "hashed", "zch")
 DAY_S = 86_400
 
@@ -423,6 +424,13 @@ def settings_with(s: Settings, overrides: list[str]) -> Settings:
     return replace(s, **typed_overrides(overrides, scalar))
 
 
+def default_results(quick: bool, issue_scale: bool) -> Path | None:
+    """Where a run writes without ``--out``: a smoke run nowhere, the issue's scale a file of its own."""
+    if quick:
+        return None
+    return ISSUE_SCALE_RESULTS if issue_scale else RESULTS
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny stream, 3 steps a window (smoke run)")
@@ -452,9 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
-    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    out = Path(args.out) if args.out else default_results(args.quick, args.issue_scale)
     if args.kernel_only:
-        return rerun_kernel(out or RESULTS, s)
+        if out is None:
+            parser.error("--kernel-only --quick needs --out: a smoke kernel point would replace the measured one")
+        return rerun_kernel(out, s)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_zch-") as tmp:
         work = Path(args.work or tmp)

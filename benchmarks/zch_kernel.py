@@ -61,8 +61,9 @@ def steady_calls(s: Any) -> list[Any]:
 def time_steady(s: Any, calls: list[Any], shortcuts: bool) -> dict[str, Any]:
     """Median seconds per call over five chunks of the timed calls, after the warm-up calls."""
     import freescale.kernels.zch as zch
+    from freescale.kernels.zch_types import ZchConfig
 
-    config = zch.ZchConfig(zch_size=s.kernel_step_slots, bucket_size=s.bucket_size, max_probe=s.max_probe)
+    config = ZchConfig(zch_size=s.kernel_step_slots, bucket_size=s.bucket_size, max_probe=s.max_probe)
     table, previous = zch.ZchTable(config), zch.HOST_SHORTCUTS
     zch.HOST_SHORTCUTS = shortcuts
     try:
@@ -111,7 +112,8 @@ def kernel_point(s: Any) -> dict[str, Any]:
 def _kernel_point(s: Any) -> dict[str, Any]:
     import torch
 
-    from freescale.kernels.zch import ZchConfig, ZchTable
+    from freescale.kernels.zch import ZchTable
+    from freescale.kernels.zch_types import ZchConfig
 
     slots, buckets = s.kernel_slots, s.kernel_slots // s.bucket_size
     config = ZchConfig(zch_size=slots, bucket_size=s.bucket_size, max_probe=s.max_probe, policy="lru")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .zch import COUNTERS, ZchConfig, ZchLookup, check_ids
 from .zch_hash import mix64_int
+from .zch_types import COUNTERS, ZchConfig, ZchLookup, check_ids
 
 
 class ReferenceZchTable:

@@ -22,7 +22,7 @@ from typing import Protocol
 from freescale.trainer.config_checks import check, choice
 
 ID_MODES = ("exact", "hashed", "zch")
-ZCH_POLICIES = ("ttl", "lru", "lfu")  # kernels.zch.POLICIES, without importing torch here
+ZCH_POLICIES = ("ttl", "lru", "lfu")  # kernels.zch_types.POLICIES, without importing torch here
 USER_ID_FEATURE = "user_id"  # the table of the sample's own user id (no vocabulary: hashed or zch)
 ZCH_DEFAULTS = {
     "zch_size": 0,
@@ -47,7 +47,7 @@ class ZchOptions(Protocol):
 
 
 def check_zch_options(where: str, options: ZchOptions) -> None:
-    """The identity table's shape and policy (``kernels.zch.ZchConfig`` says the same, per rank);
+    """The identity table's shape and policy (``kernels.zch_types.ZchConfig`` says the same, per rank);
     ``where``: the TOML table the options are in (``model_extra``, ``user_tables.user_id``)."""
     if options.ids != "zch":
         for name, default in ZCH_DEFAULTS.items():

@@ -28,7 +28,8 @@ import pyarrow.ipc as ipc
 import torch
 
 from freescale.datasets.sources import SourcesConfig, plan_read_tasks, read_task
-from freescale.kernels.zch import ZchConfig, ZchTable
+from freescale.kernels.zch import ZchTable
+from freescale.kernels.zch_types import ZchConfig
 
 DAY_S = 86_400
 PAIR_SCHEMA = pa.schema([("ts", pa.int64()), ("id", pa.int64())])

@@ -111,3 +111,12 @@ def test_two_arms_separate_only_beyond_twice_their_combined_standard_error(seg) 
     assert seg.separable(a, b) is True  # 0.023 > 2 * 0.010
     assert seg.separable(a, {"ndcg@10": 0.030, "ndcg@10_se": 0.006}) is False
     assert seg.separable(a, {"ndcg@10": 0.0, "ndcg@10_se": None}) is None
+
+
+def test_smoke_and_issue_scale_runs_leave_the_default_results_file_alone(bench, capsys) -> None:
+    assert bench.default_results(quick=False, issue_scale=False) == bench.RESULTS
+    assert bench.default_results(quick=True, issue_scale=False) is None
+    assert bench.default_results(quick=False, issue_scale=True) == bench.ISSUE_SCALE_RESULTS != bench.RESULTS
+    with pytest.raises(SystemExit):  # a smoke kernel point would have replaced the measured one
+        bench.main(["--quick", "--kernel-only"])
+    assert "--kernel-only --quick needs --out" in capsys.readouterr().err

@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import freescale.kernels.zch as zch
-from freescale.kernels.zch import COUNTERS, ZchConfig, ZchTable
+from freescale.kernels.zch import ZchTable
 from freescale.kernels.zch_hash import as_signed, bucket_and_home, mix64, mix64_int
 from freescale.kernels.zch_reference import ReferenceZchTable
 from freescale.kernels.zch_rounds import first_true
+from freescale.kernels.zch_types import COUNTERS, ZchConfig
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BIG = 2**63 - 1

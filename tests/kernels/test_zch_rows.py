@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freescale.kernels.zch import ZchConfig, ZchTable
+from freescale.kernels.zch import ZchTable
 from freescale.kernels.zch_rows import hashed_uniform, reset_rows
+from freescale.kernels.zch_types import ZchConfig
 from freescale.trainer.engines.sparse_optim import LazyAdam, RowWiseAdagrad
 
 ROWS, DIM = 12, 4

@@ -21,7 +21,8 @@ import torch
 from sync_count import OpCounts, counting_ops
 
 import freescale.kernels.zch as zch
-from freescale.kernels.zch import FIRST_ROUNDS, ZchConfig, ZchTable
+from freescale.kernels.zch import FIRST_ROUNDS, ZchTable
+from freescale.kernels.zch_types import ZchConfig
 from freescale.trainer.engines.zch_shard import ZchShard
 
 IDS = 720  # ids of one bench_zch step (d_model 128, micro batch 32)

@@ -35,7 +35,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from freescale.kernels.zch import COUNTERS
+from freescale.kernels.zch_types import COUNTERS
 from freescale.pipeline.dataset.kjt import ENGINE_KEYS
 from freescale.trainer.checkpoint import FreeScaleCheckpointer
 from freescale.trainer.config import RunConfig

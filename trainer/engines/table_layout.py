@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from freescale.kernels.zch import ZchConfig
+from freescale.kernels.zch_types import ZchConfig
 
 INIT_CHUNK_ROWS = 4096
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from freescale.kernels.zch import Overwritten, ZchConfig, ZchTable
+from freescale.kernels.zch import ZchTable
 from freescale.kernels.zch_hash import bucket_and_home
 from freescale.kernels.zch_rows import hashed_uniform
+from freescale.kernels.zch_types import Overwritten, ZchConfig
 from freescale.trainer.table_config import ZchOptions
 
 STATE = ("identities", "last_seen", "counts", "pending_ids", "pending_counts", "counters", "step")
@@ -49,14 +50,14 @@ class ZchStep:
     table: int
     reassigned: torch.Tensor  # global rows given to a new id: reset before the batch trains
     step: int  # the identity table's training-call number: the key of the reset values
-    stats: torch.Tensor  # int64 [len(kernels.zch.COUNTERS)] of this call
+    stats: torch.Tensor  # int64 [len(kernels.zch_types.COUNTERS)] of this call
     occupied: torch.Tensor  # int64 []: slots holding an id after the call (read with stats, by the metrics)
     slots: int
 
 
 @dataclass
 class Undo:
-    """What the last training lookup wrote, as it was before it (``kernels.zch.Overwritten``), and the
+    """What the last training lookup wrote, as it was before it (``kernels.zch_types.Overwritten``), and the
     running counters and step."""
 
     overwritten: Overwritten

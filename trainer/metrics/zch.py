@@ -1,7 +1,7 @@
 """Zero-collision id tables in the run's metrics (docs/training.md#open-id-spaces-ids--zch).
 
 Each owner records, per step and table, what its identity table did with the step's ids
-(``StepRecord.extra["zch.<table>.<counter>"]``, ``kernels.zch.COUNTERS`` plus ``occupied`` and
+(``StepRecord.extra["zch.<table>.<counter>"]``, ``kernels.zch_types.COUNTERS`` plus ``occupied`` and
 ``slots``). Summed over ranks, they give the step's rates: per lookup (an owner looks up each
 requesting rank's distinct ids once) the share that hit, that took a new slot (insert), that evicted
 an id, and that fell back to the shared row (collision, admission waits included); the mean age of
