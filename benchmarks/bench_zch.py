@@ -31,7 +31,7 @@ empty tables, and tables full of other ids (every probe runs ``max_probe`` slots
 ours also on a table that holds the queried ids (hits) and inserting (training mode).
 
     python benchmarks/bench_zch.py            # about 6 minutes on an idle 2-core host (a stream a CPU learns)
-    python benchmarks/bench_zch.py --issue-scale   # the issue's stream (216,901 ids) on a GPU: never run yet
+    python benchmarks/bench_zch.py --issue-scale   # the issue's stream (216,901 ids): CUDA; --device cpu: 17 minutes
     python benchmarks/bench_zch.py --quick    # smoke run, no result file unless --out
 """
 
@@ -306,7 +306,7 @@ def default_results(quick: bool, issue_scale: bool) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny stream, 3 steps a window (smoke run)")
-    scale = "the issue's stream: 7 days, 216,901 item ids, 2,000 steps a day, d_model 128, CUDA"
+    scale = "the issue's stream: 7 days, 216,901 item ids, 2,000 steps a day, d_model 128, CUDA (or --device cpu)"
     parser.add_argument("--issue-scale", action="store_true", help=scale)
     parser.add_argument("--steps", type=int, help="training steps per window (default: Settings)")
     parser.add_argument("--windows", type=int, help="days of the stream (>= 2; default: Settings)")
