@@ -105,6 +105,7 @@ class Settings:
     kernel_step_ids: int = 650  # distinct ids a step looks up (the zch arm's, measured)
     kernel_step_new: int = 20  # of them never seen (its insert rate, about 3%)
     kernel_step_calls: int = 300
+    kernel_step_large_slots: int = 1_048_576  # the same calls on a table this large: a call's cost is not the table's
     seed: int = 0
 
 
@@ -112,7 +113,7 @@ class Settings:
 ISSUE_SCALE = Settings(n_users=32_000, n_items=36_000, windows=7, steps_per_window=2_000, d_model=128, device="cuda")
 QUICK = Settings(n_users=300, n_items=300, windows=3, median=15.0, steps_per_window=3, eval_users=30,
                  kernel_slots=4_096, kernel_batches=(1_024,), kernel_repeats=3, kernel_step_slots=1_024,
-                 kernel_step_ids=100, kernel_step_calls=10)  # fmt: skip
+                 kernel_step_ids=100, kernel_step_calls=10, kernel_step_large_slots=16_384)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the stream

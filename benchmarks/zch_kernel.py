@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 from measure import describe
@@ -84,14 +85,18 @@ def time_steady(s: Any, calls: list[Any], shortcuts: bool) -> dict[str, Any]:
 
 
 def steady_step(s: Any) -> dict[str, Any]:
-    """A steady training step's lookup with and without the CPU's host shortcuts (the same calls)."""
+    """A steady training step's lookup with and without the CPU's host shortcuts (the same calls), and with
+    them on a ``kernel_step_large_slots`` table (the same calls again: what a larger table adds per call)."""
     calls = steady_calls(s)
     ours, masked = time_steady(s, calls, True), time_steady(s, calls, False)
     assert ours["counters"] == masked["counters"], "the shortcuts changed what the table decided"
+    large = time_steady(replace(s, kernel_step_slots=s.kernel_step_large_slots), calls, True)
     return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
             "calls_timed": s.kernel_step_calls, "occupancy": ours["occupancy"],
             "shortcuts_s": ours["median_s"], "masked_s": masked["median_s"],
-            "masked_over_shortcuts": masked["median_s"] / ours["median_s"]}  # fmt: skip
+            "masked_over_shortcuts": masked["median_s"] / ours["median_s"],
+            "large_slots": s.kernel_step_large_slots, "large_table_shortcuts_s": large["median_s"],
+            "large_over_small": large["median_s"] / ours["median_s"]}  # fmt: skip
 
 
 def kernel_point(s: Any) -> dict[str, Any]:

@@ -108,6 +108,9 @@ def print_kernel(kernel: dict[str, Any]) -> None:
             f"({100 * step['occupancy']:.0f}% full): {1e3 * step['shortcuts_s']:.2f} ms with the CPU's "
             f"host shortcuts, {1e3 * step['masked_s']:.2f} ms masked ({step['masked_over_shortcuts']:.2f}x)"
         )
+    if step and "large_slots" in step:
+        print(f"  the same calls on {step['large_slots']:,} slots: {1e3 * step['large_table_shortcuts_s']:.2f} ms "
+              f"with the host shortcuts ({step['large_over_small']:.2f}x)")  # fmt: skip
 
 
 def plot(windows: list[dict[str, Any]], kernel: dict[str, Any] | None, out: Path) -> None:

@@ -61,6 +61,7 @@ class ZchTable:
         self.pending_counts = torch.zeros(config.pending_size, **i64)
         self.counters = torch.zeros(len(COUNTERS), **i64)
         self.step = torch.zeros((), **i64)
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # _host_scratch
 
     @property
     def device(self) -> torch.device:
@@ -287,55 +288,24 @@ class ZchTable:
     ) -> tuple[torch.Tensor, list[int]]:
         """(slot taken by each admitted missing id, -1: none, the fallback row; [slots taken, table step])
         in proposal rounds. ``probe``: every sorted position's (bucket start, home slot, probe window); with
-        the host shortcuts the window is None and only the admitted ids' windows are built here.
+        the host shortcuts the window is None and only the admitted ids' windows are built (``_place_on_host``).
 
         Each round every id still unplaced proposes its best available slot (the first empty one by
         probe distance, else the policy's victim); a slot proposed by several goes to the id that
-        occurred first; the others try again next round without the slots taken. Every loss removes a
-        slot from the loser's window, so ``max_probe + 1`` rounds settle every id. The rounds run masked
-        over fixed shapes, ``FIRST_ROUNDS`` then twice as many each time, with one host read after each
-        run: whether an id may still propose, the slots taken, the table's step. With ``host_shortcuts``
-        (CPU) only the admitted ids take part, and the rounds go on while any of them is unplaced.
+        occurred first; the others try again next round without the slots taken (by a hit of the call
+        or in a round: ``claimed``). Every loss removes a slot from the loser's window, so ``max_probe + 1``
+        rounds settle every id. The rounds run masked over fixed shapes, ``FIRST_ROUNDS`` then twice as
+        many each time, with one host read after each run: whether an id may still propose, the slots
+        taken, the table's step.
         """
-        (base, home, window), n, clock, prio = probe, admitted.numel(), calls.clock, calls.order
+        if self.host_shortcuts:
+            return self._place_on_host(probe[:2], admitted, calls, hit, hit_slot)
+        window = probe[2]
+        assert window is not None  # the masked path's caller built every id's
         claimed = torch.zeros(self.slots, dtype=torch.int64, device=admitted.device)
         claimed = claimed.scatter_reduce(0, hit_slot, hit.to(torch.int64), "amax")
-        index = out = None
-        shortcuts = self.host_shortcuts
-        if shortcuts:  # only the admitted ids' rows take part (a few per cent of a steady call's ids)
-            index = admitted.nonzero().squeeze(1)
-            if index.numel() == 0:
-                return torch.full_like(prio, -1), [0, int(self.step)]
-            base, home, admitted, clock, prio = (t.index_select(0, index) for t in (base, home, admitted, clock, prio))
-            window = self._probe_window(base, home)
-            out = torch.full((n,), -1, dtype=torch.int64, device=window.device)
-        assert window is not None  # the masked path's caller built every id's
-        held = take(self.identities, window)
-        rounds = Rounds(
-            window=window,
-            empty=held < 0,
-            usable=((held < 0) | self._evictable(window, held, clock)) & admitted[:, None],
-            keys=self._victim_keys(window),
-            prio=prio,
-            claimed=claimed,
-            placed=torch.full_like(prio, -1),
-            live=admitted,
-            index=index,
-            out=out,
-        )
-        limit = self.config.max_probe + 1
-        if shortcuts:
-            # a host read costs nothing: play until no id is live (a last round in which nobody can
-            # propose places nothing, so the slots are those of the masked runs)
-            for _ in range(limit):
-                rounds.play(self.slots)
-                if rounds.prio.numel() >= COMPACT_MIN_ROWS:  # a large call: shrink to the ids still live
-                    rounds.compact()
-                if not bool(rounds.live.any()):
-                    break
-            placed = rounds.result()
-            return placed, [int((placed >= 0).sum()), int(self.step)]
-        done, run = 0, FIRST_ROUNDS
+        rounds = self._rounds(window, admitted, calls.clock, calls.order, claimed)
+        limit, done, run = self.config.max_probe + 1, 0, FIRST_ROUNDS
         while True:
             for _ in range(min(run, limit - done)):
                 rounds.play(self.slots)
@@ -346,6 +316,78 @@ class ZchTable:
             ).tolist()
             if not more or done == limit:
                 return placed, [count, step]
+
+    def _place_on_host(
+        self,
+        probe: tuple[torch.Tensor, torch.Tensor],
+        admitted: torch.Tensor,
+        calls: SortedCalls,
+        hit: torch.Tensor,
+        hit_slot: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """``_place`` where a host read costs nothing (CPU), the same slots: only the admitted ids (a few per
+        cent of a steady call's) take part, the rounds go on while
+        an id is unplaced (a last round in which nobody can propose places nothing), and their table-sized
+        buffers are the table's own scratch (``_host_scratch``), cleaned where the call wrote: a call costs
+        the same in a table of any size."""
+        (base, home), n = probe, admitted.numel()
+        index = admitted.nonzero().squeeze(1)
+        if index.numel() == 0:
+            return torch.full_like(calls.order, -1), [0, int(self.step)]
+        base, home, clock, prio = (t.index_select(0, index) for t in (base, home, calls.clock, calls.order))
+        window = self._probe_window(base, home)
+        claimed, winner = self._host_scratch()
+        out = torch.full((n,), -1, dtype=torch.int64, device=window.device)
+        try:
+            claimed.scatter_reduce_(0, hit_slot, hit.to(torch.int64), "amax")
+            rounds = self._rounds(window, admitted.index_select(0, index), clock, prio, claimed, index, out, winner)
+            for _ in range(self.config.max_probe + 1):
+                rounds.play(self.slots)
+                if rounds.prio.numel() >= COMPACT_MIN_ROWS:  # a large call: shrink to the ids still live
+                    rounds.compact()
+                if not bool(rounds.live.any()):
+                    break
+            placed = rounds.result()
+        finally:  # every slot a round can claim or bid for is in the windows
+            touched = torch.cat([hit_slot, window.reshape(-1)])
+            claimed.index_fill_(0, touched, 0)
+            winner.index_fill_(0, touched, INT64_MAX)
+        return placed, [int((placed >= 0).sum()), int(self.step)]
+
+    def _host_scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposal rounds' table-sized buffers on the host, kept between calls (all 0 and all INT64_MAX
+        between calls): ``claimed`` and ``winner`` of ``Rounds``. Not state: never in a checkpoint."""
+        if self._scratch is None:
+            i64 = {"dtype": torch.int64, "device": self.device}
+            self._scratch = torch.zeros(self.slots, **i64), torch.full((self.slots,), INT64_MAX, **i64)
+        return self._scratch
+
+    def _rounds(
+        self,
+        window: torch.Tensor,
+        admitted: torch.Tensor,
+        clock: torch.Tensor,
+        prio: torch.Tensor,
+        claimed: torch.Tensor,
+        index: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        winner: torch.Tensor | None = None,
+    ) -> Rounds:
+        """The proposal rounds of the ids probing ``window`` (``Rounds``' fields)."""
+        held = take(self.identities, window)
+        return Rounds(
+            window=window,
+            empty=held < 0,
+            usable=((held < 0) | self._evictable(window, held, clock)) & admitted[:, None],
+            keys=self._victim_keys(window),
+            prio=prio,
+            claimed=claimed,
+            placed=torch.full_like(prio, -1),
+            live=admitted,
+            index=index,
+            out=out,
+            winner=winner,
+        )
 
     def _evictable(self, win: torch.Tensor, held: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:
         """Occupied slots the policy lets a new id take: under ttl only ids unseen for more than ttl."""

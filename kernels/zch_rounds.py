@@ -161,7 +161,7 @@ class Rounds:
         choice = best_slot(open_, self.empty, self.keys)
         slot = self.window.gather(1, choice[:, None]).squeeze(1)
         bids = torch.where(self.live, self.prio, INT64_MAX)
-        if self.winner is None:  # one table-sized buffer per call, reset where a round wrote (not all of it)
+        if self.winner is None:  # a table-sized buffer (per call, or the table's host scratch), reset where written
             self.winner = torch.full((slots,), INT64_MAX, dtype=torch.int64, device=slot.device)
         won = self.live & (take(self.winner.scatter_reduce_(0, slot, bids, "amin"), slot) == self.prio)
         self.winner.index_fill_(0, slot, INT64_MAX)

@@ -21,7 +21,7 @@ import freescale.kernels.zch as zch
 from freescale.kernels.zch import ZchTable
 from freescale.kernels.zch_hash import as_signed, bucket_and_home, mix64, mix64_int
 from freescale.kernels.zch_reference import ReferenceZchTable
-from freescale.kernels.zch_rounds import first_true
+from freescale.kernels.zch_rounds import Rounds, first_true
 from freescale.kernels.zch_types import COUNTERS, ZchConfig
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -316,6 +316,33 @@ def test_crowded_streams_equal_reference(policy: str, seed: int, shortcuts: bool
         calls.append((ids.tolist(), [now] * ids.numel(), bool(torch.rand((), generator=generator) < 0.85)))
     totals = run_both(config, calls, shortcuts=shortcuts).counters_dict()
     assert totals["evictions"] > 0 and totals["inserts"] > totals["evictions"]
+
+
+def test_host_scratch_is_clean_after_every_call_even_a_failed_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proposal rounds' table-sized buffers outlive a CPU call (so a call does not pay for the table's
+    size); a call that stops halfway must leave them as clean as one that finishes."""
+    config = ZchConfig(zch_size=32, bucket_size=8, max_probe=4, policy="lru")
+    table, reference = ZchTable(config), ReferenceZchTable(config)
+    pool = torch.randint(0, 2**62, (96,), generator=torch.Generator().manual_seed(3))
+
+    def clean() -> bool:
+        claimed, winner = table._host_scratch()
+        return bool((claimed == 0).all()) and bool((winner == torch.iinfo(torch.int64).max).all())
+
+    for start in range(0, 96, 24):
+        ids = pool[start : start + 24]
+        assert torch.equal(table.lookup(ids).rows, reference.lookup(ids).rows)
+        assert clean()
+    original = Rounds.play
+
+    def fail_after_one_round(self: Rounds, slots: int) -> None:
+        original(self, slots)
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(Rounds, "play", fail_after_one_round)
+    with pytest.raises(RuntimeError, match="stopped"):
+        table.lookup(torch.randint(0, 2**62, (24,), generator=torch.Generator().manual_seed(4)))
+    assert clean()
 
 
 def test_lfu_breaks_count_ties_by_age_then_distance() -> None:
