@@ -97,6 +97,7 @@ class Settings:
     bucket_size: int = 64
     max_probe: int = 16
     policy: str = "lru"
+    lfu_halflife: int = 0  # policy lfu: training steps after which an unseen id's count halves (0: never)
     # the kernel
     kernel_slots: int = 65_536
     kernel_batches: tuple[int, ...] = (8_192, 65_536)
@@ -206,9 +207,9 @@ def arm_ids(arm: str, sizes: dict[str, int], s: Settings) -> dict[str, Any]:
         return {"ids": "hashed", "num_items": sizes["rows"]}
     if arm == "zch":
         return {"ids": "zch", "zch_size": sizes["rows"], "zch_bucket_size": s.bucket_size,
-                "zch_max_probe": s.max_probe, "zch_policy": s.policy}  # fmt: skip
+                "zch_max_probe": s.max_probe, "zch_policy": s.policy, "zch_lfu_halflife": s.lfu_halflife}  # fmt: skip
     return {"ids": "zch", "zch_size": sizes["oracle_rows"], "zch_bucket_size": s.bucket_size,
-            "zch_max_probe": s.bucket_size, "zch_policy": s.policy}  # fmt: skip
+            "zch_max_probe": s.bucket_size, "zch_policy": s.policy, "zch_lfu_halflife": s.lfu_halflife}  # fmt: skip
 
 
 def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: dict[str, int], s: Settings) -> str:

@@ -220,7 +220,8 @@ class ZchTable:
         new_seen = calls.clock
         if self.config.policy == "ttl":
             new_seen = torch.where(is_placed, calls.clock, torch.maximum(seen, calls.clock))
-        new_counts = torch.where(is_placed, counts_at_insert, counts + calls.occurrences)
+        kept = self._decayed(counts, calls.clock - seen) + calls.occurrences  # a hit's count as of now, plus this call
+        new_counts = torch.where(is_placed, counts_at_insert, kept)
         masked_put(
             (self.identities, self.last_seen, self.counts),
             target,
@@ -379,7 +380,7 @@ class ZchTable:
             window=window,
             empty=held < 0,
             usable=((held < 0) | self._evictable(window, held, clock)) & admitted[:, None],
-            keys=self._victim_keys(window),
+            keys=self._victim_keys(window, clock),
             prio=prio,
             claimed=claimed,
             placed=torch.full_like(prio, -1),
@@ -397,11 +398,21 @@ class ZchTable:
             return occupied & (clock[:, None] - take(self.last_seen, win) > self.config.ttl)
         return occupied
 
-    def _victim_keys(self, win: torch.Tensor) -> list[torch.Tensor]:
-        """Sort keys of the victim, most significant first (ties then go to the nearest probed slot)."""
+    def _victim_keys(self, win: torch.Tensor, clock: torch.Tensor) -> list[torch.Tensor]:
+        """Sort keys of the victim, most significant first (ties then go to the nearest probed slot); lfu's
+        counts as of the proposing id's clock (``_decayed``)."""
+        last_seen = take(self.last_seen, win)
         if self.config.policy == "lfu":
-            return [take(self.counts, win), take(self.last_seen, win)]
-        return [take(self.last_seen, win)]
+            return [self._decayed(take(self.counts, win), clock[:, None] - last_seen), last_seen]
+        return [last_seen]
+
+    def _decayed(self, counts: torch.Tensor, unseen: torch.Tensor) -> torch.Tensor:
+        """lfu with ``lfu_halflife`` H: a count halved once for every H lookup calls its id went unseen
+        (``counts >> (unseen // H)``), so ids that stopped appearing give their slots up in time."""
+        halflife = self.config.lfu_halflife
+        if not halflife:
+            return counts
+        return counts >> torch.div(unseen, halflife, rounding_mode="floor").clamp(0, 63)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors only (a DCP checkpoint can hold them); ``layout`` guards against loading into another shape."""

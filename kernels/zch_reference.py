@@ -105,11 +105,11 @@ class ReferenceZchTable:
             unplaced = losers
 
         for raw_id, slot in hit_slot.items():
+            self.counts[slot] = self.count_now(slot, clock[raw_id], self.counts, self.last_seen) + occurrences[raw_id]
             if cfg.policy == "ttl":
                 self.last_seen[slot] = max(self.last_seen[slot], clock[raw_id])
             else:
                 self.last_seen[slot] = clock[raw_id]
-            self.counts[slot] += occurrences[raw_id]
         for raw_id, slot in placed.items():
             if self.identities[slot] >= 0:
                 stats["evictions"] += 1
@@ -147,8 +147,15 @@ class ReferenceZchTable:
             elif self.config.policy == "lru":
                 victims.append((last_seen[slot], distance, slot))
             else:
-                victims.append((counts[slot], last_seen[slot], distance, slot))
+                victims.append((self.count_now(slot, now, counts, last_seen), last_seen[slot], distance, slot))
         return min(victims)[-1] if victims else None
+
+    def count_now(self, slot: int, now: int, counts: list[int], last_seen: list[int]) -> int:
+        """lfu: the slot's count halved once for every ``lfu_halflife`` calls its id went unseen."""
+        halflife = self.config.lfu_halflife
+        if not halflife:
+            return counts[slot]
+        return counts[slot] >> min((now - last_seen[slot]) // halflife, 63)
 
     def pending_slot(self, raw_id: int) -> int:
         return (mix64_int(signed(mix64_int(raw_id))) >> 1) % self.config.pending_size

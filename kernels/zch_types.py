@@ -30,6 +30,7 @@ class ZchConfig:
     ttl: int | None = None  # ttl only: an id unseen for more than this many event-time seconds may be replaced
     admission_threshold: int = 1  # lfu only: a new id takes a slot once seen this many times (1: at once)
     admission_slots: int = 0  # lfu with admission: size of the pending-count table (0: zch_size)
+    lfu_halflife: int = 0  # lfu only: lookup calls after which an unseen id's count halves (0: never decays)
     world_size: int = 1  # ranks sharing the table row-wise: num_buckets must split evenly among them
 
     def __post_init__(self) -> None:
@@ -72,6 +73,16 @@ class ZchConfig:
         need(
             self.admission_threshold == 1 or self.policy == "lfu",
             "admission_threshold",
+            f"applies to policy 'lfu' only (policy is {self.policy!r})",
+        )
+        need(
+            isinstance(self.lfu_halflife, int) and self.lfu_halflife >= 0,
+            "lfu_halflife",
+            f"must be >= 0 lookup calls (0: counts never decay), got {self.lfu_halflife!r}",
+        )
+        need(
+            self.lfu_halflife == 0 or self.policy == "lfu",
+            "lfu_halflife",
             f"applies to policy 'lfu' only (policy is {self.policy!r})",
         )
         need(

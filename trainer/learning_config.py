@@ -34,6 +34,7 @@ class ModelExtraConfig:
     zch_policy: str = "lru"  # which id gives its slot up: ttl (event time) | lru | lfu (with admission)
     zch_ttl: int = 0  # policy ttl: seconds of event time an id may go unseen before its slot may be taken
     zch_admission_threshold: int = 1  # policy lfu: occurrences before a new id takes a slot (1: at once)
+    zch_lfu_halflife: int = 0  # policy lfu: training steps after which an unseen id's count halves (0: never)
     loss: str = "sampled_softmax"  # sampled_softmax (random + in-batch negatives) | full_softmax (every item row)
     inbatch_negatives: int = 32  # targets of the same micro-batch used as extra negatives
     temperature: float = 0.05  # softmax temperature over l2-normalised embeddings (HSTU practice)

@@ -31,6 +31,7 @@ ZCH_DEFAULTS = {
     "zch_policy": "lru",
     "zch_ttl": 0,
     "zch_admission_threshold": 1,
+    "zch_lfu_halflife": 0,
 }
 
 
@@ -44,6 +45,7 @@ class ZchOptions(Protocol):
     zch_policy: str
     zch_ttl: int
     zch_admission_threshold: int
+    zch_lfu_halflife: int
 
 
 def check_zch_options(where: str, options: ZchOptions) -> None:
@@ -69,6 +71,10 @@ def check_zch_options(where: str, options: ZchOptions) -> None:
     check(threshold >= 1, f"{where}.zch_admission_threshold", "must be >= 1", threshold)
     check(threshold == 1 or options.zch_policy == "lfu", f"{where}.zch_admission_threshold",
           "applies to zch_policy 'lfu' only (leave it at 1)", threshold)  # fmt: skip
+    halflife = options.zch_lfu_halflife
+    check(halflife >= 0, f"{where}.zch_lfu_halflife", "must be >= 0 training steps (0: counts never decay)", halflife)
+    check(halflife == 0 or options.zch_policy == "lfu", f"{where}.zch_lfu_halflife",
+          "applies to zch_policy 'lfu' only (leave it at 0)", halflife)  # fmt: skip
 
 
 def check_zch_world(where: str, options: ZchOptions, world_size: int) -> None:
@@ -97,6 +103,7 @@ class UserTableConfig:
     zch_policy: str = "lru"
     zch_ttl: int = 0
     zch_admission_threshold: int = 1
+    zch_lfu_halflife: int = 0
 
     def __post_init__(self) -> None:
         where = self.where

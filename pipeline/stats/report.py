@@ -140,6 +140,7 @@ def zch_table(zch: dict[str, Any]) -> Table:
     cfg = zch["table"]
     policy = cfg["policy"] + (f", ttl {cfg['ttl']} s" if cfg["ttl"] else "")
     policy += f", admission {cfg['admission_threshold']}" if cfg["admission_threshold"] > 1 else ""
+    policy += f", halflife {cfg['lfu_halflife']} calls" if cfg.get("lfu_halflife") else ""
     table = Table(
         title=f"ZCH replay of {zch.get('ids', 'item')} ids in time order: {cfg['zch_size']:,} rows, "
         f"max_probe {cfg['max_probe']}, {policy}"

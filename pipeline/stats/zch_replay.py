@@ -61,6 +61,7 @@ CLI_OPTIONS = {
     "policy": "--zch-policy",
     "ttl": "--zch-ttl",
     "admission_threshold": "--zch-admission",
+    "lfu_halflife": "--zch-lfu-halflife",
 }
 
 

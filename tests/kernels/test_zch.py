@@ -42,6 +42,7 @@ def configs(draw: st.DrawFn) -> ZchConfig:
         ttl=draw(st.integers(1, 12)) if policy == "ttl" else None,
         admission_threshold=draw(st.integers(1, 3)) if policy == "lfu" else 1,
         admission_slots=draw(st.integers(0, 4)),
+        lfu_halflife=draw(st.integers(0, 3)) if policy == "lfu" else 0,
         world_size=world_size,
     )
 
@@ -186,6 +187,8 @@ def test_torch_hash_equals_python_ints(values: list[int]) -> None:
         ({"zch_size": 128, "policy": "lfu", "admission_threshold": 0}, "zch.admission_threshold"),
         ({"zch_size": 128, "policy": "lru", "admission_threshold": 2}, "zch.admission_threshold"),
         ({"zch_size": 128, "admission_slots": -1}, "zch.admission_slots"),
+        ({"zch_size": 128, "policy": "lfu", "lfu_halflife": -1}, "zch.lfu_halflife"),
+        ({"zch_size": 128, "policy": "lru", "lfu_halflife": 100}, "zch.lfu_halflife"),
     ],
 )
 def test_bad_configuration_names_the_option(kwargs: dict, option: str) -> None:
@@ -304,6 +307,7 @@ def test_crowded_streams_equal_reference(policy: str, seed: int, shortcuts: bool
         ttl=2 + seed % 4 if policy == "ttl" else None,
         admission_threshold=1 + seed % 3 if policy == "lfu" else 1,
         admission_slots=(seed % 3) * 4,
+        lfu_halflife=seed % 3 if policy == "lfu" else 0,
         world_size=2,
     )
     pool = torch.randint(0, 2**62, ((2 + seed % 3) * config.zch_size,), generator=generator)
@@ -343,6 +347,20 @@ def test_host_scratch_is_clean_after_every_call_even_a_failed_one(monkeypatch: p
     with pytest.raises(RuntimeError, match="stopped"):
         table.lookup(torch.randint(0, 2**62, (24,), generator=torch.Generator().manual_seed(4)))
     assert clean()
+
+
+@pytest.mark.parametrize("halflife", [0, 2])
+def test_lfu_halflife_lets_an_id_that_stopped_appearing_give_its_slot_up(halflife: int) -> None:
+    """One bucket of two slots: a popular id (10 sightings) stops appearing and a new id comes every call.
+    Without decay its count wins every eviction, so the new ids evict one another and it keeps its slot
+    for good; with a halflife of 2 calls its count halves every 2 calls unseen, and once it is down to the
+    new ids' the older of the two (it) gives its slot up."""
+    config = ZchConfig(zch_size=2, bucket_size=2, max_probe=2, policy="lfu", lfu_halflife=halflife)
+    table, reference = ZchTable(config), ReferenceZchTable(config)
+    for ids in [torch.tensor([7] * 10), *(torch.tensor([new_id]) for new_id in range(100, 112))]:
+        assert torch.equal(table.lookup(ids).rows, reference.lookup(ids).rows)
+        assert_same(table, reference)
+    assert (7 in table.identities.tolist()) == (halflife == 0)
 
 
 def test_lfu_breaks_count_ties_by_age_then_distance() -> None:

@@ -59,6 +59,8 @@ ZCH = {"ids": "zch", "zch_size": 1024}
         ({"model_extra": ZCH | {"zch_policy": "ttl"}}, "model_extra.zch_ttl must be > 0 seconds of event time"),
         ({"model_extra": ZCH | {"zch_ttl": 60}}, "model_extra.zch_ttl applies to zch_policy 'ttl' only"),
         ({"model_extra": ZCH | {"zch_admission_threshold": 3}}, "model_extra.zch_admission_threshold applies to"),
+        ({"model_extra": ZCH | {"zch_lfu_halflife": 50}}, "model_extra.zch_lfu_halflife applies to zch_policy 'lfu'"),
+        ({"model_extra": ZCH | {"zch_policy": "lfu", "zch_lfu_halflife": -1}}, "model_extra.zch_lfu_halflife must be"),
         ({"model_extra": ZCH | {"num_items": 1000}}, "model_extra.num_items must be 0 with model_extra.ids 'zch'"),
         ({"model_extra": {"zch_size": 1024}}, "model_extra.zch_size applies to model_extra.ids 'zch' only"),
         ({"model_extra": ZCH, "eval": {"num_candidates": 100}}, "eval.num_candidates must be 0 with model_extra.ids"),

@@ -88,6 +88,7 @@ ZCH_DEFAULTS = {
     "zch_policy": "lru",
     "zch_ttl": None,
     "zch_admission": 1,
+    "zch_lfu_halflife": 0,
     "zch_lookup_events": 65_536,
     "zch_ids": "item",
 }
@@ -106,6 +107,9 @@ def _add_zch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zch-policy", help="eviction policy: lru (default), lfu or ttl")
     p.add_argument("--zch-ttl", type=int, help="policy ttl: seconds of event time an id may stay unseen")
     p.add_argument("--zch-admission", type=int, help="policy lfu: sightings before an id takes a slot (default 1)")
+    p.add_argument(
+        "--zch-lfu-halflife", type=int, help="policy lfu: lookup calls an unseen id's count takes to halve (0: never)"
+    )
     p.add_argument(
         "--zch-lookup-events", type=int, help="events per lookup call (a training step's ids; default 65,536)"
     )
@@ -134,6 +138,7 @@ def _zch_options(args: argparse.Namespace) -> Any:
         policy=value["zch_policy"],
         ttl=value["zch_ttl"],
         admission_threshold=value["zch_admission"],
+        lfu_halflife=value["zch_lfu_halflife"],
     )
 
 

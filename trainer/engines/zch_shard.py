@@ -39,6 +39,7 @@ def zch_config(options: ZchOptions, world_size: int) -> ZchConfig:
         policy=options.zch_policy,
         ttl=options.zch_ttl if options.zch_policy == "ttl" else None,
         admission_threshold=options.zch_admission_threshold,
+        lfu_halflife=options.zch_lfu_halflife,
         world_size=world_size,
     )
 

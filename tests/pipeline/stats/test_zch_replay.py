@@ -54,8 +54,9 @@ def direct_replay(toml: str, table: ZchTable, lookup_events: int) -> None:
         {"zch_size": 640, "max_probe": 8, "policy": "lru"},
         {"zch_size": 1280, "max_probe": 4, "policy": "ttl", "ttl": 86_400},
         {"zch_size": 640, "max_probe": 16, "policy": "lfu", "admission_threshold": 2},
+        {"zch_size": 640, "max_probe": 16, "policy": "lfu", "lfu_halflife": 3},
     ],
-    ids=lambda t: t["policy"],
+    ids=lambda t: t["policy"] + ("-halflife" if t.get("lfu_halflife") else ""),
 )
 def test_stats_replay_equals_a_direct_table_replay(churn, tmp_path: Path, table: dict):
     config = replay_config(lookup_events=700, **table)
@@ -100,6 +101,7 @@ def test_bad_zch_options_and_a_windowed_prepared_input_are_one_line(churn, tmp_p
         ({"zch_size": 640, "policy": "fifo"}, "--zch-policy: unknown policy 'fifo'"),
         ({"zch_size": 640, "policy": "ttl"}, "--zch-ttl: policy 'ttl' needs ttl > 0"),
         ({"zch_size": 640, "admission_threshold": 3}, "--zch-admission: applies to policy 'lfu' only"),
+        ({"zch_size": 640, "lfu_halflife": 10}, "--zch-lfu-halflife: applies to policy 'lfu' only"),
     ]
     for options, needle in cases:
         with pytest.raises(ValueError) as error:
