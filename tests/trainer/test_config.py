@@ -137,6 +137,7 @@ def test_zch_buckets_must_split_among_the_ranks() -> None:
         ({"user_id": {"ids": "zch", "zch_size": 128, "zch_max_probe": 65}}, r"user_tables.user_id.zch_max_probe"),
         ({"user_id": {"ids": "zch", "zch_size": 128, "zch_policy": "ttl"}}, r"user_tables.user_id.zch_ttl must be > 0"),
         ({"user_id": {"ids": "hashed", "rows": 8, "zch_size": 64}}, r"user_tables.user_id.zch_size applies to"),
+        ({"user_id": {"ids": "zch", "zch_size": 128, "zch_lfu_halflife": 9}}, r"user_tables.user_id.zch_lfu_halflife"),
     ],
 )
 def test_user_table_errors_name_the_table_and_option(tables: dict, message: str) -> None:
@@ -145,13 +146,14 @@ def test_user_table_errors_name_the_table_and_option(tables: dict, message: str)
 
 
 def test_user_tables_round_trip_through_toml_and_set(tmp_path: Path) -> None:
-    tables = {"country_id": {}, "user_id": {"ids": "zch", "zch_size": 256}}
+    tables = {"country_id": {}, "user_id": {"ids": "zch", "zch_size": 256, "zch_policy": "lfu", "zch_lfu_halflife": 50}}
     cfg = RunConfig.from_dict({"data": {"path": "x"}, "user_tables": tables})
     path = tmp_path / "run.toml"
     path.write_text(cfg.to_toml())
     again = RunConfig.from_toml(str(path), ["user_tables.user_id.zch_size=512", "user_tables.age_bucket.rows=7"])
     assert (
         again.user_tables["user_id"].zch_size == 512
+        and again.user_tables["user_id"].zch_lfu_halflife == 50
         and again.user_tables["country_id"] == cfg.user_tables["country_id"]
     )
     assert again.user_tables["age_bucket"].table == "user.age_bucket"
