@@ -327,10 +327,9 @@ class ZchTable:
         hit_slot: torch.Tensor,
     ) -> tuple[torch.Tensor, list[int]]:
         """``_place`` where a host read costs nothing (CPU), the same slots: only the admitted ids (a few per
-        cent of a steady call's) take part, the rounds go on while
-        an id is unplaced (a last round in which nobody can propose places nothing), and their table-sized
-        buffers are the table's own scratch (``_host_scratch``), cleaned where the call wrote: a call costs
-        the same in a table of any size."""
+        cent of a steady call's) take part, the rounds go on while an id is unplaced (a last round in which
+        nobody can propose places nothing), and their table-sized buffers are the table's own scratch
+        (``_host_scratch``), cleaned where the call wrote: a call costs the same in a table of any size."""
         (base, home), n = probe, admitted.numel()
         index = admitted.nonzero().squeeze(1)
         if index.numel() == 0:
@@ -375,12 +374,12 @@ class ZchTable:
         winner: torch.Tensor | None = None,
     ) -> Rounds:
         """The proposal rounds of the ids probing ``window`` (``Rounds``' fields)."""
-        held = take(self.identities, window)
+        held, seen = take(self.identities, window), take(self.last_seen, window)
         return Rounds(
             window=window,
             empty=held < 0,
-            usable=((held < 0) | self._evictable(window, held, clock)) & admitted[:, None],
-            keys=self._victim_keys(window, clock),
+            usable=((held < 0) | self._evictable(held, seen, clock)) & admitted[:, None],
+            keys=self._victim_keys(window, seen, clock),
             prio=prio,
             claimed=claimed,
             placed=torch.full_like(prio, -1),
@@ -390,21 +389,21 @@ class ZchTable:
             winner=winner,
         )
 
-    def _evictable(self, win: torch.Tensor, held: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:
-        """Occupied slots the policy lets a new id take: under ttl only ids unseen for more than ttl."""
+    def _evictable(self, held: torch.Tensor, seen: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:
+        """Occupied slots the policy lets a new id take (``held``, ``seen``: the slots' ids and last_seen):
+        under ttl only ids unseen for more than ttl."""
         occupied = held >= 0
         if self.config.policy == "ttl":
             assert self.config.ttl is not None
-            return occupied & (clock[:, None] - take(self.last_seen, win) > self.config.ttl)
+            return occupied & (clock[:, None] - seen > self.config.ttl)
         return occupied
 
-    def _victim_keys(self, win: torch.Tensor, clock: torch.Tensor) -> list[torch.Tensor]:
+    def _victim_keys(self, win: torch.Tensor, seen: torch.Tensor, clock: torch.Tensor) -> list[torch.Tensor]:
         """Sort keys of the victim, most significant first (ties then go to the nearest probed slot); lfu's
-        counts as of the proposing id's clock (``_decayed``)."""
-        last_seen = take(self.last_seen, win)
+        counts as of the proposing id's clock (``_decayed``). ``seen``: the probed slots' last_seen."""
         if self.config.policy == "lfu":
-            return [self._decayed(take(self.counts, win), clock[:, None] - last_seen), last_seen]
-        return [last_seen]
+            return [self._decayed(take(self.counts, win), clock[:, None] - seen), seen]
+        return [seen]
 
     def _decayed(self, counts: torch.Tensor, unseen: torch.Tensor) -> torch.Tensor:
         """lfu with ``lfu_halflife`` H: a count halved once for every H lookup calls its id went unseen

@@ -65,26 +65,14 @@ class ZchConfig:
             )
         else:
             need(self.ttl is None, "ttl", f"applies to policy 'ttl' only (policy is {self.policy!r})")
-        need(
-            isinstance(self.admission_threshold, int) and self.admission_threshold >= 1,
-            "admission_threshold",
-            f"must be >= 1, got {self.admission_threshold!r}",
-        )
-        need(
-            self.admission_threshold == 1 or self.policy == "lfu",
-            "admission_threshold",
-            f"applies to policy 'lfu' only (policy is {self.policy!r})",
-        )
-        need(
-            isinstance(self.lfu_halflife, int) and self.lfu_halflife >= 0,
-            "lfu_halflife",
-            f"must be >= 0 lookup calls (0: counts never decay), got {self.lfu_halflife!r}",
-        )
-        need(
-            self.lfu_halflife == 0 or self.policy == "lfu",
-            "lfu_halflife",
-            f"applies to policy 'lfu' only (policy is {self.policy!r})",
-        )
+        for option, off in (("admission_threshold", 1), ("lfu_halflife", 0)):  # lfu's options, and their off value
+            value = getattr(self, option)
+            need(isinstance(value, int) and value >= off, option, f"must be >= {off} ({off}: off), got {value!r}")
+            need(
+                value == off or self.policy == "lfu",
+                option,
+                f"applies to policy 'lfu' only (policy is {self.policy!r})",
+            )
         need(
             isinstance(self.admission_slots, int) and self.admission_slots >= 0,
             "admission_slots",

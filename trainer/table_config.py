@@ -67,14 +67,11 @@ def check_zch_options(where: str, options: ZchOptions) -> None:
         check(ttl > 0, f"{where}.zch_ttl", "must be > 0 seconds of event time with zch_policy 'ttl'", ttl)
     else:
         check(ttl == 0, f"{where}.zch_ttl", "applies to zch_policy 'ttl' only", ttl)
-    threshold = options.zch_admission_threshold
-    check(threshold >= 1, f"{where}.zch_admission_threshold", "must be >= 1", threshold)
-    check(threshold == 1 or options.zch_policy == "lfu", f"{where}.zch_admission_threshold",
-          "applies to zch_policy 'lfu' only (leave it at 1)", threshold)  # fmt: skip
-    halflife = options.zch_lfu_halflife
-    check(halflife >= 0, f"{where}.zch_lfu_halflife", "must be >= 0 training steps (0: counts never decay)", halflife)
-    check(halflife == 0 or options.zch_policy == "lfu", f"{where}.zch_lfu_halflife",
-          "applies to zch_policy 'lfu' only (leave it at 0)", halflife)  # fmt: skip
+    for name, off in (("zch_admission_threshold", 1), ("zch_lfu_halflife", 0)):  # lfu's options, and their off value
+        value = getattr(options, name)
+        check(value >= off, f"{where}.{name}", f"must be >= {off} ({off}: off)", value)
+        check(value == off or options.zch_policy == "lfu", f"{where}.{name}",
+              f"applies to zch_policy 'lfu' only (leave it at {off})", value)  # fmt: skip
 
 
 def check_zch_world(where: str, options: ZchOptions, world_size: int) -> None:

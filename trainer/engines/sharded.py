@@ -140,10 +140,9 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         ``keys``: zch rows travel with their row key and reset step (``row_notes``), which the requester's
         ``feature_keys`` and ``send_layout`` read (evaluation, PEC); the synchronous training step reads
         neither and sends the rows alone."""
-        notes = keys and self.has_zch
-        payload = self.row_notes(ctx, rows) if notes else rows
+        payload = self.row_notes(ctx, rows) if keys else rows
         received = self.comm.all_to_all("embedding_comm.rows", payload, ctx.recv_splits, ctx.send_splits)
-        received = self.take_row_notes(ctx, received) if notes else received
+        received = self.take_row_notes(ctx, received) if keys else received
         return [received[position] for position in ctx.send_position]
 
     @staticmethod
