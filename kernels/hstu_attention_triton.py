@@ -96,7 +96,7 @@ def default_config(device: torch.device) -> AttentionKernelConfig:
 
 # The kernels call the helpers by these names; ``_bind`` sets them to the jitted helpers of the current
 # interpreter mode before every launch.
-_dot = _time_bucket = _time_bias = _bounds = _scores = _sigmoid = _load_rows = _add_diagonals = _attend = None
+_dot = _time_bucket = _time_buckets = _scores = _sigmoid = _load_rows = _add_diagonals = _attend = None
 
 
 def _dot_impl(a, b, PRECISION: tl.constexpr, COMPILED: tl.constexpr):
@@ -116,47 +116,37 @@ def _time_bucket_impl(delta, num_buckets, COMPILED: tl.constexpr):
     return tl.minimum(tl.maximum(scaled.to(tl.int32), 0), num_buckets - 1)
 
 
-def _bounds_impl(t, mask):
-    """The lowest and highest of a block's times (``mask``: its rows); a reduction across the program."""
-    far = _TIME_FAR
-    lowest = tl.reduce(tl.where(mask, t, far), 0, tl.standard._elementwise_min)
-    highest = tl.reduce(tl.where(mask, t, -far), 0, tl.standard._elementwise_max)
-    return lowest, highest
+def _time_buckets_impl(tq, tk, mask_m, mask_n, EDGES, num_buckets, SPAN: tl.constexpr, COMPILED: tl.constexpr):
+    """Time buckets of a tile's gaps ``tq_i - tk_j`` (int32).
 
-
-def _time_bias_impl(tq, tk, gap_lo, gap_hi, EDGES, TB, num_buckets, SPAN: tl.constexpr, COMPILED: tl.constexpr):
-    """Time bias ``tb[bucket(tq_i - tk_j)]`` of a tile (float32) and its buckets (int32).
-
-    Every gap of the tile lies in ``[gap_lo, gap_hi]`` (earliest query time - latest key time, latest
-    query time - earliest key time), and the bucket does not decrease with a positive gap. So when
-    ``gap_lo`` is positive and the two bounds are at most ``SPAN - 1`` buckets apart, a gap's bucket
-    is the lowest one plus the number of the next ``SPAN - 1`` bucket edges it reaches, and its bias
-    is the bias of the last edge reached: integer comparisons and selects between ``SPAN`` scalars,
-    instead of a ``log``, a division and a gather per score. Far from the diagonal of a history that
-    is the common case; other tiles take the formula and the gather per score, as a load masked by
-    the tile's verdict (Triton 3.6 does not pipeline a loop with a load inside a runtime branch).
+    Every gap lies between the tile's lowest (earliest query time - latest key time) and highest
+    (latest query time - earliest key time), and the bucket does not decrease with a positive gap. So
+    when the lowest gap is positive and the two bounds are at most ``SPAN - 1`` buckets apart, a gap's
+    bucket is the lowest one plus the number of the next ``SPAN - 1`` bucket edges it reaches: integer
+    comparisons instead of a ``log`` and a division per score. Far from the diagonal of a history that
+    is the common case; other tiles take the formula per score. The edge loads stay outside the
+    branch (Triton 3.6 does not pipeline a loop with a load inside a branch).
     """
+    far = _TIME_FAR
+    lowest = tl.reduce(tl.where(mask_m, tq, far), 0, tl.standard._elementwise_min)
+    highest = tl.reduce(tl.where(mask_m, tq, -far), 0, tl.standard._elementwise_max)
+    gap_lo = lowest - tl.reduce(tl.where(mask_n, tk, -far), 0, tl.standard._elementwise_max)
+    gap_hi = highest - tl.reduce(tl.where(mask_n, tk, far), 0, tl.standard._elementwise_min)
     first = _time_bucket(gap_lo, num_buckets, COMPILED)
     gap = tq[:, None] - tk[None, :]
     bucket = gap * 0 + first
-    bias = (gap * 0).to(tl.float32) + tl.load(TB + first).to(tl.float32)
     for i in tl.static_range(1, SPAN):
-        reached = gap >= tl.load(EDGES + first + i)  # edges past the last bucket are never reached
-        bucket += reached.to(tl.int32)
-        bias = tl.where(reached, tl.load(TB + tl.minimum(first + i, num_buckets - 1)).to(tl.float32), bias)
-    slow = (gap_lo < 1) | (_time_bucket(gap_hi, num_buckets, COMPILED) - first >= SPAN)
-    if slow:
+        bucket += (gap >= tl.load(EDGES + first + i)).to(tl.int32)
+    if (gap_lo < 1) | (_time_bucket(gap_hi, num_buckets, COMPILED) - first >= SPAN):
         bucket = _time_bucket(gap, num_buckets, COMPILED)
-    gathered = tl.load(TB + bucket, mask=(bucket >= 0) & slow, other=0.0).to(tl.float32)
-    return tl.where(slow, gathered, bias), bucket
+    return bucket
 
 
-def _scores_impl(q, k, rm, rn, tq, TS, start, mask_n, gap_lo, gap_hi, PB, TB, EDGES, num_pos, num_buckets,
+def _scores_impl(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, EDGES, num_pos, num_buckets,
                  HAS_TIME: tl.constexpr, SPAN: tl.constexpr, BELOW: tl.constexpr, COMPILED: tl.constexpr,
                  PRECISION: tl.constexpr):  # fmt: skip
     """Scores ``q·kᵀ + biases`` of a tile (float32) and its time buckets (0 without a time bias).
-    ``gap_lo``/``gap_hi``: the lowest and highest time gap of the tile (``_time_bias``). ``BELOW``:
-    every key of the tile precedes every query (no distance below 1 to clamp)."""
+    ``BELOW``: every key of the tile precedes every query (no distance below 1 to clamp)."""
     s = _dot(q, tl.trans(k), PRECISION, COMPILED)
     if BELOW:
         distance = tl.minimum(rm[:, None] - rn[None, :], num_pos - 1)
@@ -166,8 +156,8 @@ def _scores_impl(q, k, rm, rn, tq, TS, start, mask_n, gap_lo, gap_hi, PB, TB, ED
     bucket = (distance * 0).to(tl.int32)
     if HAS_TIME:
         tk = tl.load(TS + start + rn, mask=mask_n, other=0)
-        bias, bucket = _time_bias(tq, tk, gap_lo, gap_hi, EDGES, TB, num_buckets, SPAN, COMPILED)
-        s += bias
+        bucket = _time_buckets(tq, tk, mask_m, mask_n, EDGES, num_buckets, SPAN, COMPILED)
+        s += tl.load(TB + bucket).to(tl.float32)
     return s, bucket
 
 
@@ -204,23 +194,17 @@ def _load_rows_impl(PTR, rows, stride, col, mask_rows, mask_d):
 # --------------------------------------------------------------------------------------------------
 
 
-def _attend_impl(acc, q, rm, tq, q_lo, q_hi, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, KLO, KHI,
-                 PB, TB, EDGES, stride_k, stride_v, num_pos, num_buckets, BLOCK_N: tl.constexpr,
-                 HAS_TIME: tl.constexpr, SPAN: tl.constexpr, BELOW: tl.constexpr, FAST_SILU: tl.constexpr,
-                 COMPILED: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def _attend_impl(acc, q, rm, tq, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, PB, TB, EDGES,
+                 stride_k, stride_v, num_pos, num_buckets, BLOCK_N: tl.constexpr, HAS_TIME: tl.constexpr,
+                 SPAN: tl.constexpr, BELOW: tl.constexpr, FAST_SILU: tl.constexpr, COMPILED: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
     """``acc`` plus one key tile's ``silu(scores) / n · v``; ``BELOW``: the tile lies wholly below the
-    causal diagonal of the query block (no mask to apply). ``q_lo``/``q_hi``: the query block's
-    earliest and latest time; ``KLO``/``KHI`` + ``n0 // BLOCK_N``: the key tile's (``key_tile_bounds``)."""
+    causal diagonal of the query block (no mask to apply)."""
     rn = n0 + tl.arange(0, BLOCK_N)
     mask_n = rn < n
     k = _load_rows(K, start + rn, stride_k, col, mask_n, mask_d)
     v = _load_rows(V, start + rn, stride_v, col, mask_n, mask_d)
-    gap_lo = q_lo * 0
-    gap_hi = gap_lo
-    if HAS_TIME:
-        gap_lo = q_lo - tl.load(KHI + n0 // BLOCK_N)
-        gap_hi = q_hi - tl.load(KLO + n0 // BLOCK_N)
-    s, _ = _scores(q, k, rm, rn, tq, TS, start, mask_n, gap_lo, gap_hi, PB, TB, EDGES, num_pos, num_buckets,
+    s, _ = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, EDGES, num_pos, num_buckets,
                    HAS_TIME, SPAN, BELOW, COMPILED, PRECISION)  # fmt: skip
     p = s * _sigmoid(s, FAST_SILU) * inv_n
     if not BELOW:
@@ -229,7 +213,7 @@ def _attend_impl(acc, q, rm, tq, q_lo, q_hi, mask_m, inv_n, n0, n, start, col, m
 
 
 def _hstu_fwd_kernel(
-    Q, K, V, OUT, OFF, TS, QT, PB, TB, EDGES, KTILE, KLO, KHI,
+    Q, K, V, OUT, OFF, TS, QT, PB, TB, EDGES,
     stride_q, stride_k, stride_v, stride_o,
     num_heads, num_pos, num_buckets, num_blocks,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -252,20 +236,17 @@ def _hstu_fwd_kernel(
     col = h * HEAD_DIM + rd
     q = _load_rows(Q, start + rm, stride_q, col, mask_m, mask_d)
     tq = tl.load(QT + start + rm, mask=mask_m, other=0)
-    q_lo, q_hi = _bounds(tq, mask_m)  # once per program: the key loop reads its tiles' bounds from KLO/KHI
-    tile = tl.load(KTILE + b)
-    klo, khi = KLO + tile, KHI + tile
     inv_n = 1.0 / n.to(tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     below = (m0 // BLOCK_N) * BLOCK_N  # key tiles before it precede every query of the block
     for n0 in range(0, below, BLOCK_N):
-        acc = _attend(acc, q, rm, tq, q_lo, q_hi, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, klo, khi,
-                      PB, TB, EDGES, stride_k, stride_v, num_pos, num_buckets, BLOCK_N, HAS_TIME, SPAN, True,
-                      FAST_SILU, COMPILED, PRECISION)  # fmt: skip
+        acc = _attend(acc, q, rm, tq, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, PB, TB, EDGES,
+                      stride_k, stride_v, num_pos, num_buckets, BLOCK_N, HAS_TIME, SPAN, True, FAST_SILU,
+                      COMPILED, PRECISION)  # fmt: skip
     for n0 in range(below, tl.minimum(m0 + BLOCK_M, n), BLOCK_N):
-        acc = _attend(acc, q, rm, tq, q_lo, q_hi, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, klo, khi,
-                      PB, TB, EDGES, stride_k, stride_v, num_pos, num_buckets, BLOCK_N, HAS_TIME, SPAN, False,
-                      FAST_SILU, COMPILED, PRECISION)  # fmt: skip
+        acc = _attend(acc, q, rm, tq, mask_m, inv_n, n0, n, start, col, mask_d, K, V, TS, PB, TB, EDGES,
+                      stride_k, stride_v, num_pos, num_buckets, BLOCK_N, HAS_TIME, SPAN, False, FAST_SILU,
+                      COMPILED, PRECISION)  # fmt: skip
     out = OUT + (start + rm)[:, None] * stride_o + col[None, :]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -302,8 +283,6 @@ def _hstu_bwd_kernel(
     rn = j0 + r
     mask_n = rn < n
     tn = tl.load(QT + start + rn, mask=mask_n, other=0)  # query times of the block as queries (dQ)
-    tn_lo, tn_hi = _bounds(tn, mask_n)
-    k_lo, k_hi = _bounds(tl.load(TS + start + rn, mask=mask_n, other=0), mask_n)  # the block as keys
     for h in range(0, num_heads):
         col = h * HEAD_DIM + rd
         k = _load_rows(K, start + rn, stride_k, col, mask_n, mask_d)
@@ -316,9 +295,8 @@ def _hstu_bwd_kernel(
             q = _load_rows(Q, start + rm, stride_q, col, mask_m, mask_d)
             do = _load_rows(DO, start + rm, stride_do, col, mask_m, mask_d)
             tq = tl.load(QT + start + rm, mask=mask_m, other=0)
-            q_lo, q_hi = _bounds(tq, mask_m)
-            s, bucket = _scores(q, k, rm, rn, tq, TS, start, mask_n, q_lo - k_hi, q_hi - k_lo, PB, TB, EDGES,
-                                num_pos, num_buckets, HAS_TIME, SPAN, False, COMPILED, PRECISION)  # fmt: skip
+            s, bucket = _scores(q, k, rm, rn, tq, TS, start, mask_m, mask_n, PB, TB, EDGES, num_pos,
+                                num_buckets, HAS_TIME, SPAN, False, COMPILED, PRECISION)  # fmt: skip
             valid = (rm[:, None] >= rn[None, :]) & mask_m[:, None]
             sig = _sigmoid(s, FAST_SILU)
             p = tl.where(valid, s * sig * inv_n, 0.0)
@@ -357,9 +335,8 @@ def _hstu_bwd_kernel(
             mask_c = rc < n
             kc = _load_rows(K, start + rc, stride_k, col, mask_c, mask_d)
             vc = _load_rows(V, start + rc, stride_v, col, mask_c, mask_d)
-            c_lo, c_hi = _bounds(tl.load(TS + start + rc, mask=mask_c, other=0), mask_c)
-            s, _ = _scores(qn, kc, rn, rc, tn, TS, start, mask_c, tn_lo - c_hi, tn_hi - c_lo, PB, TB, EDGES,
-                           num_pos, num_buckets, HAS_TIME, SPAN, False, COMPILED, PRECISION)  # fmt: skip
+            s, _ = _scores(qn, kc, rn, rc, tn, TS, start, mask_n, mask_c, PB, TB, EDGES, num_pos, num_buckets,
+                           HAS_TIME, SPAN, False, COMPILED, PRECISION)  # fmt: skip
             valid = (rn[:, None] >= rc[None, :]) & mask_n[:, None]
             sig = _sigmoid(s, FAST_SILU)
             g = _dot(don, tl.trans(vc), PRECISION, COMPILED)
@@ -380,8 +357,7 @@ def _bind() -> tuple[object, object]:
     these module-level names, so they are (re)bound before every launch."""
     globals()["_dot"] = jit_lazily(_dot_impl)
     globals()["_time_bucket"] = jit_lazily(_time_bucket_impl)
-    globals()["_time_bias"] = jit_lazily(_time_bias_impl)
-    globals()["_bounds"] = jit_lazily(_bounds_impl)
+    globals()["_time_buckets"] = jit_lazily(_time_buckets_impl)
     globals()["_scores"] = jit_lazily(_scores_impl)
     globals()["_sigmoid"] = jit_lazily(_sigmoid_impl)
     globals()["_attend"] = jit_lazily(_attend_impl)
@@ -399,24 +375,6 @@ def rebased_times(offsets: Tensor, timestamps: Tensor, query_times: Tensor) -> t
     return tuple(  # type: ignore[return-value]
         (t - base).clamp(-TIME_CLAMP, TIME_CLAMP).to(torch.int32) for t in (timestamps, query_times)
     )
-
-
-def key_tile_bounds(offsets: Tensor, times: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Each sample's first key tile (int64 ``[B]``) and the earliest and latest time of every key tile
-    of ``block`` rows (int32), tiles numbered sample after sample from the sample's first row: the
-    forward kernel reads a tile's bounds instead of reducing its times across the program. Sized
-    without reading the device (Σ ceil(n_b / block) <= N // block + B)."""
-    n, batch = times.numel(), offsets.numel() - 1
-    lengths = offsets[1:] - offsets[:-1]
-    tiles = torch.div(lengths + block - 1, block, rounding_mode="floor")
-    first = torch.cumsum(tiles, 0) - tiles
-    sample = torch.repeat_interleave(torch.arange(batch, device=times.device), lengths, output_size=n)
-    tile = first[sample] + torch.div(torch.arange(n, device=times.device) - offsets[sample], block,
-                                     rounding_mode="floor")  # fmt: skip
-    size = n // block + batch + 1
-    lo = torch.full((size,), TIME_CLAMP, dtype=torch.int32, device=times.device)
-    hi = torch.full((size,), -TIME_CLAMP, dtype=torch.int32, device=times.device)
-    return first, lo.scatter_reduce(0, tile, times, "amin"), hi.scatter_reduce(0, tile, times, "amax")
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -453,10 +411,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, timestamps: Tensor
     num_blocks = triton.cdiv(max_len, cfg.fwd_block_m)
     has_time = time_bias.numel() > 0
     times, queries = rebased_times(offsets, timestamps, query_times)
-    key_tiles = key_tile_bounds(offsets, times, cfg.fwd_block_n) if has_time else (offsets,) * 3
     fwd[(num_blocks, batch * num_heads)](
         q, k, v, out, offsets, times, queries, pos_bias, time_bias if has_time else pos_bias,
-        _edges(time_bias, cfg), *key_tiles,
+        _edges(time_bias, cfg),
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         num_heads, pos_bias.numel(), max(time_bias.numel(), 1), num_blocks,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_M=cfg.fwd_block_m, BLOCK_N=cfg.fwd_block_n,

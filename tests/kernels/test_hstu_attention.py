@@ -144,25 +144,3 @@ def test_torch_compile_fullgraph() -> None:
     compiled.sum().backward()
     assert torch.allclose(compiled, eager, atol=1e-6)
     assert all(torch.allclose(t.grad, e, atol=1e-6) for t, e in zip((case.q, case.k, case.v), expect))
-
-
-@settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=6), block=st.sampled_from([16, 32]),
-       seed=st.integers(0, 2**16))  # fmt: skip
-def test_key_tile_bounds_match_a_loop_over_tiles(lengths: list[int], block: int, seed: int) -> None:
-    """The forward reads each key tile's earliest and latest time from ``key_tile_bounds`` (tiles of
-    ``block`` rows from each sample's first row, numbered sample after sample)."""
-    from freescale.kernels.hstu_attention_triton import key_tile_bounds
-
-    gen = torch.Generator().manual_seed(seed)
-    offsets = torch.tensor([0, *lengths]).cumsum(0)
-    times = torch.randint(-(2**20), 2**20, (int(offsets[-1]),), generator=gen, dtype=torch.int32)
-    first, lo, hi = key_tile_bounds(offsets, times, block)
-    tile = 0
-    for b, n in enumerate(lengths):
-        assert int(first[b]) == tile
-        for start in range(int(offsets[b]), int(offsets[b]) + n, block):
-            chunk = times[start : min(start + block, int(offsets[b]) + n)]
-            assert (int(lo[tile]), int(hi[tile])) == (int(chunk.min()), int(chunk.max())), (b, start)
-            tile += 1
-    assert lo.numel() >= tile
