@@ -5,7 +5,8 @@ tables, tables full of other ids (every probe runs ``max_probe`` slots and falls
 table holding the queried ids (hits) and inserting (training mode). Then a steady training step's
 lookup (a few hundred distinct ids, a few new, on a table kept full by lru eviction) with the CPU's
 host shortcuts and without them (``kernels.zch.HOST_SHORTCUTS``: the masked path a GPU runs), on the
-same calls. ``s``: ``bench_zch.Settings`` (``kernel_*``, ``bucket_size``, ``max_probe``, ``seed``).
+same calls; with ``--device cuda`` also on a CUDA table, its proposal rounds as masked torch ops and in
+the Triton rounds kernel. ``s``: ``bench_zch.Settings`` (``kernel_*``, ``bucket_size``, ``max_probe``, ``seed``).
 """
 
 from __future__ import annotations
@@ -59,14 +60,21 @@ def steady_calls(s: Any) -> list[Any]:
     return calls
 
 
-def time_steady(s: Any, calls: list[Any], shortcuts: bool) -> dict[str, Any]:
-    """Median seconds per call over five chunks of the timed calls, after the warm-up calls."""
+def time_steady(
+    s: Any, calls: list[Any], shortcuts: bool, device: str = "cpu", triton_rounds: bool | None = None
+) -> dict[str, Any]:
+    """Median seconds per call over five chunks of the timed calls, after the warm-up calls (``device``:
+    where the table lives, the ids moved there first; ``triton_rounds``: ``kernels.zch.TRITON_ROUNDS``)."""
+    import torch
+
     import freescale.kernels.zch as zch
     from freescale.kernels.zch_types import ZchConfig
 
     config = ZchConfig(zch_size=s.kernel_step_slots, bucket_size=s.bucket_size, max_probe=s.max_probe)
-    table, previous = zch.ZchTable(config), zch.HOST_SHORTCUTS
-    zch.HOST_SHORTCUTS = shortcuts
+    table, previous = zch.ZchTable(config, device), (zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS)
+    zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS = shortcuts, triton_rounds
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    calls = [ids.to(device) for ids in calls]
     try:
         warm, timed = calls[: s.kernel_step_calls], calls[s.kernel_step_calls :]
         for ids in warm:
@@ -74,14 +82,28 @@ def time_steady(s: Any, calls: list[Any], shortcuts: bool) -> dict[str, Any]:
         chunks = [timed[i::5] for i in range(5)]
         per_call = []
         for chunk in chunks:
+            sync()
             t0 = time.perf_counter()
             for ids in chunk:
                 table.lookup(ids, train=True)
+            sync()
             per_call.append((time.perf_counter() - t0) / len(chunk))
     finally:
-        zch.HOST_SHORTCUTS = previous
+        zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS = previous
     return {"median_s": statistics.median(per_call), "occupancy": table.occupancy(),
             "counters": table.counters_dict()}  # fmt: skip
+
+
+def cuda_steady_step(s: Any) -> dict[str, Any]:
+    """The same steady calls on a CUDA table: the proposal rounds as masked torch ops against the Triton
+    rounds kernel (``kernels/zch_rounds_triton.py``, what a CUDA table runs by default)."""
+    calls = steady_calls(s)
+    torch_rounds = time_steady(s, calls, False, "cuda", triton_rounds=False)
+    kernel = time_steady(s, calls, False, "cuda", triton_rounds=True)
+    assert torch_rounds["counters"] == kernel["counters"], "the rounds kernel changed what the table decided"
+    return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
+            "torch_rounds_s": torch_rounds["median_s"], "triton_rounds_s": kernel["median_s"],
+            "torch_over_triton": torch_rounds["median_s"] / kernel["median_s"]}  # fmt: skip
 
 
 def steady_step(s: Any) -> dict[str, Any]:
@@ -109,7 +131,10 @@ def kernel_point(s: Any) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {**_kernel_point(s), "steady_training": steady_step(s)}
+        point = {**_kernel_point(s), "steady_training": steady_step(s)}
+        if s.device == "cuda":
+            point["steady_training_cuda"] = cuda_steady_step(s)
+        return point
     finally:
         torch.set_num_threads(threads)
 

@@ -113,6 +113,11 @@ def print_kernel(kernel: dict[str, Any]) -> None:
     if step and "large_slots" in step:
         print(f"  the same calls on {step['large_slots']:,} slots: {1e3 * step['large_table_shortcuts_s']:.2f} ms "
               f"with the host shortcuts ({step['large_over_small']:.2f}x)")  # fmt: skip
+    cuda = kernel.get("steady_training_cuda")
+    if cuda:
+        print(f"  the same calls on a CUDA table: {1e3 * cuda['torch_rounds_s']:.2f} ms with the masked torch "
+              f"rounds, {1e3 * cuda['triton_rounds_s']:.2f} ms with the Triton rounds kernel "
+              f"({cuda['torch_over_triton']:.2f}x)")  # fmt: skip
 
 
 def plot(windows: list[dict[str, Any]], kernel: dict[str, Any] | None, out: Path) -> None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from .triton_support import triton_unavailable_reason
 from .zch_hash import bucket_and_home, pending_slot
 from .zch_rounds import INT64_MAX, Rounds, SortedCalls, masked_put, sort_calls, take
+from .zch_rounds_triton import place_in_rounds
 from .zch_types import COUNTERS, Overwritten, ZchConfig, ZchLookup, check_ids
 
 # On CPU a host read costs nothing, so a data-dependent size is cheaper than masked work over fixed shapes:
@@ -29,6 +31,9 @@ HOST_SHORTCUTS = True
 COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
 READ_CHUNK = 4096  # CPU: ids probing their windows at once when hits are read home first (ZchTable._find_from_home)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
+# The masked path's proposal rounds as one Triton kernel (``zch_rounds_triton``): None picks it on CUDA, where
+# the torch rounds' launches are the cost; True forces it (the tests, on CPU through TRITON_INTERPRET=1).
+TRITON_ROUNDS: bool | None = None
 
 
 class ZchTable:
@@ -71,6 +76,13 @@ class ZchTable:
     def host_shortcuts(self) -> bool:
         """Whether data-dependent sizes are cheap here (CPU: ``HOST_SHORTCUTS``)."""
         return HOST_SHORTCUTS and self.device.type == "cpu"
+
+    @property
+    def triton_rounds(self) -> bool:
+        """Whether the masked path places ids with the Triton rounds kernel (``TRITON_ROUNDS``)."""
+        if TRITON_ROUNDS is None:
+            return self.device.type == "cuda" and triton_unavailable_reason(self.device) is None
+        return TRITON_ROUNDS
 
     def occupied(self) -> torch.Tensor:
         """int64 []: slots holding an id, from the running counters (slots never empty again: every insert
@@ -301,10 +313,12 @@ class ZchTable:
         """
         if self.host_shortcuts:
             return self._place_on_host(probe[:2], admitted, calls, hit, hit_slot)
-        window = probe[2]
-        assert window is not None  # the masked path's caller built every id's
         claimed = torch.zeros(self.slots, dtype=torch.int64, device=admitted.device)
         claimed = claimed.scatter_reduce(0, hit_slot, hit.to(torch.int64), "amax")
+        if self.triton_rounds:
+            return self._place_with_kernel(probe[:2], admitted, calls, claimed)
+        window = probe[2]
+        assert window is not None  # the masked path's caller built every id's
         rounds = self._rounds(window, admitted, calls.clock, calls.order, claimed)
         limit, done, run = self.config.max_probe + 1, 0, FIRST_ROUNDS
         while True:
@@ -317,6 +331,36 @@ class ZchTable:
             ).tolist()
             if not more or done == limit:
                 return placed, [count, step]
+
+    def _place_with_kernel(
+        self,
+        probe: tuple[torch.Tensor, torch.Tensor],
+        admitted: torch.Tensor,
+        calls: SortedCalls,
+        claimed: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """``_place`` by the Triton rounds kernel (``zch_rounds_triton``): the same slots in one launch, with
+        one host read before it (the tile size) and one after (the slots taken, the table's step)."""
+        base, home = probe
+        cfg = self.config
+        placed = place_in_rounds(
+            bucket_local=torch.div(base, cfg.bucket_size, rounding_mode="floor"),
+            home=home,
+            clock=calls.clock,
+            prio=calls.order,
+            admitted=admitted,
+            claimed=claimed,
+            identities=self.identities,
+            last_seen=self.last_seen,
+            counts=self.counts,
+            bucket_size=cfg.bucket_size,
+            max_probe=cfg.max_probe,
+            policy=cfg.policy,
+            ttl=cfg.ttl,
+            halflife=cfg.lfu_halflife,
+        )
+        count, step = torch.stack([(placed >= 0).sum(), self.step]).tolist()
+        return placed, [count, step]
 
     def _place_on_host(
         self,

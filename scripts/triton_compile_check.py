@@ -78,6 +78,28 @@ def compile_hstu_attention(all_tiles: bool) -> None:
         att.backward(torch.zeros(n, 256, dtype=torch.bfloat16), *args, config)
 
 
+def compile_zch_rounds() -> None:
+    """The zero-collision rounds kernel under every policy (lfu with and without a halflife), at the
+    benchmark's bucket of 64 and a small odd one, tiles of 1 to 128 ids."""
+    from freescale.kernels import zch_rounds_triton as zrt
+
+    zrt.triton_unavailable_reason = lambda device: None  # CPU tensors stand in for CUDA ones
+    for bucket_size, max_probe in ((64, 16), (5, 3)):
+        slots = 4 * bucket_size
+        for ids in (1, 128 * 4):
+            n = ids
+            state = [torch.full((slots,), -1, dtype=torch.int64), torch.zeros(slots, dtype=torch.int64),
+                     torch.zeros(slots, dtype=torch.int64)]  # fmt: skip
+            for policy, ttl, halflife in (("ttl", 10, 0), ("lru", None, 0), ("lfu", None, 0), ("lfu", None, 3)):
+                zrt.place_in_rounds(
+                    bucket_local=torch.arange(n) % 4, home=torch.zeros(n, dtype=torch.int64),
+                    clock=torch.zeros(n, dtype=torch.int64), prio=torch.arange(n),
+                    admitted=torch.ones(n, dtype=torch.bool), claimed=torch.zeros(slots, dtype=torch.int64),
+                    identities=state[0], last_seen=state[1], counts=state[2], bucket_size=bucket_size,
+                    max_probe=max_probe, policy=policy, ttl=ttl, halflife=halflife,
+                )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90, help="compute capability as an int (90 = H100/H200)")
@@ -113,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         tri.triton_gather_rows(src, index)
         tri.triton_jagged_gather(src, offsets, offsets, index)
     compile_hstu_attention(a.all_tiles)
+    compile_zch_rounds()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_sm_contention
 

@@ -9,90 +9,21 @@ hand-made cases. The hash is tested in test_zch_hash.py, the configuration in te
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zch_streams import BIG, assert_same, configs, crowded_stream, host_shortcuts, run_both, streams
 
 import freescale.kernels.zch as zch
 from freescale.kernels.zch import ZchTable
-from freescale.kernels.zch_hash import bucket_and_home, mix64
+from freescale.kernels.zch_hash import bucket_and_home
 from freescale.kernels.zch_reference import ReferenceZchTable
 from freescale.kernels.zch_rounds import Rounds, first_true
 from freescale.kernels.zch_types import COUNTERS, ZchConfig
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-BIG = 2**63 - 1
-
-
-@st.composite
-def configs(draw: st.DrawFn) -> ZchConfig:
-    bucket_size = draw(st.integers(1, 5))
-    world_size = draw(st.sampled_from([1, 2]))
-    num_buckets = world_size * draw(st.integers(1, 2))
-    policy = draw(st.sampled_from(["ttl", "lru", "lfu"]))
-    return ZchConfig(
-        zch_size=num_buckets * bucket_size,
-        bucket_size=bucket_size,
-        max_probe=draw(st.integers(1, bucket_size)),
-        policy=policy,
-        ttl=draw(st.integers(1, 12)) if policy == "ttl" else None,
-        admission_threshold=draw(st.integers(1, 3)) if policy == "lfu" else 1,
-        admission_slots=draw(st.integers(0, 4)),
-        lfu_halflife=draw(st.integers(0, 3)) if policy == "lfu" else 0,
-        world_size=world_size,
-    )
-
-
-@st.composite
-def streams(draw: st.DrawFn) -> list[tuple[list[int], list[int], bool]]:
-    """Calls of (ids, event times, train): ids from a small pool so they repeat and crowd the buckets."""
-    pool = draw(st.lists(st.integers(0, BIG), min_size=1, max_size=40, unique=True))
-    calls, now = [], 0
-    for _ in range(draw(st.integers(1, 10))):
-        ids = draw(st.lists(st.sampled_from(pool), min_size=0, max_size=25))
-        if draw(st.booleans()):  # distinct and ascending: what an owner gets from one requester
-            ids = sorted(set(ids))
-        now += draw(st.integers(-3, 15))
-        times = [now + draw(st.integers(-2, 2)) for _ in ids] if ids else []
-        calls.append((ids, times, draw(st.booleans()) or not calls))
-    return calls
-
-
-@contextmanager
-def host_shortcuts(on: bool) -> Iterator[None]:
-    """``kernels.zch.HOST_SHORTCUTS`` set for a block: off, a CPU table runs the masked path a GPU runs."""
-    previous, zch.HOST_SHORTCUTS = zch.HOST_SHORTCUTS, on
-    try:
-        yield
-    finally:
-        zch.HOST_SHORTCUTS = previous
-
-
-def assert_same(table: ZchTable, reference: ReferenceZchTable) -> None:
-    ours, theirs = table.state_dict(), reference.state_dict()
-    for name in theirs:
-        assert torch.equal(ours[name].cpu(), theirs[name]), name
-
-
-def run_both(
-    config: ZchConfig, calls: list[tuple[list[int], list[int], bool]], device: str = "cpu", shortcuts: bool = True
-) -> ZchTable:
-    """The table (``shortcuts``: with CPU's host shortcuts, else masked) and the reference, call after call."""
-    table, reference = ZchTable(config, device), ReferenceZchTable(config)
-    for ids, times, train in calls:
-        id_tensor, time_tensor = torch.tensor(ids, dtype=torch.int64), torch.tensor(times, dtype=torch.int64)
-        with host_shortcuts(shortcuts):
-            got = table.lookup(id_tensor.to(device), time_tensor.to(device), train=train)
-        want = reference.lookup(id_tensor, time_tensor, train=train)
-        assert torch.equal(got.rows.cpu(), want.rows), (ids, train)
-        assert torch.equal(got.reassigned.cpu(), want.reassigned)
-        assert got.stats_dict() == want.stats_dict()
-        assert_same(table, reference)
-    return table
 
 
 @SETTINGS
@@ -246,29 +177,8 @@ def test_ttl_waits_for_expiry_and_lfu_admits_after_threshold() -> None:
 @pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
 @pytest.mark.parametrize("seed", range(6))
 def test_crowded_streams_equal_reference(policy: str, seed: int, shortcuts: bool) -> None:
-    """Pools of 2-4x the table's rows and skewed draws: full windows, evictions and lost proposals in
-    most calls (hypothesis' small examples reach them less often)."""
-    generator = torch.Generator().manual_seed(seed)
-    bucket_size = 1 + seed % 4
-    config = ZchConfig(
-        zch_size=2 * bucket_size * (1 + seed % 2),
-        bucket_size=bucket_size,
-        max_probe=1 + seed % bucket_size,
-        policy=policy,
-        ttl=2 + seed % 4 if policy == "ttl" else None,
-        admission_threshold=1 + seed % 3 if policy == "lfu" else 1,
-        admission_slots=(seed % 3) * 4,
-        lfu_halflife=seed % 3 if policy == "lfu" else 0,
-        world_size=2,
-    )
-    pool = torch.randint(0, 2**62, ((2 + seed % 3) * config.zch_size,), generator=generator)
-    calls, now = [], 0
-    for _ in range(30):
-        size = int(torch.randint(1, 2 * config.zch_size, (), generator=generator))
-        picks = (torch.rand(size, generator=generator) ** 2 * pool.numel()).long()
-        now += int(torch.randint(-1, 7, (), generator=generator))
-        ids = pool[picks].unique() if len(calls) % 2 else pool[picks]  # every other call distinct and ascending
-        calls.append((ids.tolist(), [now] * ids.numel(), bool(torch.rand((), generator=generator) < 0.85)))
+    """``crowded_stream``: full windows, evictions and lost proposals in most calls."""
+    config, calls = crowded_stream(policy, seed)
     totals = run_both(config, calls, shortcuts=shortcuts).counters_dict()
     assert totals["evictions"] > 0 and totals["inserts"] > totals["evictions"]
 
@@ -323,29 +233,6 @@ def test_lfu_breaks_count_ties_by_age_then_distance() -> None:
     assert table.lookup(torch.tensor([r])).reassigned.tolist() == [1]  # equal counts: the older goes
     table.lookup(torch.tensor([q, q]))  # q: count 3
     assert table.lookup(torch.tensor([p])).reassigned.tolist() == [1]  # r (count 1) goes, not q
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
-def test_cuda_table_equals_reference(policy: str) -> None:
-    """The same torch code on a GPU: same hash bits, same rows and state as the CPU reference."""
-    generator = torch.Generator().manual_seed(11)
-    config = ZchConfig(
-        zch_size=64,
-        bucket_size=8,
-        max_probe=4,
-        policy=policy,
-        ttl=5 if policy == "ttl" else None,
-        admission_threshold=2 if policy == "lfu" else 1,
-    )
-    pool = torch.randint(0, 2**62, (200,), generator=generator)
-    calls = []
-    for step in range(20):
-        picks = (torch.rand(40, generator=generator) ** 2 * pool.numel()).long()
-        calls.append((pool[picks].tolist(), [step * 2] * 40, step % 5 != 4))
-    run_both(config, calls, device="cuda")
-    ids = torch.tensor([0, 1, 2**63 - 1], dtype=torch.int64)
-    assert mix64(ids.cuda()).tolist() == mix64(ids).tolist()
 
 
 @pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])

@@ -1,0 +1,45 @@
+"""Zero-collision tables on a GPU: the same hash bits, and the rows and state of the per-id reference,
+with the proposal rounds in the Triton kernel a CUDA table picks (and equal to the masked torch rounds
+at a training step's size)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zch_streams import kernel_equals_masked_rounds, run_both, step_size_config
+
+from freescale.kernels.zch import ZchTable
+from freescale.kernels.zch_hash import mix64
+from freescale.kernels.zch_types import ZchConfig
+
+NO_CUDA = "needs a CUDA device: torch.cuda.is_available() is False (the zch rounds kernel runs on GPUs)"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
+
+
+@pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
+def test_cuda_table_equals_reference(policy: str) -> None:
+    """Same hash bits, same rows and state as the CPU reference, the rounds in the kernel."""
+    generator = torch.Generator().manual_seed(11)
+    config = ZchConfig(
+        zch_size=64,
+        bucket_size=8,
+        max_probe=4,
+        policy=policy,
+        ttl=5 if policy == "ttl" else None,
+        admission_threshold=2 if policy == "lfu" else 1,
+        lfu_halflife=2 if policy == "lfu" else 0,
+    )
+    assert ZchTable(config, "cuda").triton_rounds
+    pool = torch.randint(0, 2**62, (200,), generator=generator)
+    calls = []
+    for step in range(20):
+        picks = (torch.rand(40, generator=generator) ** 2 * pool.numel()).long()
+        calls.append((pool[picks].tolist(), [step * 2] * 40, step % 5 != 4))
+    run_both(config, calls, device="cuda", shortcuts=False)
+    ids = torch.tensor([0, 1, 2**63 - 1], dtype=torch.int64)
+    assert mix64(ids.cuda()).tolist() == mix64(ids).tolist()
+
+
+@pytest.mark.parametrize(("policy", "halflife", "world_size"), [("ttl", 0, 1), ("lru", 0, 2), ("lfu", 3, 1)])
+def test_kernel_rounds_equal_the_masked_rounds_on_cuda(policy: str, halflife: int, world_size: int) -> None:
+    kernel_equals_masked_rounds(step_size_config(policy, halflife, world_size), device="cuda", calls=12, size=6_000)

@@ -1,0 +1,61 @@
+"""The zero-collision rounds kernel (``kernels/zch_rounds_triton.py``) through the Triton interpreter:
+a table placing ids with it equals the per-id reference call after call, and the masked torch rounds on
+calls as large as a training step's (buckets of 64, a full table, tiles of many ids)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from zch_streams import (
+    configs,
+    crowded_stream,
+    host_shortcuts,
+    kernel_equals_masked_rounds,
+    run_both,
+    step_size_config,
+    streams,
+)
+
+import freescale.kernels.zch as zch
+from freescale.kernels.zch import ZchTable
+from freescale.kernels.zch_types import ZchConfig
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _triton_interpreter():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+@SETTINGS
+@given(configs(), streams())
+def test_kernel_rounds_equal_the_reference(config: ZchConfig, calls: list) -> None:
+    run_both(config, calls, shortcuts=False, triton_rounds=True)
+
+
+@pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_rounds_on_crowded_streams_equal_the_reference(policy: str, seed: int) -> None:
+    config, calls = crowded_stream(policy, seed)
+    totals = run_both(config, calls, shortcuts=False, triton_rounds=True).counters_dict()
+    assert totals["evictions"] > 0 and totals["inserts"] > totals["evictions"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "halflife", "world_size"), [("ttl", 0, 1), ("lru", 0, 2), ("lfu", 0, 1), ("lfu", 3, 2)]
+)
+def test_kernel_rounds_equal_the_masked_rounds_at_a_steps_size(policy: str, halflife: int, world_size: int) -> None:
+    """Buckets of 64 probed 16 deep, 1,500 ids a call: tiles of up to 64 ids against the masked torch
+    rounds (rows, reassigned rows, counts and state), on a whole table and on a rank's shard."""
+    kernel_equals_masked_rounds(step_size_config(policy, halflife, world_size), device="cpu")
+
+
+def test_tables_pick_the_kernel_only_on_cuda() -> None:
+    config = ZchConfig(zch_size=8, bucket_size=4, max_probe=2)
+    assert ZchTable(config).triton_rounds is False  # CPU: the host path or the masked torch rounds
+    with host_shortcuts(False, triton_rounds=True):
+        assert ZchTable(config).triton_rounds is True
+    assert zch.TRITON_ROUNDS is None
