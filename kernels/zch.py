@@ -21,7 +21,7 @@ import torch
 from .triton_support import triton_unavailable_reason
 from .zch_hash import bucket_and_home, pending_slot
 from .zch_rounds import INT64_MAX, Rounds, SortedCalls, masked_put, sort_calls, take
-from .zch_rounds_triton import place_in_rounds
+from .zch_rounds_triton import BucketState, look_up_in_kernel, place_in_rounds
 from .zch_types import COUNTERS, Overwritten, ZchConfig, ZchLookup, check_ids
 
 # On CPU a host read costs nothing, so a data-dependent size is cheaper than masked work over fixed shapes:
@@ -193,6 +193,8 @@ class ZchTable:
         )
         if not calls.in_call_order:
             base, home = base.index_select(0, calls.order), home.index_select(0, calls.order)
+        if self.triton_rounds and not self.host_shortcuts and not self.config.pending_size:
+            return self._look_up_in_kernel(ids.shape, calls, base, home)
         window = None  # every id's: the masked path's; with host shortcuts only the admitted ids' (_place)
         if self.host_shortcuts:
             hit, hit_slot = self._find_from_home(calls.ids, base, home)
@@ -342,25 +344,71 @@ class ZchTable:
         """``_place`` by the Triton rounds kernel (``zch_rounds_triton``): the same slots in one launch, with
         one host read before it (the tile size) and one after (the slots taken, the table's step)."""
         base, home = probe
-        cfg = self.config
         placed = place_in_rounds(
-            bucket_local=torch.div(base, cfg.bucket_size, rounding_mode="floor"),
+            self._bucket_state(),
+            bucket_local=torch.div(base, self.config.bucket_size, rounding_mode="floor"),
             home=home,
             clock=calls.clock,
             prio=calls.order,
             admitted=admitted,
             claimed=claimed,
-            identities=self.identities,
-            last_seen=self.last_seen,
-            counts=self.counts,
+        )
+        count, step = torch.stack([(placed >= 0).sum(), self.step]).tolist()
+        return placed, [count, step]
+
+    def _look_up_in_kernel(
+        self, shape: torch.Size, calls: SortedCalls, base: torch.Tensor, home: torch.Tensor
+    ) -> ZchLookup:
+        """A training call without admission with hits, rounds and metadata writes in the Triton kernel
+        (``zch_rounds_triton.look_up_in_kernel``): the rows, counters and state of ``_find``, ``_place`` and
+        ``_apply``, in one launch; the same host reads as ``_place_with_kernel``."""
+        out = look_up_in_kernel(
+            self._bucket_state(),
+            ids=calls.ids,
+            occurrences=calls.occurrences,
+            lead=calls.lead,
+            bucket_local=torch.div(base, self.config.bucket_size, rounding_mode="floor"),
+            home=home,
+            clock=calls.clock,
+            prio=calls.order,
+        )
+        placed = out["placed"]
+        taken = (placed >= 0).sum()
+        rows = out["row"].index_select(0, calls.start)  # every position: its id's (lead's) row
+        zero = torch.zeros((), dtype=torch.int64, device=rows.device)
+        stats = torch.stack(
+            [
+                torch.full((), rows.numel(), dtype=torch.int64, device=rows.device),
+                out["hit_occurrences"].sum(),
+                taken,
+                out["evicted"].sum(),
+                (rows == self.fallback_row).sum(),
+                zero,
+                out["age"].sum(),
+            ]
+        )
+        self.counters += stats
+        count, step = torch.stack([taken, self.step]).tolist()
+        reassigned = torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
+        if not calls.in_call_order:
+            rows = torch.empty_like(rows).index_put_((calls.order,), rows)
+        written = [out[name].index_select(0, calls.start) for name in ("slots", "identities", "last_seen", "counts")]
+        pending = (empty_rows(self.device),) * 3
+        return ZchLookup(rows.reshape(shape), reassigned, stats, step, Overwritten(*written, *pending))
+
+    def _bucket_state(self) -> BucketState:
+        cfg = self.config
+        return BucketState(
+            self.identities,
+            self.last_seen,
+            self.counts,
             bucket_size=cfg.bucket_size,
             max_probe=cfg.max_probe,
             policy=cfg.policy,
             ttl=cfg.ttl,
             halflife=cfg.lfu_halflife,
+            fallback_row=self.fallback_row,
         )
-        count, step = torch.stack([(placed >= 0).sum(), self.step]).tolist()
-        return placed, [count, step]
 
     def _place_on_host(
         self,

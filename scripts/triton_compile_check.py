@@ -79,25 +79,28 @@ def compile_hstu_attention(all_tiles: bool) -> None:
 
 
 def compile_zch_rounds() -> None:
-    """The zero-collision rounds kernel under every policy (lfu with and without a halflife), at the
-    benchmark's bucket of 64 and a small odd one, tiles of 1 to 128 ids."""
+    """The zero-collision rounds kernel, alone and fused with the hits and writes, under every policy (lfu
+    with and without a halflife), at the benchmark's bucket of 64 and a small odd one, tiles of 1 to 128
+    ids."""
     from freescale.kernels import zch_rounds_triton as zrt
 
     zrt.triton_unavailable_reason = lambda device: None  # CPU tensors stand in for CUDA ones
     for bucket_size, max_probe in ((64, 16), (5, 3)):
         slots = 4 * bucket_size
-        for ids in (1, 128 * 4):
-            n = ids
-            state = [torch.full((slots,), -1, dtype=torch.int64), torch.zeros(slots, dtype=torch.int64),
-                     torch.zeros(slots, dtype=torch.int64)]  # fmt: skip
+        for n in (1, 128 * 4):
             for policy, ttl, halflife in (("ttl", 10, 0), ("lru", None, 0), ("lfu", None, 0), ("lfu", None, 3)):
-                zrt.place_in_rounds(
-                    bucket_local=torch.arange(n) % 4, home=torch.zeros(n, dtype=torch.int64),
-                    clock=torch.zeros(n, dtype=torch.int64), prio=torch.arange(n),
-                    admitted=torch.ones(n, dtype=torch.bool), claimed=torch.zeros(slots, dtype=torch.int64),
-                    identities=state[0], last_seen=state[1], counts=state[2], bucket_size=bucket_size,
-                    max_probe=max_probe, policy=policy, ttl=ttl, halflife=halflife,
+                table = zrt.BucketState(
+                    torch.full((slots,), -1, dtype=torch.int64), torch.zeros(slots, dtype=torch.int64),
+                    torch.zeros(slots, dtype=torch.int64), bucket_size=bucket_size, max_probe=max_probe,
+                    policy=policy, ttl=ttl, halflife=halflife, fallback_row=slots,
                 )  # fmt: skip
+                per_position = {"bucket_local": torch.arange(n) % 4, "home": torch.zeros(n, dtype=torch.int64),
+                                "clock": torch.zeros(n, dtype=torch.int64), "prio": torch.arange(n)}  # fmt: skip
+                everyone = torch.ones(n, dtype=torch.bool)
+                zrt.place_in_rounds(table, admitted=everyone, claimed=torch.zeros(slots, dtype=torch.int64),
+                                    **per_position)  # fmt: skip
+                zrt.look_up_in_kernel(table, ids=torch.arange(n), occurrences=torch.ones(n, dtype=torch.int64),
+                                      lead=everyone, **per_position)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

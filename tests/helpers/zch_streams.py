@@ -158,3 +158,25 @@ def kernel_equals_masked_rounds(config: ZchConfig, device: str, calls: int = 8, 
     state = {kernel: table.state_dict() for kernel, table in tables.items()}
     assert all(torch.equal(state[True][k], state[False][k]) for k in state[False])
     assert tables[True].counters_dict()["evictions"] > 0
+
+
+def assert_overwritten_undoes(
+    config: ZchConfig, calls: Calls, shortcuts: bool, triton_rounds: bool | None = None
+) -> None:
+    """Each training call's ``overwritten`` entries, restored with the counters and step it began with,
+    give back the table exactly as before the call."""
+    table = ZchTable(config)
+    for ids, times, train in calls:
+        before = {k: v.clone() for k, v in table.state_dict().items()}
+        with host_shortcuts(shortcuts, triton_rounds):
+            result = table.lookup(torch.tensor(ids, dtype=torch.int64), torch.tensor(times), train=train)
+        if not train:
+            continue
+        assert result.overwritten is not None
+        undone, old = {k: v.clone() for k, v in table.state_dict().items()}, result.overwritten
+        for name in ("identities", "last_seen", "counts"):
+            undone[name][old.slots] = getattr(old, name)
+        undone["pending_ids"][old.pending] = old.pending_ids
+        undone["pending_counts"][old.pending] = old.pending_counts
+        undone["counters"], undone["step"] = before["counters"], before["step"]
+        assert [k for k in before if not torch.equal(before[k], undone[k])] == []

@@ -14,7 +14,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zch_streams import BIG, assert_same, configs, crowded_stream, host_shortcuts, run_both, streams
+from zch_streams import (
+    BIG,
+    assert_overwritten_undoes,
+    assert_same,
+    configs,
+    crowded_stream,
+    run_both,
+    streams,
+)
 
 import freescale.kernels.zch as zch
 from freescale.kernels.zch import ZchTable
@@ -55,21 +63,7 @@ def test_evaluation_reads_only(config: ZchConfig, calls: list, data: st.DataObje
 def test_restoring_what_a_call_overwrote_undoes_it(config: ZchConfig, calls: list, shortcuts: bool) -> None:
     """A training call's ``overwritten`` entries, restored with the counters and step it began with, give
     back the table exactly as before the call (the trainer's checkpoints while a batch is looked up ahead)."""
-    table = ZchTable(config)
-    for ids, times, train in calls:
-        before = {k: v.clone() for k, v in table.state_dict().items()}
-        with host_shortcuts(shortcuts):
-            result = table.lookup(torch.tensor(ids, dtype=torch.int64), torch.tensor(times), train=train)
-        if not train:
-            continue
-        assert result.overwritten is not None
-        undone, old = {k: v.clone() for k, v in table.state_dict().items()}, result.overwritten
-        for name in ("identities", "last_seen", "counts"):
-            undone[name][old.slots] = getattr(old, name)
-        undone["pending_ids"][old.pending] = old.pending_ids
-        undone["pending_counts"][old.pending] = old.pending_counts
-        undone["counters"], undone["step"] = before["counters"], before["step"]
-        assert [k for k in before if not torch.equal(before[k], undone[k])] == []
+    assert_overwritten_undoes(config, calls, shortcuts)
 
 
 @SETTINGS

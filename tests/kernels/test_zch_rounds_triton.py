@@ -5,8 +5,10 @@ calls as large as a training step's (buckets of 64, a full table, tiles of many 
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from zch_streams import (
+    assert_overwritten_undoes,
     configs,
     crowded_stream,
     host_shortcuts,
@@ -36,6 +38,12 @@ def test_kernel_rounds_equal_the_reference(config: ZchConfig, calls: list) -> No
     run_both(config, calls, shortcuts=False, triton_rounds=True)
 
 
+@SETTINGS
+@given(configs(), streams())
+def test_restoring_what_a_kernel_call_overwrote_undoes_it(config: ZchConfig, calls: list) -> None:
+    assert_overwritten_undoes(config, calls, shortcuts=False, triton_rounds=True)
+
+
 @pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
 @pytest.mark.parametrize("seed", range(4))
 def test_kernel_rounds_on_crowded_streams_equal_the_reference(policy: str, seed: int) -> None:
@@ -59,3 +67,24 @@ def test_tables_pick_the_kernel_only_on_cuda() -> None:
     with host_shortcuts(False, triton_rounds=True):
         assert ZchTable(config).triton_rounds is True
     assert zch.TRITON_ROUNDS is None
+
+
+@pytest.mark.parametrize(("threshold", "in_kernel"), [(1, True), (2, False)])
+def test_only_admission_keeps_the_torch_hits_and_writes(
+    threshold: int, in_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without admission the kernel reads the hits and writes the metadata too (``_find`` and ``_apply``
+    never run); with it, the admission counters sit between the hits and the rounds, so only the
+    rounds are in the kernel."""
+    called: list[str] = []
+    for name in ("_find", "_apply", "_place_with_kernel"):
+        original = getattr(ZchTable, name)
+        monkeypatch.setattr(
+            ZchTable, name, lambda self, *a, _o=original, _n=name, **k: called.append(_n) or _o(self, *a, **k)
+        )
+    config = ZchConfig(zch_size=16, bucket_size=4, max_probe=2, policy="lfu", admission_threshold=threshold)
+    table = ZchTable(config)
+    with host_shortcuts(False, triton_rounds=True):
+        table.lookup(torch.tensor([5, 6, 5, 7]))
+        table.lookup(torch.tensor([5, 8]))
+    assert (called == []) == in_kernel, called
