@@ -117,13 +117,16 @@ def crowded_stream(policy: str, seed: int) -> tuple[ZchConfig, Calls]:
     return config, calls
 
 
-def step_size_config(policy: str, halflife: int = 0, world_size: int = 1) -> ZchConfig:
-    """Buckets of 64 probed 16 deep, as a training run's (the benchmark's), 1,024 rows: crowded by
-    ``steady_calls``."""
-    lfu = policy == "lfu"
-    return ZchConfig(zch_size=1024, bucket_size=64, max_probe=16, policy=policy, world_size=world_size,
+def step_size_config(
+    policy: str, halflife: int = 0, world_size: int = 1, zch_size: int = 1024, admission: bool = True
+) -> ZchConfig:
+    """Buckets of 64 probed 16 deep, as a training run's (the benchmark's), ``zch_size`` rows: crowded by
+    ``steady_calls``; lfu with ``admission`` admits ids seen twice."""
+    lfu_admits = policy == "lfu" and admission
+    return ZchConfig(zch_size=zch_size, bucket_size=64, max_probe=16, policy=policy, world_size=world_size,
                      ttl=2 if policy == "ttl" else None, lfu_halflife=halflife,
-                     admission_threshold=2 if lfu else 1, admission_slots=256 if lfu else 0)  # fmt: skip
+                     admission_threshold=2 if lfu_admits else 1,
+                     admission_slots=zch_size // 4 if lfu_admits else 0)  # fmt: skip
 
 
 def steady_calls(config: ZchConfig, calls: int, size: int, seed: int) -> list[torch.Tensor]:

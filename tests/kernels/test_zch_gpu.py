@@ -40,6 +40,20 @@ def test_cuda_table_equals_reference(policy: str) -> None:
     assert mix64(ids.cuda()).tolist() == mix64(ids).tolist()
 
 
-@pytest.mark.parametrize(("policy", "halflife", "world_size"), [("ttl", 0, 1), ("lru", 0, 2), ("lfu", 3, 1)])
-def test_kernel_rounds_equal_the_masked_rounds_on_cuda(policy: str, halflife: int, world_size: int) -> None:
-    kernel_equals_masked_rounds(step_size_config(policy, halflife, world_size), device="cuda", calls=12, size=6_000)
+@pytest.mark.parametrize(
+    ("policy", "halflife", "world_size", "admission", "rows"),
+    [
+        ("ttl", 0, 1, False, 12_288),
+        ("lru", 0, 2, False, 12_288),
+        ("lfu", 3, 1, False, 12_288),
+        ("lfu", 0, 2, True, 4_096),
+    ],
+)
+def test_kernel_rounds_equal_the_masked_rounds_on_cuda(
+    policy: str, halflife: int, world_size: int, admission: bool, rows: int
+) -> None:
+    """12,288 rows in buckets of 64 (the benchmark's steady step), 4,000 ids a call: tiles of about 32 ids;
+    the whole call in the kernel, and (admission, fewer rows so that ids seen twice fill them) only the
+    rounds."""
+    config = step_size_config(policy, halflife, world_size, zch_size=rows, admission=admission)
+    kernel_equals_masked_rounds(config, device="cuda", calls=12, size=4_000)
