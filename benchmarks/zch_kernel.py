@@ -61,18 +61,18 @@ def steady_calls(s: Any) -> list[Any]:
 
 
 def time_steady(
-    s: Any, calls: list[Any], shortcuts: bool, device: str = "cpu", triton_rounds: bool | None = None
+    s: Any, calls: list[Any], shortcuts: bool, device: str = "cpu", triton_kernel: bool | None = None
 ) -> dict[str, Any]:
     """Median seconds per call over five chunks of the timed calls, after the warm-up calls (``device``:
-    where the table lives, the ids moved there first; ``triton_rounds``: ``kernels.zch.TRITON_ROUNDS``)."""
+    where the table lives, the ids moved there first; ``triton_kernel``: ``kernels.zch.TRITON_KERNEL``)."""
     import torch
 
     import freescale.kernels.zch as zch
     from freescale.kernels.zch_types import ZchConfig
 
     config = ZchConfig(zch_size=s.kernel_step_slots, bucket_size=s.bucket_size, max_probe=s.max_probe)
-    table, previous = zch.ZchTable(config, device), (zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS)
-    zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS = shortcuts, triton_rounds
+    table, previous = zch.ZchTable(config, device), (zch.HOST_SHORTCUTS, zch.TRITON_KERNEL)
+    zch.HOST_SHORTCUTS, zch.TRITON_KERNEL = shortcuts, triton_kernel
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     calls = [ids.to(device) for ids in calls]
     try:
@@ -89,20 +89,20 @@ def time_steady(
             sync()
             per_call.append((time.perf_counter() - t0) / len(chunk))
     finally:
-        zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS = previous
+        zch.HOST_SHORTCUTS, zch.TRITON_KERNEL = previous
     return {"median_s": statistics.median(per_call), "occupancy": table.occupancy(),
             "counters": table.counters_dict()}  # fmt: skip
 
 
 def cuda_steady_step(s: Any) -> dict[str, Any]:
     """The same steady calls on a CUDA table: the proposal rounds as masked torch ops against the Triton
-    rounds kernel (``kernels/zch_rounds_triton.py``, what a CUDA table runs by default)."""
+    rounds kernel (``kernels/zch_triton.py``, what a CUDA table runs by default)."""
     calls = steady_calls(s)
-    torch_rounds = time_steady(s, calls, False, "cuda", triton_rounds=False)
-    kernel = time_steady(s, calls, False, "cuda", triton_rounds=True)
+    torch_rounds = time_steady(s, calls, False, "cuda", triton_kernel=False)
+    kernel = time_steady(s, calls, False, "cuda", triton_kernel=True)
     assert torch_rounds["counters"] == kernel["counters"], "the rounds kernel changed what the table decided"
     return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
-            "torch_rounds_s": torch_rounds["median_s"], "triton_rounds_s": kernel["median_s"],
+            "torch_rounds_s": torch_rounds["median_s"], "triton_kernel_s": kernel["median_s"],
             "torch_over_triton": torch_rounds["median_s"] / kernel["median_s"]}  # fmt: skip
 
 

@@ -21,7 +21,7 @@ import torch
 from .triton_support import triton_unavailable_reason
 from .zch_hash import bucket_and_home, pending_slot
 from .zch_rounds import INT64_MAX, Rounds, SortedCalls, masked_put, sort_calls, take
-from .zch_rounds_triton import BucketState, look_up_in_kernel, place_in_rounds
+from .zch_triton import BucketState, look_up_in_kernel, place_in_rounds
 from .zch_types import COUNTERS, Overwritten, ZchConfig, ZchLookup, check_ids
 
 # On CPU a host read costs nothing, so a data-dependent size is cheaper than masked work over fixed shapes:
@@ -31,9 +31,10 @@ HOST_SHORTCUTS = True
 COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
 READ_CHUNK = 4096  # CPU: ids probing their windows at once when hits are read home first (ZchTable._find_from_home)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
-# The masked path's proposal rounds as one Triton kernel (``zch_rounds_triton``): None picks it on CUDA, where
-# the torch rounds' launches are the cost; True forces it (the tests, on CPU through TRITON_INTERPRET=1).
-TRITON_ROUNDS: bool | None = None
+# A training call in the Triton kernel (``zch_triton``: the whole call without admission, else the proposal
+# rounds) instead of the masked torch path: None picks it on CUDA, where the masked path's launches are the
+# cost; True forces it (the tests, on CPU through TRITON_INTERPRET=1).
+TRITON_KERNEL: bool | None = None
 
 
 class ZchTable:
@@ -78,11 +79,11 @@ class ZchTable:
         return HOST_SHORTCUTS and self.device.type == "cpu"
 
     @property
-    def triton_rounds(self) -> bool:
-        """Whether the masked path places ids with the Triton rounds kernel (``TRITON_ROUNDS``)."""
-        if TRITON_ROUNDS is None:
+    def triton_kernel(self) -> bool:
+        """Whether training calls run in the Triton kernel instead of the masked torch path (``TRITON_KERNEL``)."""
+        if TRITON_KERNEL is None:
             return self.device.type == "cuda" and triton_unavailable_reason(self.device) is None
-        return TRITON_ROUNDS
+        return TRITON_KERNEL
 
     def occupied(self) -> torch.Tensor:
         """int64 []: slots holding an id, from the running counters (slots never empty again: every insert
@@ -193,7 +194,7 @@ class ZchTable:
         )
         if not calls.in_call_order:
             base, home = base.index_select(0, calls.order), home.index_select(0, calls.order)
-        if self.triton_rounds and not self.host_shortcuts and not self.config.pending_size:
+        if self.triton_kernel and not self.host_shortcuts and not self.config.pending_size:
             return self._look_up_in_kernel(ids.shape, calls, base, home)
         window = None  # every id's: the masked path's; with host shortcuts only the admitted ids' (_place)
         if self.host_shortcuts:
@@ -317,7 +318,7 @@ class ZchTable:
             return self._place_on_host(probe[:2], admitted, calls, hit, hit_slot)
         claimed = torch.zeros(self.slots, dtype=torch.int64, device=admitted.device)
         claimed = claimed.scatter_reduce(0, hit_slot, hit.to(torch.int64), "amax")
-        if self.triton_rounds:
+        if self.triton_kernel:
             return self._place_with_kernel(probe[:2], admitted, calls, claimed)
         window = probe[2]
         assert window is not None  # the masked path's caller built every id's
@@ -341,7 +342,7 @@ class ZchTable:
         calls: SortedCalls,
         claimed: torch.Tensor,
     ) -> tuple[torch.Tensor, list[int]]:
-        """``_place`` by the Triton rounds kernel (``zch_rounds_triton``): the same slots in one launch, with
+        """``_place`` by the Triton rounds kernel (``zch_triton``): the same slots in one launch, with
         one host read before it (the tile size) and one after (the slots taken, the table's step)."""
         base, home = probe
         placed = place_in_rounds(
@@ -360,7 +361,7 @@ class ZchTable:
         self, shape: torch.Size, calls: SortedCalls, base: torch.Tensor, home: torch.Tensor
     ) -> ZchLookup:
         """A training call without admission with hits, rounds and metadata writes in the Triton kernel
-        (``zch_rounds_triton.look_up_in_kernel``): the rows, counters and state of ``_find``, ``_place`` and
+        (``zch_triton.look_up_in_kernel``): the rows, counters and state of ``_find``, ``_place`` and
         ``_apply``, in one launch; the same host reads as ``_place_with_kernel``."""
         out = look_up_in_kernel(
             self._bucket_state(),

@@ -82,7 +82,7 @@ def compile_zch_rounds() -> None:
     """The zero-collision rounds kernel, alone and fused with the hits and writes, under every policy (lfu
     with and without a halflife), at the benchmark's bucket of 64 and a small odd one, tiles of 1 to 128
     ids."""
-    from freescale.kernels import zch_rounds_triton as zrt
+    from freescale.kernels import zch_triton as zrt
 
     zrt.triton_unavailable_reason = lambda device: None  # CPU tensors stand in for CUDA ones
     for bucket_size, max_probe in ((64, 16), (5, 3)):

@@ -55,15 +55,15 @@ def streams(draw: st.DrawFn) -> list[tuple[list[int], list[int], bool]]:
 
 
 @contextmanager
-def host_shortcuts(on: bool, triton_rounds: bool | None = None) -> Iterator[None]:
+def host_shortcuts(on: bool, triton_kernel: bool | None = None) -> Iterator[None]:
     """``kernels.zch.HOST_SHORTCUTS`` set for a block: off, a CPU table runs the masked path a GPU runs;
-    ``triton_rounds`` sets ``TRITON_ROUNDS`` too (True: the rounds kernel, on CPU through the interpreter)."""
-    previous = zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS
-    zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS = on, triton_rounds
+    ``triton_kernel`` sets ``TRITON_KERNEL`` too (True: the rounds kernel, on CPU through the interpreter)."""
+    previous = zch.HOST_SHORTCUTS, zch.TRITON_KERNEL
+    zch.HOST_SHORTCUTS, zch.TRITON_KERNEL = on, triton_kernel
     try:
         yield
     finally:
-        zch.HOST_SHORTCUTS, zch.TRITON_ROUNDS = previous
+        zch.HOST_SHORTCUTS, zch.TRITON_KERNEL = previous
 
 
 def assert_same(table: ZchTable, reference: ReferenceZchTable) -> None:
@@ -73,14 +73,14 @@ def assert_same(table: ZchTable, reference: ReferenceZchTable) -> None:
 
 
 def run_both(
-    config: ZchConfig, calls: Calls, device: str = "cpu", shortcuts: bool = True, triton_rounds: bool | None = None
+    config: ZchConfig, calls: Calls, device: str = "cpu", shortcuts: bool = True, triton_kernel: bool | None = None
 ) -> ZchTable:
-    """The table (``shortcuts``: with CPU's host shortcuts, else masked; ``triton_rounds``: ``host_shortcuts``)
+    """The table (``shortcuts``: with CPU's host shortcuts, else masked; ``triton_kernel``: ``host_shortcuts``)
     and the reference, call after call."""
     table, reference = ZchTable(config, device), ReferenceZchTable(config)
     for ids, times, train in calls:
         id_tensor, time_tensor = torch.tensor(ids, dtype=torch.int64), torch.tensor(times, dtype=torch.int64)
-        with host_shortcuts(shortcuts, triton_rounds):
+        with host_shortcuts(shortcuts, triton_kernel):
             got = table.lookup(id_tensor.to(device), time_tensor.to(device), train=train)
         want = reference.lookup(id_tensor, time_tensor, train=train)
         assert torch.equal(got.rows.cpu(), want.rows), (ids, train)
@@ -153,7 +153,7 @@ def kernel_equals_masked_rounds(config: ZchConfig, device: str, calls: int = 8, 
         times = torch.full_like(owned, 3 * step)
         results = {}
         for kernel, table in tables.items():
-            with host_shortcuts(False, triton_rounds=kernel):
+            with host_shortcuts(False, triton_kernel=kernel):
                 results[kernel] = table.lookup(owned, times)
         a, b = results[True], results[False]
         assert torch.equal(a.rows, b.rows) and torch.equal(a.reassigned, b.reassigned), step
@@ -164,14 +164,14 @@ def kernel_equals_masked_rounds(config: ZchConfig, device: str, calls: int = 8, 
 
 
 def assert_overwritten_undoes(
-    config: ZchConfig, calls: Calls, shortcuts: bool, triton_rounds: bool | None = None
+    config: ZchConfig, calls: Calls, shortcuts: bool, triton_kernel: bool | None = None
 ) -> None:
     """Each training call's ``overwritten`` entries, restored with the counters and step it began with,
     give back the table exactly as before the call."""
     table = ZchTable(config)
     for ids, times, train in calls:
         before = {k: v.clone() for k, v in table.state_dict().items()}
-        with host_shortcuts(shortcuts, triton_rounds):
+        with host_shortcuts(shortcuts, triton_kernel):
             result = table.lookup(torch.tensor(ids, dtype=torch.int64), torch.tensor(times), train=train)
         if not train:
             continue

@@ -29,7 +29,7 @@ def test_cuda_table_equals_reference(policy: str) -> None:
         admission_threshold=2 if policy == "lfu" else 1,
         lfu_halflife=2 if policy == "lfu" else 0,
     )
-    assert ZchTable(config, "cuda").triton_rounds
+    assert ZchTable(config, "cuda").triton_kernel
     pool = torch.randint(0, 2**62, (200,), generator=generator)
     calls = []
     for step in range(20):

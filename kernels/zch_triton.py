@@ -36,7 +36,7 @@ POLICY_CODES = {"ttl": 0, "lru": 1, "lfu": 2}
 ROUNDS_WARPS = 4
 
 
-def _rounds_kernel(
+def _bucket_kernel(
     OFFSETS, COUNTS, ORDER, HOME, CLOCK, PRIO, IDS, OCCURRENCES, IDENTITIES, LAST_SEEN, SLOT_COUNTS, CLAIMED,
     OUT, n, bucket_size, max_probe, ttl, halflife, fallback_row,
     POLICY: tl.constexpr, FUSED: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
@@ -241,7 +241,7 @@ def _launch(
     else:  # nor IDS and OCCURRENCES
         assert claimed is not None
         ids_arg, occurrences_arg, claimed_arg = out, out, claimed
-    kernel = jit_lazily(_rounds_kernel)
+    kernel = jit_lazily(_bucket_kernel)
     kernel[(buckets,)](
         offsets, per_bucket, order, *per_position, ids_arg, occurrences_arg, table.identities, table.last_seen,
         table.counts, claimed_arg, out, n, table.bucket_size, table.max_probe, table.ttl or 0, table.halflife,

@@ -1,4 +1,4 @@
-"""The zero-collision rounds kernel (``kernels/zch_rounds_triton.py``) through the Triton interpreter:
+"""The zero-collision rounds kernel (``kernels/zch_triton.py``) through the Triton interpreter:
 a table placing ids with it equals the per-id reference call after call, and the masked torch rounds on
 calls as large as a training step's (buckets of 64, a full table, tiles of many ids)."""
 
@@ -35,20 +35,20 @@ def _triton_interpreter():
 @SETTINGS
 @given(configs(), streams())
 def test_kernel_rounds_equal_the_reference(config: ZchConfig, calls: list) -> None:
-    run_both(config, calls, shortcuts=False, triton_rounds=True)
+    run_both(config, calls, shortcuts=False, triton_kernel=True)
 
 
 @SETTINGS
 @given(configs(), streams())
 def test_restoring_what_a_kernel_call_overwrote_undoes_it(config: ZchConfig, calls: list) -> None:
-    assert_overwritten_undoes(config, calls, shortcuts=False, triton_rounds=True)
+    assert_overwritten_undoes(config, calls, shortcuts=False, triton_kernel=True)
 
 
 @pytest.mark.parametrize("policy", ["ttl", "lru", "lfu"])
 @pytest.mark.parametrize("seed", range(4))
 def test_kernel_rounds_on_crowded_streams_equal_the_reference(policy: str, seed: int) -> None:
     config, calls = crowded_stream(policy, seed)
-    totals = run_both(config, calls, shortcuts=False, triton_rounds=True).counters_dict()
+    totals = run_both(config, calls, shortcuts=False, triton_kernel=True).counters_dict()
     assert totals["evictions"] > 0 and totals["inserts"] > totals["evictions"]
 
 
@@ -63,10 +63,10 @@ def test_kernel_rounds_equal_the_masked_rounds_at_a_steps_size(policy: str, half
 
 def test_tables_pick_the_kernel_only_on_cuda() -> None:
     config = ZchConfig(zch_size=8, bucket_size=4, max_probe=2)
-    assert ZchTable(config).triton_rounds is False  # CPU: the host path or the masked torch rounds
-    with host_shortcuts(False, triton_rounds=True):
-        assert ZchTable(config).triton_rounds is True
-    assert zch.TRITON_ROUNDS is None
+    assert ZchTable(config).triton_kernel is False  # CPU: the host path or the masked torch rounds
+    with host_shortcuts(False, triton_kernel=True):
+        assert ZchTable(config).triton_kernel is True
+    assert zch.TRITON_KERNEL is None
 
 
 @pytest.mark.parametrize(("threshold", "in_kernel"), [(1, True), (2, False)])
@@ -84,7 +84,7 @@ def test_only_admission_keeps_the_torch_hits_and_writes(
         )
     config = ZchConfig(zch_size=16, bucket_size=4, max_probe=2, policy="lfu", admission_threshold=threshold)
     table = ZchTable(config)
-    with host_shortcuts(False, triton_rounds=True):
+    with host_shortcuts(False, triton_kernel=True):
         table.lookup(torch.tensor([5, 6, 5, 7]))
         table.lookup(torch.tensor([5, 8]))
     assert (called == []) == in_kernel, called
