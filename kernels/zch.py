@@ -16,25 +16,36 @@ configuration and the result types are in ``zch_types``.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .triton_support import triton_unavailable_reason
 from .zch_hash import bucket_and_home, pending_slot
 from .zch_rounds import INT64_MAX, Rounds, SortedCalls, masked_put, sort_calls, take
-from .zch_triton import BucketState, look_up_in_kernel, place_in_rounds
+from .zch_triton import BucketState, group_by_bucket, look_up_in_kernel, place_in_rounds
 from .zch_types import COUNTERS, Overwritten, ZchConfig, ZchLookup, check_ids
+
+
+def env_flag(name: str) -> bool | None:
+    """An on/off environment override: unset or empty None, "1" True, "0" False, anything else an error."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}: must be 0 or 1 (or unset), got {value!r}")
+    return None if value == "" else value == "1"
+
 
 # On CPU a host read costs nothing, so a data-dependent size is cheaper than masked work over fixed shapes:
 # ``HOST_SHORTCUTS`` lets a CPU table take the shortcuts below (the tests turn it off to check the masked
-# path a GPU runs: the same rows, counters and state).
-HOST_SHORTCUTS = True
+# path a GPU runs: the same rows, counters and state; FREESCALE_ZCH_HOST_SHORTCUTS=0 for a whole run).
+HOST_SHORTCUTS = env_flag("FREESCALE_ZCH_HOST_SHORTCUTS") is not False
 COMPACT_MIN_ROWS = 4096  # CPU: rounds over at least this many ids compact to the live ones (ZchTable._place)
 READ_CHUNK = 4096  # CPU: ids probing their windows at once when hits are read home first (ZchTable._find_from_home)
 FIRST_ROUNDS = 2  # proposal rounds before the first host read: most calls settle in two (docs: ZchTable._place)
 # A training call in the Triton kernel (``zch_triton``: the whole call without admission, else the proposal
 # rounds) instead of the masked torch path: None picks it on CUDA, where the masked path's launches are the
-# cost; True forces it (the tests, on CPU through TRITON_INTERPRET=1).
-TRITON_KERNEL: bool | None = None
+# cost; True forces it (the tests, on CPU through TRITON_INTERPRET=1); FREESCALE_ZCH_KERNEL=0 / 1 for a run.
+TRITON_KERNEL: bool | None = env_flag("FREESCALE_ZCH_KERNEL")
 
 
 class ZchTable:
@@ -101,29 +112,32 @@ class ZchTable:
         in the bucket. An id of another rank's buckets is an error."""
         return self._probe_window(*self._locate(ids))
 
-    def _locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _locate(self, ids: torch.Tensor, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """(shard slot of each id's bucket start, home slot inside the bucket); a negative id or another
-        rank's id is an error, both read in one host sync."""
+        rank's id is an error, both read in one host sync (``check=False``: the caller checks later,
+        ``_check_values``)."""
         cfg = self.config
         bucket, home = bucket_and_home(ids, cfg.num_buckets, cfg.bucket_size)
-        if ids.numel():
+        if check and ids.numel():
             self._check_values(ids, bucket)
         return bucket * cfg.bucket_size - self.first_slot, home
 
-    def _check_values(self, ids: torch.Tensor, bucket: torch.Tensor) -> None:
-        """Raw ids are >= 0 and (a shard) of this rank's buckets: one host read for both."""
+    def _check_values(self, ids: torch.Tensor, bucket: torch.Tensor, also: torch.Tensor | None = None) -> int:
+        """Raw ids are >= 0 and (a shard) of this rank's buckets: one host read for both, and for ``also``
+        (an int64 device scalar the caller needs on the host: its value is returned, else 0)."""
         flags = [ids.min() < 0]
         if self.rank is not None:
             owner = bucket // (self.config.num_buckets // self.config.world_size)
             flags.append((owner != self.rank).any())
-        bad = torch.stack(flags).tolist()
-        if bad[0]:
+        read = torch.stack([flag.to(torch.int64) for flag in flags] + ([] if also is None else [also])).tolist()
+        if read[0]:
             raise ValueError(f"ids: raw ids must be >= 0 (got {int(ids.min())}); -1 marks an empty slot")
-        if len(bad) > 1 and bad[1]:
+        if self.rank is not None and read[1]:
             owner = bucket // (self.config.num_buckets // self.config.world_size)
             raise ValueError(
                 f"zch: ids of rank {int(owner[owner != self.rank][0])}'s buckets looked up on rank {self.rank}"
             )
+        return read[-1] if also is not None else 0
 
     def _probe_window(self, base: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
         """``base + (home + probe) mod bucket_size`` for every probe; home < bucket_size and max_probe <=
@@ -187,15 +201,17 @@ class ZchTable:
             return ZchLookup(rows.reshape(ids.shape), empty_rows(self.device), read_stats(hit))
         if self.config.policy == "ttl" and times is None:
             raise ValueError("times: policy 'ttl' needs the event time of every id in training")
-        base, home = self._locate(flat)
-        self.step += 1
+        in_kernel = self.triton_kernel and not self.host_shortcuts and not self.config.pending_size
+        base, home = self._locate(flat, check=not in_kernel)  # the kernel path checks with its own host read
+        step = self.step + 1
         calls = sort_calls(
-            flat, times if self.config.policy == "ttl" else None, self.step, self.device, host_read=self.host_shortcuts
+            flat, times if self.config.policy == "ttl" else None, step, self.device, host_read=self.host_shortcuts
         )
         if not calls.in_call_order:
             base, home = base.index_select(0, calls.order), home.index_select(0, calls.order)
-        if self.triton_kernel and not self.host_shortcuts and not self.config.pending_size:
+        if in_kernel:
             return self._look_up_in_kernel(ids.shape, calls, base, home)
+        self.step.copy_(step)
         window = None  # every id's: the masked path's; with host shortcuts only the admitted ids' (_place)
         if self.host_shortcuts:
             hit, hit_slot = self._find_from_home(calls.ids, base, home)
@@ -362,13 +378,21 @@ class ZchTable:
     ) -> ZchLookup:
         """A training call without admission with hits, rounds and metadata writes in the Triton kernel
         (``zch_triton.look_up_in_kernel``): the rows, counters and state of ``_find``, ``_place`` and
-        ``_apply``, in one launch; the same host reads as ``_place_with_kernel``."""
+        ``_apply``, in one launch. Two host reads, as the masked path's: the id checks with the tile size
+        before it, the slots taken and the table's step after it."""
+        size = self.config.bucket_size
+        bucket_local = torch.div(base, size, rounding_mode="floor")
+        groups = group_by_bucket(calls.lead, bucket_local, self.slots // size)
+        largest = 0
+        if calls.ids.numel():
+            largest = self._check_values(calls.ids, bucket_local + self.first_slot // size, groups.largest)
+        self.step += 1
         out = look_up_in_kernel(
             self._bucket_state(),
+            groups,
+            largest,
             ids=calls.ids,
             occurrences=calls.occurrences,
-            lead=calls.lead,
-            bucket_local=torch.div(base, self.config.bucket_size, rounding_mode="floor"),
             home=home,
             clock=calls.clock,
             prio=calls.order,

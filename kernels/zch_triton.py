@@ -168,6 +168,31 @@ class BucketState:
 FUSED_ROWS = ("placed", "row", "hit_occurrences", "evicted", "age", "slots", "identities", "last_seen", "counts")
 
 
+@dataclass(frozen=True)
+class BucketGroups:
+    """A call's positions grouped by bucket, without a host read: ``order`` (the member positions bucket
+    after bucket, then the others), ``per_bucket`` (members per bucket, then the others) and ``offsets``
+    (where each bucket's positions start in ``order``); ``largest`` (device scalar) sizes the tile."""
+
+    order: torch.Tensor
+    per_bucket: torch.Tensor
+    offsets: torch.Tensor
+
+    @property
+    def largest(self) -> torch.Tensor:
+        return self.per_bucket[:-1].max()
+
+
+def group_by_bucket(members: torch.Tensor, bucket_local: torch.Tensor, buckets: int) -> BucketGroups:
+    """``BucketGroups`` of the ``members`` positions; ``bucket_local`` outside [0, buckets) (another rank's
+    id: the caller refuses the call) is grouped with the non-members."""
+    inside = members & (bucket_local >= 0) & (bucket_local < buckets)
+    group = torch.where(inside, bucket_local, buckets)
+    per_bucket = torch.zeros(buckets + 1, dtype=torch.int64, device=group.device)
+    per_bucket.scatter_add_(0, group, torch.ones_like(group))
+    return BucketGroups(torch.sort(group).indices, per_bucket, torch.cumsum(per_bucket, 0) - per_bucket)
+
+
 def place_in_rounds(
     table: BucketState,
     *,
@@ -182,58 +207,53 @@ def place_in_rounds(
     (``bucket_local``: the position's bucket in the table or shard, ``home``: its home slot in the bucket,
     ``admitted``: the positions that take part) and ``claimed`` ([slots], nonzero: held by a hit of the
     call). One host read (the largest bucket's admitted ids, which sizes the tile), a sort and one launch."""
-    return _launch(table, bucket_local, home, clock, prio, admitted, claimed=claimed)[0]
+    groups = group_by_bucket(admitted, bucket_local, table.buckets)
+    largest = int(groups.largest) if admitted.numel() else 0
+    return _launch(table, groups, largest, home, clock, prio, claimed=claimed)[0]
 
 
 def look_up_in_kernel(
     table: BucketState,
+    groups: BucketGroups,
+    largest: int,
     *,
     ids: torch.Tensor,
     occurrences: torch.Tensor,
-    lead: torch.Tensor,
-    bucket_local: torch.Tensor,
     home: torch.Tensor,
     clock: torch.Tensor,
     prio: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """A training call without admission in the kernel, hits and metadata writes included: for the
-    ``lead`` positions of a sorted call (its distinct ids), ``FUSED_ROWS`` [n] each (the slot placed, -1:
-    none; the row; the occurrences of a hit; evicted; the evicted id's age; the slot written, or one
-    the call left alone, with its identity, last_seen and count before the call). Other positions' values
-    are 0, and -1 for ``placed``. Same host read, sort and launch as ``place_in_rounds``."""
-    out = _launch(table, bucket_local, home, clock, prio, lead, ids=ids, occurrences=occurrences)
+    """A training call without admission in the kernel, hits and metadata writes included: ``groups``
+    holds the lead positions of a sorted call (its distinct ids) by bucket and ``largest`` is
+    ``groups.largest`` read by the caller (with its other checks: no host read here). For those
+    positions ``FUSED_ROWS`` [n] each (the slot placed, -1: none; the row; the occurrences of a hit;
+    evicted; the evicted id's age; the slot written, or one the call left alone, with its identity,
+    last_seen and count before the call). Other positions' values are 0, and -1 for ``placed``."""
+    out = _launch(table, groups, largest, home, clock, prio, ids=ids, occurrences=occurrences)
     return dict(zip(FUSED_ROWS, out, strict=True))
 
 
 def _launch(
     table: BucketState,
-    bucket_local: torch.Tensor,
+    groups: BucketGroups,
+    largest: int,
     home: torch.Tensor,
     clock: torch.Tensor,
     prio: torch.Tensor,
-    members: torch.Tensor,
     *,
     claimed: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
     occurrences: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The kernel over the ``members`` positions grouped by bucket; its output rows ([1 or 9, n])."""
+    """The kernel over ``groups`` (tiles of ``largest`` ids, rounded up); its output rows ([1 or 9, n])."""
     reason = triton_unavailable_reason(table.identities.device)
     if reason is not None:
-        raise RuntimeError(f"zch rounds kernel: {reason}")
+        raise RuntimeError(f"zch kernel: {reason}")
     fused = ids is not None
-    n, buckets, device = members.numel(), table.buckets, table.identities.device
+    n, device = groups.order.numel(), table.identities.device
     out = torch.zeros((len(FUSED_ROWS) if fused else 1, n), dtype=torch.int64, device=device)
     out[0].fill_(-1)
-    if n == 0 or buckets == 0:
-        return out
-    group = torch.where(members, bucket_local, buckets)  # other positions go past the last bucket
-    order = torch.sort(group).indices
-    per_bucket = torch.zeros(buckets + 1, dtype=torch.int64, device=device)
-    per_bucket.scatter_add_(0, group, torch.ones_like(group))
-    offsets = torch.cumsum(per_bucket, 0) - per_bucket
-    most = int(per_bucket[:buckets].max())
-    if most == 0:
+    if n == 0 or table.buckets == 0 or largest == 0:
         return out
     per_position = [flat(t) for t in (home, clock, prio)]  # clock may be an expanded scalar
     if fused:  # the kernel reads no CLAIMED: any tensor stands in
@@ -242,10 +262,10 @@ def _launch(
         assert claimed is not None
         ids_arg, occurrences_arg, claimed_arg = out, out, claimed
     kernel = jit_lazily(_bucket_kernel)
-    kernel[(buckets,)](
-        offsets, per_bucket, order, *per_position, ids_arg, occurrences_arg, table.identities, table.last_seen,
-        table.counts, claimed_arg, out, n, table.bucket_size, table.max_probe, table.ttl or 0, table.halflife,
-        table.fallback_row, POLICY=POLICY_CODES[table.policy], FUSED=fused, K=next_pow2(most),
+    kernel[(table.buckets,)](
+        groups.offsets, groups.per_bucket, groups.order, *per_position, ids_arg, occurrences_arg, table.identities,
+        table.last_seen, table.counts, claimed_arg, out, n, table.bucket_size, table.max_probe, table.ttl or 0,
+        table.halflife, table.fallback_row, POLICY=POLICY_CODES[table.policy], FUSED=fused, K=next_pow2(largest),
         B=next_pow2(table.bucket_size), num_warps=ROUNDS_WARPS,
     )  # fmt: skip
     return out

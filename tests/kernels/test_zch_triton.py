@@ -13,6 +13,7 @@ from zch_streams import (
     crowded_stream,
     host_shortcuts,
     kernel_equals_masked_rounds,
+    owner_of,
     run_both,
     step_size_config,
     streams,
@@ -88,3 +89,36 @@ def test_only_admission_keeps_the_torch_hits_and_writes(
         table.lookup(torch.tensor([5, 6, 5, 7]))
         table.lookup(torch.tensor([5, 8]))
     assert (called == []) == in_kernel, called
+
+
+def test_environment_overrides_are_read_once_and_checked() -> None:
+    """``FREESCALE_ZCH_KERNEL`` / ``FREESCALE_ZCH_HOST_SHORTCUTS``: 0 / 1 / unset, anything else refused
+    naming the variable."""
+    env = {"FREESCALE_ZCH_KERNEL": "1", "FREESCALE_ZCH_HOST_SHORTCUTS": "0"}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        assert zch.env_flag("FREESCALE_ZCH_KERNEL") is True
+        assert zch.env_flag("FREESCALE_ZCH_HOST_SHORTCUTS") is False
+        mp.setenv("FREESCALE_ZCH_KERNEL", "yes")
+        with pytest.raises(ValueError, match="FREESCALE_ZCH_KERNEL: must be 0 or 1"):
+            zch.env_flag("FREESCALE_ZCH_KERNEL")
+        mp.delenv("FREESCALE_ZCH_KERNEL")
+        assert zch.env_flag("FREESCALE_ZCH_KERNEL") is None
+
+
+def test_bad_ids_in_a_kernel_call_are_refused_before_anything_changes() -> None:
+    """The kernel path checks the ids in the host read that sizes its tile: a negative id, or one of
+    another rank's buckets, gives the masked path's one-line error and leaves the table as it was."""
+    config = ZchConfig(zch_size=16, bucket_size=4, max_probe=2, world_size=2)
+    table = ZchTable(config, rank=0)
+    mine = [raw for raw in range(200) if int(owner_of(config, torch.tensor([raw]))) == 0][:3]
+    theirs = next(raw for raw in range(200) if int(owner_of(config, torch.tensor([raw]))) == 1)
+    with host_shortcuts(False, triton_kernel=True):
+        table.lookup(torch.tensor(mine))
+        before = {k: v.clone() for k, v in table.state_dict().items()}
+        with pytest.raises(ValueError, match=r"^ids: raw ids must be >= 0"):
+            table.lookup(torch.tensor([mine[0], -5]))
+        with pytest.raises(ValueError, match=r"^zch: ids of rank 1's buckets looked up on rank 0"):
+            table.lookup(torch.tensor([mine[1], theirs]))
+    assert all(torch.equal(before[k], v) for k, v in table.state_dict().items())

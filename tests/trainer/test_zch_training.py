@@ -94,6 +94,41 @@ def test_a_resumed_zch_run_continues_bit_for_bit(straight, tmp_path) -> None:
         assert resumed[step]["zch"] == first[step]["zch"], step
 
 
+def test_the_same_run_with_every_lookup_in_the_triton_kernel_logs_the_same_bits(
+    straight, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA table's path (``FREESCALE_ZCH_KERNEL=1``: the whole call in the Triton kernel for the tables
+    without admission) run on CPU through the interpreter: the 8 steps' losses and identity-table figures
+    equal the straight run's (CPU host shortcuts) bit for bit, PEC's prefetched lookups included; and its
+    step-4 checkpoint (taken while the next batch's lookup is done: the kernel's undo record) resumes on
+    the CPU path into the straight run's last 4 steps."""
+    for name, value in {
+        "FREESCALE_ZCH_KERNEL": "1",
+        "FREESCALE_ZCH_HOST_SHORTCUTS": "0",
+        "TRITON_INTERPRET": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    config = run_toml(
+        tmp_path / "kernel.toml", straight["data"], tmp_path / "out", data={"max_steps": 8},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "steps": [4], "at_end": False},
+        **{**COMMON, "eval": {"max_users": 0}},
+    )  # fmt: skip
+    train_one_rank(config, tmp_path)
+    for name in ("FREESCALE_ZCH_KERNEL", "FREESCALE_ZCH_HOST_SHORTCUTS", "TRITON_INTERPRET"):
+        monkeypatch.delenv(name)
+    resume = run_toml(
+        tmp_path / "resume.toml", straight["data"], tmp_path / "resumed", data={"max_steps": 8},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "resume": str(tmp_path / "ckpt" / "step_00000004"), "at_end": False},
+        **{**COMMON, "eval": {"max_users": 0}},
+    )  # fmt: skip
+    train_one_rank(resume, tmp_path)
+    first, kernel, resumed = lines(straight["out"]), lines(tmp_path / "out"), lines(tmp_path / "resumed")
+    assert sorted(kernel) == list(range(8)) and sorted(resumed) == [4, 5, 6, 7]
+    for step, line in [*kernel.items(), *resumed.items()]:
+        assert line["loss"] == first[step]["loss"], step
+        assert line["zch"] == first[step]["zch"], step
+
+
 def test_evaluating_a_zch_checkpoint_on_other_ranks_is_refused_in_one_line(straight) -> None:
     checkpoint = str(straight["ckpt"] / "step_00000008")
     command = [FREESCALE, "evaluate", "--config", straight["config"], "--checkpoint", checkpoint, "--nproc", "2"]
