@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any
 
 from measure import describe
@@ -43,25 +43,44 @@ def time_inserts(config: Any, ids: Any, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def steady_calls(s: Any) -> list[Any]:
-    """``kernel_step_calls`` warm-up then as many timed calls: ``kernel_step_ids`` distinct ids each,
-    ``kernel_step_new`` of them new, the rest drawn from the ids alive (0.9x the slots, the oldest
-    retiring as new ones arrive)."""
+@dataclass(frozen=True)
+class SteadySpec:
+    """A steady training lookup: ``ids`` distinct ids a call, ``new`` of them new, the rest drawn from the
+    ids alive (0.9x the ``slots``, the oldest retiring as new ones arrive), ``calls`` warm-up calls then as
+    many timed; the table's ``bucket_size`` / ``max_probe`` (lru)."""
+
+    slots: int
+    ids: int
+    new: int
+    calls: int
+    bucket_size: int
+    max_probe: int
+    seed: int = 0
+
+    @staticmethod
+    def of(s: Any, slots: int | None = None) -> SteadySpec:
+        """``bench_zch.Settings``' steady step (``kernel_step_*``), on ``slots`` slots if given."""
+        return SteadySpec(slots or s.kernel_step_slots, s.kernel_step_ids, s.kernel_step_new, s.kernel_step_calls,
+                          s.bucket_size, s.max_probe, s.seed)  # fmt: skip
+
+
+def steady_calls(spec: SteadySpec) -> list[Any]:
+    """``spec.calls`` warm-up calls, then as many timed (``SteadySpec``)."""
     import torch
 
-    gen = torch.Generator().manual_seed(s.seed)
-    alive = torch.randint(0, 2**62, (int(0.9 * s.kernel_step_slots),), dtype=torch.int64, generator=gen)
+    gen = torch.Generator().manual_seed(spec.seed)
+    alive = torch.randint(0, 2**62, (int(0.9 * spec.slots),), dtype=torch.int64, generator=gen)
     calls = []
-    for _ in range(2 * s.kernel_step_calls):
-        new = torch.randint(0, 2**62, (s.kernel_step_new,), dtype=torch.int64, generator=gen)
-        old = alive[torch.randperm(len(alive), generator=gen)[: s.kernel_step_ids - s.kernel_step_new]]
+    for _ in range(2 * spec.calls):
+        new = torch.randint(0, 2**62, (spec.new,), dtype=torch.int64, generator=gen)
+        old = alive[torch.randperm(len(alive), generator=gen)[: spec.ids - spec.new]]
         calls.append(torch.cat([old, new]).unique())
-        alive = torch.cat([alive[s.kernel_step_new :], new])
+        alive = torch.cat([alive[spec.new :], new])
     return calls
 
 
 def time_steady(
-    s: Any, calls: list[Any], shortcuts: bool, device: str = "cpu", triton_kernel: bool | None = None
+    spec: SteadySpec, calls: list[Any], shortcuts: bool, device: str = "cpu", triton_kernel: bool | None = None
 ) -> dict[str, Any]:
     """Median seconds per call over five chunks of the timed calls, after the warm-up calls (``device``:
     where the table lives, the ids moved there first; ``triton_kernel``: ``kernels.zch.TRITON_KERNEL``)."""
@@ -70,13 +89,13 @@ def time_steady(
     import freescale.kernels.zch as zch
     from freescale.kernels.zch_types import ZchConfig
 
-    config = ZchConfig(zch_size=s.kernel_step_slots, bucket_size=s.bucket_size, max_probe=s.max_probe)
+    config = ZchConfig(zch_size=spec.slots, bucket_size=spec.bucket_size, max_probe=spec.max_probe)
     table, previous = zch.ZchTable(config, device), (zch.HOST_SHORTCUTS, zch.TRITON_KERNEL)
     zch.HOST_SHORTCUTS, zch.TRITON_KERNEL = shortcuts, triton_kernel
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     calls = [ids.to(device) for ids in calls]
     try:
-        warm, timed = calls[: s.kernel_step_calls], calls[s.kernel_step_calls :]
+        warm, timed = calls[: spec.calls], calls[spec.calls :]
         for ids in warm:
             table.lookup(ids, train=True)
         chunks = [timed[i::5] for i in range(5)]
@@ -94,25 +113,26 @@ def time_steady(
             "counters": table.counters_dict()}  # fmt: skip
 
 
-def cuda_steady_step(s: Any) -> dict[str, Any]:
-    """The same steady calls on a CUDA table: the proposal rounds as masked torch ops against the Triton
-    rounds kernel (``kernels/zch_triton.py``, what a CUDA table runs by default)."""
-    calls = steady_calls(s)
-    torch_rounds = time_steady(s, calls, False, "cuda", triton_kernel=False)
-    kernel = time_steady(s, calls, False, "cuda", triton_kernel=True)
-    assert torch_rounds["counters"] == kernel["counters"], "the rounds kernel changed what the table decided"
-    return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
-            "torch_rounds_s": torch_rounds["median_s"], "triton_kernel_s": kernel["median_s"],
-            "torch_over_triton": torch_rounds["median_s"] / kernel["median_s"]}  # fmt: skip
+def cuda_steady_step(spec: SteadySpec) -> dict[str, Any]:
+    """The same steady calls on a CUDA table: the masked torch path against the Triton kernel
+    (``kernels/zch_triton.py``, what a CUDA table runs by default); the two must decide the same."""
+    calls = steady_calls(spec)
+    torch_path = time_steady(spec, calls, False, "cuda", triton_kernel=False)
+    kernel = time_steady(spec, calls, False, "cuda", triton_kernel=True)
+    assert torch_path["counters"] == kernel["counters"], "the Triton kernel changed what the table decided"
+    return {"slots": spec.slots, "ids": spec.ids, "new_ids": spec.new, "occupancy": kernel["occupancy"],
+            "torch_path_s": torch_path["median_s"], "triton_kernel_s": kernel["median_s"],
+            "torch_over_triton": torch_path["median_s"] / kernel["median_s"]}  # fmt: skip
 
 
 def steady_step(s: Any) -> dict[str, Any]:
     """A steady training step's lookup with and without the CPU's host shortcuts (the same calls), and with
     them on a ``kernel_step_large_slots`` table (the same calls again: what a larger table adds per call)."""
-    calls = steady_calls(s)
-    ours, masked = time_steady(s, calls, True), time_steady(s, calls, False)
+    spec = SteadySpec.of(s)
+    calls = steady_calls(spec)
+    ours, masked = time_steady(spec, calls, True), time_steady(spec, calls, False)
     assert ours["counters"] == masked["counters"], "the shortcuts changed what the table decided"
-    large = time_steady(replace(s, kernel_step_slots=s.kernel_step_large_slots), calls, True)
+    large = time_steady(SteadySpec.of(s, s.kernel_step_large_slots), calls, True)
     return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
             "calls_timed": s.kernel_step_calls, "occupancy": ours["occupancy"],
             "shortcuts_s": ours["median_s"], "masked_s": masked["median_s"],
@@ -133,7 +153,7 @@ def kernel_point(s: Any) -> dict[str, Any]:
     try:
         point = {**_kernel_point(s), "steady_training": steady_step(s)}
         if s.device == "cuda":
-            point["steady_training_cuda"] = cuda_steady_step(s)
+            point["steady_training_cuda"] = cuda_steady_step(SteadySpec.of(s))
         return point
     finally:
         torch.set_num_threads(threads)

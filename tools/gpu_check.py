@@ -13,7 +13,8 @@ from this checkout, offline), ``bench_hstu_attention`` (``--quick --out``), ``te
 marked ``gpu``, from the test files that hold such marks), ``train_data`` / ``train_w1`` /
 ``train_w2`` / ``train_zch`` (``gpu_training.py``; the last with item and user ids through zero-collision
 tables), ``calibrate`` (the cost profiles of the Triton and the PyTorch
-attention on this card), then ``bench_dispatch`` and ``bench_sm_contention``.
+attention on this card), then ``bench_dispatch``, ``bench_zch_lookup`` (the zero-collision table's
+lookup: the Triton kernel against the masked torch path) and ``bench_sm_contention``.
 
 ``--dry-run`` (CPU, part of ``make test``) proves the check assembles without running anything
 heavy: the wheel list resolves against the wheel folder (or is skipped with a note), the modules the
@@ -49,7 +50,7 @@ else:  # run by path (scripts/gpu_check.sh), before FreeScale is installed: the 
 DEADLINE_S = 465.0  # the whole check, installs and Triton compilation included (8 min less a part's stop)
 DRY_DEADLINE_S = 300.0
 MIN_PART_S = 10.0  # a part with less time left than this is skipped, not started
-BENCHES = ("bench_hstu_attention", "bench_dispatch", "bench_sm_contention")
+BENCHES = ("bench_hstu_attention", "bench_dispatch", "bench_zch_lookup", "bench_sm_contention")
 SMOKE_IMPORTS = (  # what the parts import beyond the image: a missing wheel fails here, in one place
     "freescale.trainer.runner, freescale.trainer.engines.pec, freescale.pipeline.prepare, "
     "freescale.pipeline.dataset.loader, freescale.kernels, freescale.datasets.synthetic, polars, "
@@ -316,7 +317,8 @@ def bench(script: str, budget_margin_s: float | None = None) -> Callable[[Check,
 # Timeouts (seconds on the GPU machine, in a dry run). Measured on one H200 (2026-11-27, cold Triton
 # cache): environment 7 s, install 12-16, bench_hstu_attention 45 (early, so the kernel the training
 # runs is measured whatever happens later), train_data 4-6, train_w1 27, train_w2 25, calibrate 24,
-# bench_dispatch 13; tests ~210 (the three training tests alone 135). bench_sm_contention was killed at
+# bench_dispatch 13; bench_zch_lookup not yet run (~30 s expected: two points, a few kernel compiles);
+# tests ~210 (the three training tests alone 135). bench_sm_contention was killed at
 # 75 s (2026-11-27) and 120 s (2026-11-28) with 18 points of ~6-12 s: its 1,600-2,400 queued SM copies
 # a run blocked the host behind the device sleep, every such run was retried 4 times. Its quick run now
 # measures 9 points of ~0.5 s (~25 s in all, expected) and stops itself SM_CONTENTION_MARGIN_S before
@@ -334,6 +336,7 @@ PARTS = (
     Part("train_zch", 100, 60, training("zch")),
     Part("calibrate", 60, 60, part_calibrate),
     Part("bench_dispatch", 75, 60, bench("bench_dispatch")),
+    Part("bench_zch_lookup", 60, 60, bench("bench_zch_lookup")),
     Part("bench_sm_contention", 90, 60, bench("bench_sm_contention", SM_CONTENTION_MARGIN_S)),
 )
 

@@ -5,6 +5,7 @@ collision accounting, the arms' table sizes, the targets from per-window rows, a
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,30 @@ def test_smoke_and_issue_scale_runs_leave_the_default_results_file_alone(bench, 
     with pytest.raises(SystemExit):  # a smoke kernel point would have replaced the measured one
         bench.main(["--quick", "--kernel-only"])
     assert "--kernel-only --quick needs --out" in capsys.readouterr().err
+
+
+@pytest.fixture
+def lookup(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("bench_zch_lookup")
+
+
+def test_lookup_bench_on_cpu_times_both_paths_on_the_same_calls(lookup, tmp_path: Path) -> None:
+    """``bench_zch_lookup --device cpu``: the host shortcuts against the masked path, every point written,
+    no target off CUDA."""
+    out = tmp_path / "lookup.json"
+    assert lookup.main(["--device", "cpu", "--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["target_met"] is None and result["targets"] == {}
+    assert [r["slots"] for r in result["results"]] == [12_288, 65_536]
+    for row in result["results"]:
+        assert row["masked_ms"] > 0 and row["host_shortcuts_ms"] > 0 and row["evictions"] > 0
+        assert row["speedup"] == pytest.approx(row["masked_ms"] / row["host_shortcuts_ms"])
+
+
+def test_lookup_bench_judges_the_kernel_at_the_first_point(lookup) -> None:
+    s = lookup.Settings(device="cuda")
+    row = {"slots": 12_288, "ids": 650, "new_ids": 20}
+    assert lookup.targets(s, [{**row, "speedup": 3.2}])["target_met"] is True
+    assert lookup.targets(s, [{**row, "speedup": 2.9}])["target_met"] is False
+    assert lookup.targets(s, [{**row, "slots": 65_536, "speedup": 9.0}])["target_met"] is False  # not measured
