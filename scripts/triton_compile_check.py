@@ -99,8 +99,9 @@ def compile_zch_rounds() -> None:
                 everyone = torch.ones(n, dtype=torch.bool)
                 zrt.place_in_rounds(table, admitted=everyone, claimed=torch.zeros(slots, dtype=torch.int64),
                                     **per_position)  # fmt: skip
-                zrt.look_up_in_kernel(table, ids=torch.arange(n), occurrences=torch.ones(n, dtype=torch.int64),
-                                      lead=everyone, **per_position)  # fmt: skip
+                groups = zrt.group_by_bucket(everyone, per_position.pop("bucket_local"), table.buckets)
+                zrt.look_up_in_kernel(table, groups, int(groups.largest), ids=torch.arange(n),
+                                      occurrences=torch.ones(n, dtype=torch.int64), **per_position)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
