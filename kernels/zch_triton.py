@@ -33,7 +33,7 @@ from .triton_support import HAS_TRITON, jit_lazily, next_pow2, tl, triton_unavai
 
 INT64_MAX = tl.constexpr(2**63 - 1) if HAS_TRITON else None
 POLICY_CODES = {"ttl": 0, "lru": 1, "lfu": 2}
-ROUNDS_WARPS = 4
+TILE_PER_WARP = 1024  # [K, B] tile entries per warp: 4 warps up to 64 ids x 64 lanes, then 8
 
 
 def _bucket_kernel(
@@ -266,9 +266,15 @@ def _launch(
         groups.offsets, groups.per_bucket, groups.order, *per_position, ids_arg, occurrences_arg, table.identities,
         table.last_seen, table.counts, claimed_arg, out, n, table.bucket_size, table.max_probe, table.ttl or 0,
         table.halflife, table.fallback_row, POLICY=POLICY_CODES[table.policy], FUSED=fused, K=next_pow2(largest),
-        B=next_pow2(table.bucket_size), num_warps=ROUNDS_WARPS,
+        B=next_pow2(table.bucket_size), num_warps=warps(next_pow2(largest) * next_pow2(table.bucket_size)),
     )  # fmt: skip
     return out
+
+
+def warps(tile: int) -> int:
+    """Warps for a [K, B] tile of ``tile`` entries: 4, or 8 past ``4 * TILE_PER_WARP`` (a bucket crowded by
+    a large call keeps several int64 [K, B] temporaries live)."""
+    return 4 if tile <= 4 * TILE_PER_WARP else 8
 
 
 def flat(t: torch.Tensor | None) -> torch.Tensor:
