@@ -79,29 +79,32 @@ def compile_hstu_attention(all_tiles: bool) -> None:
 
 
 def compile_zch_rounds() -> None:
-    """The zero-collision rounds kernel, alone and fused with the hits and writes, under every policy (lfu
-    with and without a halflife), at the benchmark's bucket of 64 and a small odd one, tiles of 1 to 128
-    ids."""
+    """The zero-collision kernel, alone (the rounds) and fused (the whole call), under every policy (lfu with
+    and without a halflife) at the benchmark's buckets of 64 probed 16 deep with a tile of 128 ids (8
+    warps); then a one-id tile and a small odd bucket (4 warps), once each: about ten compiles."""
     from freescale.kernels import zch_triton as zrt
 
     zrt.triton_unavailable_reason = lambda device: None  # CPU tensors stand in for CUDA ones
-    for bucket_size, max_probe in ((64, 16), (5, 3)):
+    policies = (("ttl", 10, 0), ("lru", None, 0), ("lfu", None, 0), ("lfu", None, 3))
+    shapes = [(64, 16, 512, policy, fused) for policy in policies for fused in (False, True)]
+    shapes += [(64, 16, 1, ("lru", None, 0), True), (5, 3, 512, ("lru", None, 0), True)]
+    for bucket_size, max_probe, n, (policy, ttl, halflife), fused in shapes:
         slots = 4 * bucket_size
-        for n in (1, 128 * 4):
-            for policy, ttl, halflife in (("ttl", 10, 0), ("lru", None, 0), ("lfu", None, 0), ("lfu", None, 3)):
-                table = zrt.BucketState(
-                    torch.full((slots,), -1, dtype=torch.int64), torch.zeros(slots, dtype=torch.int64),
-                    torch.zeros(slots, dtype=torch.int64), bucket_size=bucket_size, max_probe=max_probe,
-                    policy=policy, ttl=ttl, halflife=halflife, fallback_row=slots,
-                )  # fmt: skip
-                per_position = {"bucket_local": torch.arange(n) % 4, "home": torch.zeros(n, dtype=torch.int64),
-                                "clock": torch.zeros(n, dtype=torch.int64), "prio": torch.arange(n)}  # fmt: skip
-                everyone = torch.ones(n, dtype=torch.bool)
-                zrt.place_in_rounds(table, admitted=everyone, claimed=torch.zeros(slots, dtype=torch.int64),
-                                    **per_position)  # fmt: skip
-                groups = zrt.group_by_bucket(everyone, per_position.pop("bucket_local"), table.buckets)
-                zrt.look_up_in_kernel(table, groups, int(groups.largest), ids=torch.arange(n),
-                                      occurrences=torch.ones(n, dtype=torch.int64), **per_position)  # fmt: skip
+        table = zrt.BucketState(
+            torch.full((slots,), -1, dtype=torch.int64), torch.zeros(slots, dtype=torch.int64),
+            torch.zeros(slots, dtype=torch.int64), bucket_size=bucket_size, max_probe=max_probe,
+            policy=policy, ttl=ttl, halflife=halflife, fallback_row=slots,
+        )  # fmt: skip
+        bucket_local, everyone = torch.arange(n) % 4, torch.ones(n, dtype=torch.bool)
+        per_position = {"home": torch.zeros(n, dtype=torch.int64), "clock": torch.zeros(n, dtype=torch.int64),
+                        "prio": torch.arange(n)}  # fmt: skip
+        if fused:
+            groups = zrt.group_by_bucket(everyone, bucket_local, table.buckets)
+            zrt.look_up_in_kernel(table, groups, int(groups.largest), ids=torch.arange(n),
+                                  occurrences=torch.ones(n, dtype=torch.int64), **per_position)  # fmt: skip
+        else:
+            zrt.place_in_rounds(table, bucket_local=bucket_local, admitted=everyone,
+                                claimed=torch.zeros(slots, dtype=torch.int64), **per_position)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
