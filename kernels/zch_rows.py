@@ -30,10 +30,12 @@ def hashed_uniform(
     ``step``: one for all rows, or an int64 tensor of one per row (the same values as row by row).
     """
     rows = rows.reshape(-1).to(torch.int64)
+    # salts are filled on the device, not copied from host tensors: a blocking host-to-device copy waits, on
+    # CUDA, for everything queued before it (a reset at the start of a step would wait for the last step)
     if isinstance(step, int):  # one salt: on the host (the same bits as the tensor form below, fewer launches)
-        salt = torch.tensor(as_signed(salt_int(seed, table, step)), dtype=torch.int64, device=rows.device)
+        salt = torch.full((), as_signed(salt_int(seed, table, step)), dtype=torch.int64, device=rows.device)
     else:
-        salt = torch.tensor(seed, dtype=torch.int64, device=rows.device)
+        salt = torch.full((), seed, dtype=torch.int64, device=rows.device)
         for part in (table, step):
             salt = mix64(mix64(salt) + part)
     columns = torch.arange(dim, dtype=torch.int64, device=rows.device)

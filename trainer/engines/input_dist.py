@@ -179,7 +179,7 @@ class InputDistribution:
         comm = comm or self.comm
         note = torch.zeros(0, dtype=torch.int64, device=self.device) if note is None else note.to(self.device)
         if self.zch_clock(train):
-            note = torch.cat([note.to(torch.int64), torch.tensor([clock], dtype=torch.int64, device=self.device)])
+            note = torch.cat([note.to(torch.int64), torch.full((1,), clock, dtype=torch.int64, device=self.device)])
         per_feature = split_features(features)
         unknown = sorted(set(per_feature) - set(self.table_of))
         if unknown:

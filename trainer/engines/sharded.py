@@ -80,6 +80,9 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         self.optimizers: list[SparseOptimizer] = self.fused.optimizers
         self.table_of = {feature: t for t, spec in enumerate(specs) for feature in spec.features}
         self.key_offsets = torch.tensor([0] + [spec.rows for spec in specs[:-1]], device=device).cumsum(0)
+        # each table's [lo, hi) rows on this rank, made once: a tensor built from host values per call is a
+        # blocking host-to-device copy, which on CUDA waits for everything queued before it
+        self.bound_rows = torch.tensor(self.bounds, dtype=torch.int64, device=device).reshape(-1, 2)
         self.zch = [
             None if spec.zch is None else ZchShard(spec.zch, rank, device, t, seed, spec.bound)
             for t, spec in enumerate(specs)
@@ -121,8 +124,7 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
         """(mask of the keys whose row lives on this rank, their table)."""
         table = self.key_table(keys)
         local = keys - self.key_offsets[table]
-        lo = torch.tensor([b[0] for b in self.bounds], device=self.device)[table]
-        hi = torch.tensor([b[1] for b in self.bounds], device=self.device)[table]
+        lo, hi = self.bound_rows[table].unbind(1)
         return (local >= lo) & (local < hi), table
 
     def fused_rows(self, ctx: DistContext, mask: torch.Tensor | None = None) -> torch.Tensor:
