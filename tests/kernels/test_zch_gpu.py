@@ -4,12 +4,16 @@ at a training step's size)."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+
 import pytest
 import torch
-from zch_streams import kernel_equals_masked_rounds, run_both, step_size_config
+from zch_streams import kernel_equals_masked_rounds, run_both, steady_calls, step_size_config
 
 from freescale.kernels.zch import ZchTable
 from freescale.kernels.zch_hash import mix64
+from freescale.kernels.zch_rows import hashed_uniform, reset_rows
 from freescale.kernels.zch_types import ZchConfig
 
 NO_CUDA = "needs a CUDA device: torch.cuda.is_available() is False (the zch rounds kernel runs on GPUs)"
@@ -57,3 +61,33 @@ def test_kernel_rounds_equal_the_masked_rounds_on_cuda(
     rounds."""
     config = step_size_config(policy, halflife, world_size, zch_size=rows, admission=admission)
     kernel_equals_masked_rounds(config, device="cuda", calls=12, size=4_000)
+
+
+def cuda_syncs(fn: Callable[[], object]) -> int:
+    """Synchronizing CUDA operations ``fn`` ran, as torch's sync debug mode reports them: host reads and
+    blocking host-to-device copies alike (a CPU-side op count sees only the first)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_a_steady_kernel_lookup_syncs_twice_and_a_row_reset_never() -> None:
+    """The kernel path's two host reads (the id checks with the tile size, the slots taken) and nothing
+    else; fresh rows for reset rows (one step or a step per row) and the reset itself: none."""
+    config = step_size_config("lru", zch_size=12_288, admission=False)
+    table = ZchTable(config, "cuda")
+    calls = [ids.cuda() for ids in steady_calls(config, 8, 1_500, seed=5)]
+    for ids in calls[:3]:  # compiles the kernel's tile sizes
+        table.lookup(ids)
+    assert [cuda_syncs(lambda ids=ids: table.lookup(ids)) for ids in calls[3:]] == [2] * 5
+    rows = torch.arange(0, 4_000, 7, device="cuda")
+    weight, state = torch.zeros(12_289, 64, device="cuda"), {"momentum": torch.ones(12_289, device="cuda")}
+    steps = torch.arange(rows.numel(), device="cuda")
+    assert cuda_syncs(lambda: hashed_uniform(rows, 64, bound=0.1, seed=3, table=1, step=9)) == 0
+    assert cuda_syncs(lambda: hashed_uniform(rows, 64, bound=0.1, seed=3, table=1, step=steps)) == 0
+    assert cuda_syncs(lambda: reset_rows(weight, rows, state, seed=3, table=1, step=9)) == 0
