@@ -227,7 +227,7 @@ class ZchTable:
         stats, rows, written = self._apply(calls, hit, hit_slot, placed, counts_at_insert, miss & ~admitted)
         if self.config.pending_size:
             self._admitted(calls.ids, pending[0], placed >= 0)
-        reassigned = torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
+        reassigned = taken_slots(placed, count)
         if not calls.in_call_order:
             rows = torch.empty_like(rows).index_put_((calls.order,), rows)
         return ZchLookup(rows.reshape(ids.shape), reassigned, stats, step, Overwritten(*written, *pending))
@@ -262,16 +262,14 @@ class ZchTable:
         )
         row = torch.where(hit, hit_slot, torch.where(is_placed, placed, self.fallback_row))
         rows = row.index_select(0, calls.start)  # every position: its id's (lead's) row
-        stats = torch.stack(
-            [
-                torch.full((), rows.numel(), dtype=torch.int64, device=rows.device),
-                hit.sum(),
-                is_placed.sum(),
-                evicted.sum(),
-                (rows == self.fallback_row).sum(),
-                torch.where(waiting, calls.occurrences, 0).sum(),
-                ages.sum(),
-            ]
+        stats = call_stats(
+            rows,
+            hits=hit.sum(),
+            inserts=is_placed.sum(),
+            evictions=evicted.sum(),
+            collisions=(rows == self.fallback_row).sum(),
+            admission_waits=torch.where(waiting, calls.occurrences, 0).sum(),
+            evicted_age_sum=ages.sum(),
         )
         self.counters += stats
         return stats, rows, (target, held, seen, counts)
@@ -400,21 +398,17 @@ class ZchTable:
         placed = out["placed"]
         taken = (placed >= 0).sum()
         rows = out["row"].index_select(0, calls.start)  # every position: its id's (lead's) row
-        zero = torch.zeros((), dtype=torch.int64, device=rows.device)
-        stats = torch.stack(
-            [
-                torch.full((), rows.numel(), dtype=torch.int64, device=rows.device),
-                out["hit_occurrences"].sum(),
-                taken,
-                out["evicted"].sum(),
-                (rows == self.fallback_row).sum(),
-                zero,
-                out["age"].sum(),
-            ]
+        stats = call_stats(
+            rows,
+            hits=out["hit_occurrences"].sum(),
+            inserts=taken,
+            evictions=out["evicted"].sum(),
+            collisions=(rows == self.fallback_row).sum(),
+            evicted_age_sum=out["age"].sum(),
         )
         self.counters += stats
         count, step = torch.stack([taken, self.step]).tolist()
-        reassigned = torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
+        reassigned = taken_slots(placed, count)
         if not calls.in_call_order:
             rows = torch.empty_like(rows).index_put_((calls.order,), rows)
         written = [out[name].index_select(0, calls.start) for name in ("slots", "identities", "last_seen", "counts")]
@@ -559,8 +553,23 @@ def empty_rows(device: torch.device) -> torch.Tensor:
     return torch.zeros(0, dtype=torch.int64, device=device)
 
 
+def call_stats(rows: torch.Tensor, **counts: torch.Tensor) -> torch.Tensor:
+    """A call's ``COUNTERS`` as one int64 tensor: ``lookups`` is ``rows``' size, the others the device
+    scalars given by name (0 where not given)."""
+    unknown = sorted(set(counts) - set(COUNTERS))
+    if unknown:
+        raise ValueError(f"call_stats: no counters {unknown}; known: {COUNTERS}")
+    zero = torch.zeros((), dtype=torch.int64, device=rows.device)
+    lookups = torch.full((), rows.numel(), dtype=torch.int64, device=rows.device)
+    return torch.stack([lookups if name == "lookups" else counts.get(name, zero) for name in COUNTERS])
+
+
 def read_stats(hit: torch.Tensor) -> torch.Tensor:
     """``COUNTERS`` of a read-only call: lookups, hits, and every miss a collision."""
-    n = torch.full((), hit.numel(), dtype=torch.int64, device=hit.device)
-    hits, zero = hit.sum(), torch.zeros((), dtype=torch.int64, device=hit.device)
-    return torch.stack([n, hits, zero, zero, n - hits, zero, zero])
+    hits = hit.sum()
+    return call_stats(hit, hits=hits, collisions=hit.numel() - hits)
+
+
+def taken_slots(placed: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` slots a call gave to new ids (``placed``: each position's slot, -1: none), ascending."""
+    return torch.sort(torch.where(placed >= 0, placed, INT64_MAX)).values[:count]
