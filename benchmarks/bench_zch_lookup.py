@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 from measure import Points, device_environment
-from zch_kernel import SteadySpec, steady_calls, time_steady
+from zch_kernel import PATHS, SteadySpec, compare_paths
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_zch_lookup.json"
 TARGET_SPEEDUP = 3.0  # masked torch ms / Triton kernel ms at the bench_zch step (the first point)
-ARMS = {"cuda": ("masked", "kernel"), "cpu": ("masked", "host_shortcuts")}
 
 
 @dataclass
@@ -51,20 +50,8 @@ class Settings:
 
 
 def run_point(s: Settings, slots: int, ids: int, new: int) -> dict[str, Any]:
-    """Both arms on the same calls; the baseline (masked) first."""
-    spec = SteadySpec(slots, ids, new, s.calls, s.bucket_size, s.max_probe, s.seed)
-    calls = steady_calls(spec)
-    timed = {}
-    for arm in ARMS[s.device]:
-        shortcuts, kernel = arm == "host_shortcuts", (arm == "kernel") if s.device == "cuda" else None
-        timed[arm] = time_steady(spec, calls, shortcuts, s.device, triton_kernel=kernel)
-    baseline, ours = (timed[arm] for arm in ARMS[s.device])
-    if baseline["counters"] != ours["counters"]:
-        raise AssertionError(f"the two paths decided differently: {baseline['counters']} vs {ours['counters']}")
-    return {"slots": slots, "ids": ids, "new_ids": new, "occupancy": ours["occupancy"],
-            "evictions": ours["counters"]["evictions"],
-            **{f"{arm}_ms": 1e3 * timed[arm]["median_s"] for arm in ARMS[s.device]},
-            "speedup": baseline["median_s"] / ours["median_s"]}  # fmt: skip
+    """Both paths on the same calls (``zch_kernel.compare_paths``)."""
+    return compare_paths(SteadySpec(slots, ids, new, s.calls, s.bucket_size, s.max_probe, s.seed), s.device)
 
 
 def targets(s: Settings, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -80,7 +67,7 @@ def targets(s: Settings, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def print_table(s: Settings, rows: list[dict[str, Any]]) -> None:
-    base, ours = ARMS[s.device]
+    base, ours = PATHS[s.device]
     print(f"{'slots':>9} {'ids':>7} {'new':>5} {base + ' ms':>18} {ours + ' ms':>18} {'ratio':>7}")
     for r in rows:
         print(f"{r['slots']:>9,} {r['ids']:>7,} {r['new_ids']:>5} {r[base + '_ms']:>18.3f} {r[ours + '_ms']:>18.3f} "
@@ -111,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def report() -> dict[str, Any]:
         return {"benchmark": "bench_zch_lookup", "environment": device_environment(s.device), "settings": asdict(s),
-                "arms": list(ARMS[s.device]), "results": rows, **targets(s, rows),
+                "arms": list(PATHS[s.device]), "results": rows, **targets(s, rows),
                 "wall_s": time.perf_counter() - started}  # fmt: skip
 
     recorder = Points("bench_zch_lookup", out, report)

@@ -113,16 +113,26 @@ def time_steady(
             "counters": table.counters_dict()}  # fmt: skip
 
 
-def cuda_steady_step(spec: SteadySpec) -> dict[str, Any]:
-    """The same steady calls on a CUDA table: the masked torch path against the Triton kernel
-    (``kernels/zch_triton.py``, what a CUDA table runs by default); the two must decide the same."""
-    calls = steady_calls(spec)
-    torch_path = time_steady(spec, calls, False, "cuda", triton_kernel=False)
-    kernel = time_steady(spec, calls, False, "cuda", triton_kernel=True)
-    assert torch_path["counters"] == kernel["counters"], "the Triton kernel changed what the table decided"
-    return {"slots": spec.slots, "ids": spec.ids, "new_ids": spec.new, "occupancy": kernel["occupancy"],
-            "torch_path_s": torch_path["median_s"], "triton_kernel_s": kernel["median_s"],
-            "torch_over_triton": torch_path["median_s"] / kernel["median_s"]}  # fmt: skip
+PATHS = {"cuda": ("masked", "kernel"), "cpu": ("masked", "host_shortcuts")}  # (baseline, ours) per device
+
+
+def compare_paths(spec: SteadySpec, device: str, calls: list[Any] | None = None) -> dict[str, Any]:
+    """``PATHS[device]`` on the same steady calls, the baseline first: on CUDA the masked torch path against
+    the Triton kernel (``kernels/zch_triton.py``, a CUDA table's default), on CPU against the host
+    shortcuts. Both must decide the same (counters). ``<path>_ms`` per call and ``speedup`` (baseline
+    over ours). ``calls``: ``steady_calls(spec)`` if the caller made them already."""
+    calls = steady_calls(spec) if calls is None else calls
+    timed = {}
+    for path in PATHS[device]:
+        kernel = (path == "kernel") if device == "cuda" else None
+        timed[path] = time_steady(spec, calls, path == "host_shortcuts", device, triton_kernel=kernel)
+    baseline, ours = (timed[path] for path in PATHS[device])
+    if baseline["counters"] != ours["counters"]:
+        raise AssertionError(f"the two paths decided differently: {baseline['counters']} vs {ours['counters']}")
+    return {"slots": spec.slots, "ids": spec.ids, "new_ids": spec.new, "occupancy": ours["occupancy"],
+            "evictions": ours["counters"]["evictions"],
+            **{f"{path}_ms": 1e3 * timed[path]["median_s"] for path in PATHS[device]},
+            "speedup": baseline["median_s"] / ours["median_s"]}  # fmt: skip
 
 
 def steady_step(s: Any) -> dict[str, Any]:
@@ -130,15 +140,14 @@ def steady_step(s: Any) -> dict[str, Any]:
     them on a ``kernel_step_large_slots`` table (the same calls again: what a larger table adds per call)."""
     spec = SteadySpec.of(s)
     calls = steady_calls(spec)
-    ours, masked = time_steady(spec, calls, True), time_steady(spec, calls, False)
-    assert ours["counters"] == masked["counters"], "the shortcuts changed what the table decided"
+    paths = compare_paths(spec, "cpu", calls)
     large = time_steady(SteadySpec.of(s, s.kernel_step_large_slots), calls, True)
+    ours_s, masked_s = paths["host_shortcuts_ms"] / 1e3, paths["masked_ms"] / 1e3
     return {"slots": s.kernel_step_slots, "ids": s.kernel_step_ids, "new_ids": s.kernel_step_new,
-            "calls_timed": s.kernel_step_calls, "occupancy": ours["occupancy"],
-            "shortcuts_s": ours["median_s"], "masked_s": masked["median_s"],
-            "masked_over_shortcuts": masked["median_s"] / ours["median_s"],
+            "calls_timed": s.kernel_step_calls, "occupancy": paths["occupancy"],
+            "shortcuts_s": ours_s, "masked_s": masked_s, "masked_over_shortcuts": paths["speedup"],
             "large_slots": s.kernel_step_large_slots, "large_table_shortcuts_s": large["median_s"],
-            "large_over_small": large["median_s"] / ours["median_s"]}  # fmt: skip
+            "large_over_small": large["median_s"] / ours_s}  # fmt: skip
 
 
 def kernel_point(s: Any) -> dict[str, Any]:
@@ -153,7 +162,7 @@ def kernel_point(s: Any) -> dict[str, Any]:
     try:
         point = {**_kernel_point(s), "steady_training": steady_step(s)}
         if s.device == "cuda":
-            point["steady_training_cuda"] = cuda_steady_step(SteadySpec.of(s))
+            point["steady_training_cuda"] = compare_paths(SteadySpec.of(s), "cuda")
         return point
     finally:
         torch.set_num_threads(threads)
