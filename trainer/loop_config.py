@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from freescale.trainer.config_checks import check, choice
 
 EVAL_METRICS = ("ndcg", "hr")
+CATALOGUES = ("items", "rows")  # eval.catalogue (trainer/eval/catalogue.py)
 
 
 @dataclass
@@ -62,6 +63,9 @@ class EvalConfig:
     # every evaluation also writes each user's rank of the held-out item to
     # <logging.out_dir>/eval_ranks/<split>_step<N>.csv (user_id,rank): for segment analyses
     write_ranks: bool = False
+    # full ranking over "items" (every item of the evaluated dataset's vocabulary, scored by the row it
+    # reads: hashed items sharing the target's row tie against it) or "rows" (each table row once), eval/catalogue.py
+    catalogue: str = "items"
 
     def __post_init__(self) -> None:
         for name in ("every", "num_candidates", "patience"):
@@ -69,6 +73,7 @@ class EvalConfig:
         check(self.max_users >= -1, "eval.max_users", "must be -1 (every user), 0 (off) or a count", self.max_users)
         check(self.k >= 1, "eval.k", "must be >= 1", self.k)
         choice("eval.metric", self.metric, EVAL_METRICS)
+        choice("eval.catalogue", self.catalogue, CATALOGUES)
         if self.patience and not self.every:
             raise ValueError("eval.patience needs eval.every > 0 (evaluations to compare), got eval.every = 0")
         if self.patience and not self.validation:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from freescale.trainer.checkpoint_dirs import step_dir
 from freescale.trainer.config import RunConfig
 from freescale.trainer.data.batches import eval_samples, split_query
@@ -26,6 +28,7 @@ class EvaluationHooks:
     tracker: BestTracker
     checkpointer: Any
     _eval_samples: list[dict[str, Any]] | None
+    catalogue: np.ndarray | None  # eval.catalogue's raw item ids (None: rank rows)
 
     def _eval_users(self) -> list[dict[str, Any]]:
         if self._eval_samples is None:
@@ -50,6 +53,7 @@ class EvaluationHooks:
             seed=self.cfg.data.seed,
             exclude_history=ev.exclude_history,
             keep_ranks=ev.write_ranks,
+            catalogue=self.catalogue,
         )
         per_user = result.pop("ranks", None)
         if per_user is not None:

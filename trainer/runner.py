@@ -42,6 +42,7 @@ from freescale.trainer.cpus import pin_to_cpus
 from freescale.trainer.engine_choices import resolve_choices
 from freescale.trainer.engines.registry import make_engine
 from freescale.trainer.errors import TrainingError
+from freescale.trainer.eval.catalogue import eval_catalogue
 from freescale.trainer.eval.protocol import BestTracker
 from freescale.trainer.metrics.instrument import StepRecord, clock_offsets
 from freescale.trainer.peers import end_stopped_peers
@@ -100,6 +101,8 @@ class Trainer(CheckpointHooks, EvaluationHooks, RunLogging):
             self.eval_dataset = PreparedDataset(
                 cfg.eval.data_path, cache_dir=cfg.data.cache_dir or None, verify=cfg.data.verify
             )
+        evaluates = cfg.eval.max_users != 0
+        self.catalogue = eval_catalogue(cfg.eval.catalogue, self.eval_dataset) if evaluates else None
 
     def run(self) -> dict[str, Any] | None:
         start, evals = self._resume()

@@ -79,10 +79,12 @@ class CollateConfig:
             **tables,
         )
 
-    def item_rows(self, raw: np.ndarray) -> np.ndarray:
+    def item_rows(self, raw: np.ndarray, where: str = "") -> np.ndarray:
+        """Rows of raw item ids as batches hold them: the vocabulary's rows (exact), ``raw % num_items``
+        (hashed), or the raw ids themselves (zch: the identity table maps them)."""
         if self.item_pool is not None:
             return raw
-        return self.item_vocab.rows(raw) if self.item_vocab is not None else raw % self.num_items
+        return self.item_vocab.rows(raw, where) if self.item_vocab is not None else raw % self.num_items
 
     def action_rows(self, raw: np.ndarray) -> np.ndarray:
         return self.action_vocab.rows(raw) if self.action_vocab is not None else raw % self.num_actions

@@ -31,6 +31,7 @@ ZCH = {"ids": "zch", "zch_size": 1024}
         ({"engine": {"name": "torchrec"}, "checkpoint": {"dir": "/tmp/c"}}, "checkpoint.dir must be empty"),
         ({"logging": {"log_every": 0}}, "logging.log_every"),
         ({"eval": {"k": 0}}, "eval.k"),
+        ({"eval": {"catalogue": "skus"}}, "eval.catalogue must be one of"),
         ({"trainer": {"x": 1}}, r"unknown table\(s\) \['trainer'\]"),
         ({"optimizer": {"dense_lr": math.inf}}, "optimizer.dense_lr must be finite"),
         ({"optimizer": {"sparse_lr": math.inf}}, "optimizer.sparse_lr must be finite"),

@@ -129,6 +129,23 @@ def test_the_same_run_with_every_lookup_in_the_triton_kernel_logs_the_same_bits(
         assert line["zch"] == first[step]["zch"], step
 
 
+def test_a_zch_tables_items_and_rows_rank_alike_on_its_own_dataset(straight, tmp_path) -> None:
+    """Zero collisions: on the trained dataset every held slot is one catalogue item, so ranking the
+    items (``eval.catalogue = "items"``, each routed through the read-only lookup) is ranking the rows."""
+    checkpoint = str(straight["ckpt"] / "step_00000008")
+    reports = {}
+    for catalogue in ("items", "rows"):
+        out = tmp_path / catalogue
+        command = [FREESCALE, "evaluate", "--config", straight["config"], "--checkpoint", checkpoint, "--nproc", "1",
+                   "--set", f'logging.out_dir="{out}"', "--set", f'eval.catalogue="{catalogue}"']  # fmt: skip
+        result = subprocess.run(command, cwd=straight["root"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        reports[catalogue] = json.loads((out / "evaluation.json").read_text())["test"]
+    items, rows = reports["items"], reports["rows"]
+    assert items["catalogue"] == "items" and rows["catalogue"] == "rows" and items["users"] > 0
+    assert (items["hr@10"], items["ndcg@10"]) == (rows["hr@10"], rows["ndcg@10"])
+
+
 def test_evaluating_a_zch_checkpoint_on_other_ranks_is_refused_in_one_line(straight) -> None:
     checkpoint = str(straight["ckpt"] / "step_00000008")
     command = [FREESCALE, "evaluate", "--config", straight["config"], "--checkpoint", checkpoint, "--nproc", "2"]

@@ -104,6 +104,10 @@ class Engine(Protocol):
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
         """Evaluation: rows of arbitrary item ids (sampled candidates)."""
 
+    def catalogue_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Evaluation: the item table's global row of each item id as batches hold it (-1: a zero-collision
+        table does not hold the id; every rank calls it as many times: ``eval/catalogue.py``)."""
+
     def local_item_rows(self) -> ItemShard:
         """Evaluation: this rank's item-table shard."""
 
@@ -383,11 +387,26 @@ class FreeScaleEngine:
         unique_rows = self.tables.output_dist(ctx, self.tables.lookup(ctx))
         queries, targets, target_ids = batch_queries(self.model, batch, self.tables.feature_rows(ctx, unique_rows))
         if self.tables.has_zch:  # full ranking scores table rows: a target is its row
-            target_ids = self.tables.feature_keys(ctx)["item"][batch.target_index[batch.last_input_rows()]]
-            items = self.tables.zch[0]
-            if items is not None:  # an id the table does not hold has no row of its own: -1 (a miss)
-                target_ids = torch.where(items.is_fallback(target_ids), -1, target_ids)
+            target_ids = self._item_rows(ctx)[batch.target_index[batch.last_input_rows()]]
         return queries, targets, target_ids
+
+    def _item_rows(self, ctx: DistContext) -> torch.Tensor:
+        """Global item-table row of every item id routed in ``ctx`` (after its rows arrived); an id a
+        zero-collision table does not hold has no row of its own: -1 (its fallback row stands for none)."""
+        rows = self.tables.feature_keys(ctx)["item"]
+        items = self.tables.zch[0]
+        return rows if items is None else torch.where(items.is_fallback(rows), -1, rows)
+
+    @torch.no_grad()
+    def catalogue_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of catalogue item ids (evaluation, read-only): the ids themselves unless the item table
+        is zero-collision, whose read-only lookup routes the raw ids to their buckets' owners."""
+        if self.tables.zch[0] is None:
+            return ids.to(self.device)
+        self.settle()
+        ctx = self.tables.input_dist(JaggedIds(["item"], ids.to(self.device), [ids.numel()]))
+        self.tables.output_dist(ctx, self.tables.lookup(ctx))
+        return self._item_rows(ctx)
 
     @torch.no_grad()
     def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:

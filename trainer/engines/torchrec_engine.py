@@ -386,6 +386,10 @@ class TorchRecEngine:
         )
         return self._lookup(probe)["neg"]
 
+    def catalogue_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Batches hold item rows already (the baseline has no identity table)."""
+        return ids.to(self.device)
+
     def local_item_rows(self) -> ItemShard:
         return ItemShard(*_table_shards(self.dmp)["item"])
 

@@ -5,11 +5,12 @@ Training never sees a user's validation (second-to-last) or test (last) event as
 the test history includes the validation item) and ranks the item. Which users, which split and the
 best-validation selection live in ``trainer/eval/protocol.py`` and the runner.
 
-``eval.num_candidates = 0`` ranks it against the *whole* catalogue (every row of the item table that
-stands for an item: a zero-collision table's empty slots and fallback rows stand for none):
-the item table is sharded, so every rank scores all ranks' queries against its own shard and counts
-the rows that beat each target; one all-reduce of the counts gives exact full-ranking ranks without
-gathering the table. ``num_candidates > 0`` is the sampled protocol (labelled ``sampled-N`` in the
+``eval.num_candidates = 0`` ranks it against the *whole* catalogue: by default every item of the
+evaluated dataset, each scored by the row its id reads, so a row counts once per item on it and the
+items sharing the target's row tie against it (``eval.catalogue``, ``trainer/eval/catalogue.py``).
+The item table is sharded, so every rank scores all ranks' queries against its own shard and counts
+the candidates that beat each target; one all-reduce of the counts gives exact full-ranking ranks
+without gathering the table. ``num_candidates > 0`` is the sampled protocol (labelled ``sampled-N`` in the
 output; N uniform random items shared by a chunk of queries), for catalogues too large to score
 every step. ``eval.exclude_history`` leaves the items of the query's history out of the ranking.
 
@@ -43,6 +44,7 @@ from freescale.pipeline.dataset.reader import PreparedDataset
 from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.pipeline.dataset.targets import held_out
 from freescale.trainer.data.batches import collate
+from freescale.trainer.eval.catalogue import own_row_ties, row_weights
 
 EVAL_CHUNK = 64
 SCORE_CHUNK_ROWS = 65_536
@@ -121,10 +123,12 @@ def _full_ranks(
     queries: torch.Tensor,
     target_scores: torch.Tensor,
     target_ids: torch.Tensor,
+    weights: torch.Tensor,
     history: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rows of the whole item table scoring above each target (this rank's queries); with ``history``
-    (``history_pairs``) those rows are left out like the target's own."""
+    """Candidates of the whole catalogue scoring above each target (this rank's queries): each row of
+    this rank's shard counts ``weights`` candidates (``catalogue.row_weights``), the target's row its
+    other candidates (ties); with ``history`` (``history_pairs``) those rows are left out."""
     all_queries, sizes = _all_gather_rows(queries)
     all_targets = _all_gather_rows(target_scores[:, None])[0][:, 0]
     all_ids = _all_gather_rows(target_ids[:, None].to(torch.int64))[0]
@@ -138,12 +142,13 @@ def _full_ranks(
         rows = F.normalize(shard.rows[start : start + SCORE_CHUNK_ROWS].to(all_queries.dtype), dim=-1)
         row_ids = shard.first_row + start + torch.arange(rows.shape[0], device=all_queries.device)
         excluded = row_ids[None, :] == all_ids
-        if shard.is_item is not None:  # rows standing for no item are no candidates
-            excluded |= ~shard.is_item[start : start + rows.shape[0]].to(excluded.device)[None, :]
         if history is not None:
             inside = (history[:, 1] >= row_ids[0]) & (history[:, 1] < row_ids[0] + rows.shape[0])
             excluded[history[inside, 0], history[inside, 1] - row_ids[0]] = True
-        above += beats_target(all_queries @ rows.T, all_targets, excluded).sum(dim=1)
+        beats = beats_target(all_queries @ rows.T, all_targets, excluded)
+        counted = weights[start : start + rows.shape[0]].to(beats.device)
+        above += torch.where(beats, counted[None, :], 0).sum(dim=1)
+    above += own_row_ties(all_ids[:, 0], shard.first_row, weights.to(above.device))
     dist.all_reduce(above)
     return above[first : first + queries.shape[0]]
 
@@ -173,16 +178,19 @@ def evaluate(
     seed: int = 0,
     exclude_history: bool = False,
     keep_ranks: bool = False,
+    catalogue: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """HR@k / NDCG@k over all ranks' eval queries, each ranking its last event given the events before
     (collective: every rank must call it). ``keep_ranks``: the result also holds ``"ranks"``, an
-    ``EvalRanks`` of every user (not JSON: the caller writes it)."""
+    ``EvalRanks`` of every user (not JSON: the caller writes it). ``catalogue``: the raw item ids a full
+    ranking ranks (``eval.catalogue = "items"``); None ranks the table's rows (``"rows"``)."""
     chunks = [samples[i : i + EVAL_CHUNK] for i in range(0, len(samples), EVAL_CHUNK)]
     count = torch.tensor([len(chunks)], device=engine.device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     chunks += [[] for _ in range(int(count) - len(chunks))]  # equal collective counts on every rank
     ranks, users = [], []
     collate_cfg = replace(collate_cfg, full_softmax=False)  # queries need no catalogue of negatives
+    weights = None if num_candidates else row_weights(engine, collate_cfg, catalogue)
     for number, chunk in enumerate(chunks):
         batch = collate(chunk, collate_cfg, step=number, rank=dist.get_rank(), holdout=False)
         queries, target_rows, target_ids = engine.encode(batch)
@@ -202,7 +210,7 @@ def evaluate(
             )
         else:
             history = history_pairs(batch) if exclude_history else None
-            rank = _full_ranks(engine, queries, target_scores, target_ids, history)
+            rank = _full_ranks(engine, queries, target_scores, target_ids, weights, history)
         ranks.append(rank.cpu())
         users.append(batch.user_ids.cpu())
     local = torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.int64)
@@ -213,7 +221,8 @@ def evaluate(
     protocol = f"sampled-{num_candidates}" if num_candidates else "full"
     if exclude_history:
         protocol += "-exclude-history"
-    result = {"protocol": protocol, "users": len(all_ranks), **metrics_from_ranks(all_ranks, k)}
+    ranked = "items" if catalogue is not None and not num_candidates else "rows"
+    result = {"protocol": protocol, "catalogue": ranked, "users": len(all_ranks), **metrics_from_ranks(all_ranks, k)}
     if keep_ranks:
         all_users = np.concatenate([u for _, u in gathered]).astype(np.int64)
         result["ranks"] = EvalRanks(all_users, all_ranks.astype(np.int64))

@@ -10,13 +10,16 @@ synchronous engine with evictions is in test_pec.py's edge cases.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from online_check import OnlineCase, differences, train_online_modes
 from pec_check import OverlapCase, mismatches, train_case
 
 from freescale.kernels.zch_rows import hashed_uniform
+from freescale.pipeline.dataset.samples import CollateConfig
 from freescale.trainer.engines.jagged_ids import JaggedIds
+from freescale.trainer.eval.catalogue import row_weights
 from freescale.trainer.runner import make_engine
 
 ZCH = {"zch_size": 8, "zch_bucket_size": 8, "zch_max_probe": 8}  # one bucket: 8 ids fill it, the 9th evicts
@@ -102,6 +105,28 @@ def test_evaluation_routes_read_only_and_unknown_ids_use_the_fallback_row(gloo_w
         assert int(keys[0]) == int(torch.nonzero(tables.zch[0].table.identities == 5)[0, 0])
         assert tables.zch[0].is_fallback(keys).tolist() == [False, True]  # evaluation: 99 has no row
         assert tables.zch[0].is_fallback(torch.tensor([17, 16, 9])).tolist() == [True, False, False]  # any rank's
+        after = tables.local_state()
+        assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    finally:
+        engine.close()
+
+
+def test_evaluations_catalogue_counts_the_slots_holding_its_items(gloo_world_of_one) -> None:
+    """``eval.catalogue = "items"``: catalogue ids the table holds count on their slots, ids it does not
+    hold count nowhere (not on the fallback row), and nothing in the table changes."""
+    engine = zch_engine()
+    try:
+        tables = engine.tables
+        tables.apply_resets(route(engine, [5, 6, 7]))
+        before = {k: t.clone() for k, t in tables.local_state().items()}
+        rows = engine.catalogue_rows(torch.tensor([7, 99, 5], dtype=torch.int64))
+        identities = tables.zch[0].table.identities
+        slot = {held: row for row, held in enumerate(identities.tolist()) if held >= 0}
+        assert rows.tolist() == [slot[7], -1, slot[5]]
+        cfg = CollateConfig(num_items=8, num_actions=1, max_len=8, num_negatives=1, inbatch_negatives=0,
+                            item_pool=np.array([5, 6, 7, 99], np.int64))  # fmt: skip
+        weights = row_weights(engine, cfg, np.array([5, 6, 7, 99, 100], np.int64))
+        assert weights.tolist() == [*(identities >= 0).long().tolist(), 0]  # 8 slots, then the fallback row
         after = tables.local_state()
         assert [k for k in before if not torch.equal(before[k], after[k])] == []
     finally:
