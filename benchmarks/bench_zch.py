@@ -8,7 +8,9 @@ each window holds about twice the items alive at any instant) and user churn, it
 are consecutive integers, which a modulo folds without collision inside any range shorter than the
 table), cut into one prepared dataset per day (``prepare --time-window 1d --time-range``). Arms, each
 one run continued window after window (``checkpoint.continue_on_new_data``), trained on window t and
-evaluated on window t+1's users (``eval.data_path``, leave-one-out on the last event, full ranking):
+evaluated on window t+1's users (``eval.data_path``, leave-one-out on the last event, full ranking over
+window t+1's items, each scored by the row it reads: ``eval.catalogue = "items"``, so the items sharing a
+modulo row with the target tie against it; ``--set catalogue=rows`` ranks table rows as before):
 
 * ``oracle``: a row for every id of the whole stream. A zch table of 1.5x the stream's distinct items
   whose probe covers the whole bucket (``zch_max_probe = zch_bucket_size``): an id keeps its row
@@ -61,6 +63,10 @@ from freescale.trainer.eval.evaluate import EvalRanks
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_zch.json"
 ISSUE_SCALE_RESULTS = RESULTS.with_name("bench_zch_issue_scale.json")  # its own file: the default run's stays
 DAY_S = 86_400
+CATALOGUE_NOTES = {  # what the note says full ranking ranked (Settings.catalogue)
+    "items": "the next window's items, each scored by the row it reads (items sharing the target's row tie against it)",
+    "rows": "the arm's table rows (each row standing for an item once)",
+}
 
 
 @dataclass
@@ -108,6 +114,7 @@ class Settings:
     kernel_step_calls: int = 300
     kernel_step_large_slots: int = 1_048_576  # the same calls on a table this large: a call's cost is not the table's
     seed: int = 0
+    catalogue: str = "items"  # eval.catalogue of every arm: "items" (next window's items) or "rows"
 
 
 # The issue's stream (>= 200k distinct items over the days, <= ~60k alive at once): 7 days, 216,901 ids.
@@ -228,7 +235,7 @@ def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: 
         "optimizer": {"dense_lr": s.dense_lr, "sparse_lr": s.sparse_lr},
         "engine": {"threads": s.threads, "seed": s.seed, "device": s.device},
         "eval": {"k": 10, "max_users": s.eval_users, "validation": False, "data_path": datasets[window + 1],
-                 "write_ranks": True},
+                 "write_ranks": True, "catalogue": s.catalogue},
         "checkpoint": checkpoint,
         "logging": {"out_dir": str(work / arm / f"w{window}"), "log_every": 10, "progress": False},
     }  # fmt: skip
@@ -260,6 +267,7 @@ def train_window(work: Path, arm: str, window: int, datasets: list[str], sizes: 
         "ndcg@10": test["ndcg@10"],
         "hr@10": test["hr@10"],
         "eval_users": test["users"],
+        "catalogue": test["catalogue"],
         "segments": segments(EvalRanks.read_csv(Path(test["ranks_file"])), targets),
     }
     zch = summary.get("zch", {}).get("item")
@@ -333,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         s = settings_with(s, args.overrides)
     except ValueError as error:
         parser.error(str(error))
+    if s.catalogue not in CATALOGUE_NOTES:
+        parser.error(f"--set catalogue must be one of {sorted(CATALOGUE_NOTES)}, got {s.catalogue!r}")
     os.environ.setdefault("OMP_NUM_THREADS", str(s.threads))
     out = Path(args.out) if args.out else default_results(args.quick, args.issue_scale)
     if args.kernel_only:
@@ -373,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": asdict(s),
                 "note": "training reads the first steps_per_window x micro_batch_size samples of each window (a "
                 "subsample of its users); evaluation: eval_users of the next window, leave-one-out on the last "
-                "event, full ranking over the arm's table rows; segments: users whose target an earlier window "
-                "held (known) or not (new), with HR@10 95% half-widths and NDCG@10 standard errors",
+                f"event, full ranking over {CATALOGUE_NOTES[s.catalogue]}; segments: users whose target an "
+                "earlier window held (known) or not (new), with HR@10 95% half-widths and NDCG@10 standard errors",
                 "stream": stream,
                 "windows": done,
                 "kernel": kernel or None,
@@ -406,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_zch: kernel ({time.perf_counter() - began:.0f} s)", flush=True)
         recorder.run("kernel", kernel_point, s, keep=kernel.update)
         result = recorder.save(final=True)
+    print(f"full ranking over {CATALOGUE_NOTES[s.catalogue]}")
     print_windows(result["windows"])
     print_segments(result["windows"])
     if kernel:
