@@ -4,11 +4,9 @@ at a training step's size)."""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
-
 import pytest
 import torch
+from cuda_syncs import cuda_syncs
 from zch_streams import kernel_equals_masked_rounds, run_both, steady_calls, step_size_config
 
 from freescale.kernels.zch import ZchTable
@@ -61,19 +59,6 @@ def test_kernel_rounds_equal_the_masked_rounds_on_cuda(
     rounds."""
     config = step_size_config(policy, halflife, world_size, zch_size=rows, admission=admission)
     kernel_equals_masked_rounds(config, device="cuda", calls=12, size=4_000)
-
-
-def cuda_syncs(fn: Callable[[], object]) -> int:
-    """Synchronizing CUDA operations ``fn`` ran, as torch's sync debug mode reports them: host reads and
-    blocking host-to-device copies alike (a CPU-side op count sees only the first)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def test_a_steady_kernel_lookup_syncs_twice_and_a_row_reset_never() -> None:

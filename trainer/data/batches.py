@@ -46,6 +46,9 @@ class Batch:
     # user-profile tables (``[user_tables]``): their names and [tables, B] rows, one per sample each
     profile_tables: tuple[str, ...] = ()
     profile_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
+    # the latest event time of the batch (0: none), taken on the host at collation: a ttl zch table's
+    # clock, read without reading the device (a device read would drain the CUDA stream every step)
+    latest_time: int = 0
 
     @property
     def num_samples(self) -> int:
@@ -129,6 +132,7 @@ def collate(
         user_ids=torch.tensor([int(samples[i]["user_id"]) for i in seq.kept], dtype=torch.int64),
         profile_tables=tuple(read.table for read in cfg.profiles),
         profile_ids=as_tensor(profile_rows(cfg.profiles, samples, seq.kept)),
+        latest_time=int(seq.times.max()) if len(seq.times) else 0,
     )
 
 

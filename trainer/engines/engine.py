@@ -300,8 +300,8 @@ class FreeScaleEngine:
     def start_routing(self, batch: Batch, comm: TimedTransport | None = None) -> PendingInputDist:
         """Start ``batch``'s input distribution (on ``comm``, default the engine's transport), with
         the note ``routing_note`` gives riding along. A training routing: zero-collision tables insert."""
-        clock = int(batch.timestamps.max()) if batch.timestamps.numel() else 0
-        return self.tables.start_input_dist(batch_features(batch), comm, self.routing_note(batch), True, clock)
+        note = self.routing_note(batch)
+        return self.tables.start_input_dist(batch_features(batch), comm, note, True, batch.latest_time)
 
     def routing_note(self, batch: Batch) -> torch.Tensor | None:
         """What every rank should learn about ``batch`` with its routing (the online balancer's lengths)."""
@@ -363,7 +363,8 @@ class FreeScaleEngine:
     def _start_dense_all_reduce(self, local_bad: bool) -> tuple[TimedHandle, list[torch.nn.Parameter]]:
         params = list(self.model.parameters())
         grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-        verdict = torch.tensor([1.0 if local_bad else 0.0], dtype=grads[0].dtype, device=grads[0].device)
+        # filled on the device: torch.tensor(host value, device=cuda) is a blocking copy (a stream sync)
+        verdict = torch.full((1,), 1.0 if local_bad else 0.0, dtype=grads[0].dtype, device=grads[0].device)
         flat = torch.cat([*grads, verdict])
         return self.comm.start_all_reduce("gradient_comm.dense", flat), params
 

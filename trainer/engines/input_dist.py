@@ -17,9 +17,18 @@ from freescale.trainer.engines.table_layout import TableSpec
 from freescale.trainer.engines.zch_shard import ZchShard, ZchStep
 
 
+def host_ints(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 ``values`` (host numbers) on ``device`` without draining its stream: ``torch.tensor(values,
+    device=cuda)`` copies blocking (the stream synchronizes first); a non-blocking copy from pageable
+    memory is staged at once and queued."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+
 def source_ranks(splits: list[int], device: torch.device) -> torch.Tensor:
-    """The peer of every entry of a buffer segmented by peer (``splits``: entries per rank)."""
-    return torch.repeat_interleave(torch.arange(len(splits), device=device), torch.tensor(splits, device=device))
+    """The peer of every entry of a buffer segmented by peer (``splits``: entries per rank); the output
+    size is given, so CUDA needs no host read."""
+    peers = torch.arange(len(splits), device=device)
+    return torch.repeat_interleave(peers, host_ints(splits, device), output_size=sum(splits))
 
 
 @dataclass
@@ -89,8 +98,9 @@ class PendingInputDist:
             tables = self.tables
             recv_ids, notes = split_notes(self._ids_handle.wait(), self._splits[1], self._note_lengths.tolist())
             table_ids = torch.arange(len(tables.specs), device=tables.device).repeat(tables.world_size)
-            recv_table = torch.repeat_interleave(table_ids, self._recv_counts.flatten().to(tables.device))
             send_splits, recv_splits = self._splits
+            counts = self._recv_counts.flatten().to(tables.device)
+            recv_table = torch.repeat_interleave(table_ids, counts, output_size=sum(recv_splits))
             clock = None
             if tables.zch_clock(self.train):
                 clock, notes = max(int(n[-1]) for n in notes), [n[:-1] for n in notes]
@@ -112,7 +122,7 @@ def append_notes(send_ids: torch.Tensor, splits: list[int], note: torch.Tensor) 
     owner = source_ranks(splits, device)
     out = torch.empty(send_ids.numel() + w * n, dtype=torch.int64, device=device)
     out[torch.arange(send_ids.numel(), device=device) + owner * n] = send_ids
-    ends = torch.cumsum(torch.tensor(splits, device=device), 0) + torch.arange(w, device=device) * n
+    ends = host_ints([sum(splits[: r + 1]) + r * n for r in range(w)], device)
     out[(ends[:, None] + torch.arange(n, device=device)).flatten()] = note.repeat(w)
     return out
 

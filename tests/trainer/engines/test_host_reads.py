@@ -3,10 +3,13 @@ read of a device value drains a CUDA stream (counted on CPU by ``sync_count``).
 
 Whole steps (``step_syncs``: one rank, the PEC worker's tasks included, after warm-up): with the tables'
 storage fused (``fused_tables.py``) and PEC's per-table row counts taken in one pass, the item/action
-case costs 31 syncs a step synchronously and 55 with PEC, the four-table profile case 43 and 68; with
+case costs 29 syncs a step synchronously and 49 with PEC, the four-table profile case 41 and 61; with
 one tensor and optimizer per table and a boolean mask per table in every lookup and update they cost
-40 / 93 and 62 / 140 (61 and 82 with PEC's row counts still two masks a table). Zero-collision tables
-run the masked path a GPU runs (no CPU host shortcuts: ``kernels.zch.HOST_SHORTCUTS``).
+40 / 93 and 62 / 140 (61 and 82 with PEC's row counts still two masks a table). Each routing read the
+batch's latest event time from the device (the ttl clock, now taken at collation: ``Batch.latest_time``)
+and the received entries' table ids sized their ``repeat_interleave`` on the device (now given the
+size the counts already told the host): 31 / 55 and 43 / 68 before. Zero-collision tables run the
+masked path a GPU runs (no CPU host shortcuts: ``kernels.zch.HOST_SHORTCUTS``).
 """
 
 from __future__ import annotations
@@ -14,21 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 from pec_check import OverlapCase, overlap_batches
-from step_syncs import step_syncs
+from step_syncs import CASES, STEP_SYNCS, step_syncs
 from sync_count import counting_ops
 
 import freescale.kernels.zch as zch
 from freescale.trainer.engines.engine import has_nonfinite
 from freescale.trainer.runner import make_engine
-
-# (case, overlap) -> host syncs of a steady step at most (per-table masks everywhere: 40, 93, 62, 140)
-STEP_SYNCS = {
-    ("item_action", "none"): 31,
-    ("item_action", "pec"): 55,
-    ("profiles", "none"): 43,
-    ("profiles", "pec"): 68,
-}
-CASES = {"item_action": {}, "profiles": {"profiles": True, "sparse": "adam"}}  # 2 tables; 4 (2 zch)
 
 
 @pytest.fixture(autouse=True)
