@@ -30,8 +30,9 @@ Public helpers ``lower_bound``, ``predict_straggler_pct`` and ``plan_bin_costs``
 stats tool and the trainer; they use docs/design.md#definitions's definitions.
 
 Modules: ``config`` (``BalanceConfig``), ``plan`` (``BalancePlan`` and its costs), ``measures``
-(lower bound, predicted straggler %), ``planner`` (``plan_step_groups``), ``step_groups`` (step
-membership and micro-batch assignment), ``algos`` (LPT, KK, swaps), ``report``, ``windows``.
+(lower bound, predicted straggler %), ``planner`` (``plan_step_groups``), ``step_membership``
+(which samples share a step), ``bin_assignment`` (micro-batch of each sample within its step), ``algos`` (LPT,
+KK, swaps), ``report``, ``windows``.
 """
 
 from .config import ALGORITHMS, FREE_OUTLIERS, MODES, STRATEGIES, BalanceConfig

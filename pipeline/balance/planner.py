@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from .bin_assignment import assign_bins
 from .config import BalanceConfig
 from .measures import predict_straggler_pct
 from .plan import BalancePlan
 from .report import build_report, lower_bound_over_mean, step_max_and_imbalance
-from .step_groups import (
+from .step_membership import (
     Ranked,
     Steps,
-    assign_bins,
     cut_heaviest,
     stable_group,
     steps_equal,

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .bin_assignment import desc_positions
 from .measures import predict_straggler_pct
-from .step_groups import desc_positions
 
 if TYPE_CHECKING:
     from .config import BalanceConfig
     from .plan import BalancePlan
-    from .step_groups import Ranked, Steps
+    from .step_membership import Ranked, Steps
 
 
 def _bin_costs(costs: np.ndarray, steps: Steps, bins: np.ndarray, g: int) -> np.ndarray:

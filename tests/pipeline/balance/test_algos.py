@@ -20,7 +20,7 @@ from freescale.pipeline.balance.algos import (
     lpt_free,
     refine_swaps,
 )
-from freescale.pipeline.balance.step_groups import stable_group
+from freescale.pipeline.balance.step_membership import stable_group
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
