@@ -1,0 +1,57 @@
+"""``prepare`` on bad input: malformed rows rejected, counted by reason and sampled to
+``quarantine.jsonl``; a corrupt Parquet data page is one line naming the file and the source (also
+from a Ray task). Real processes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from prepare_cli import assert_one_line_error, cli_prepare, finish
+
+from freescale.datasets.presets import preset
+from freescale.datasets.synthetic import generate
+
+
+# --------------------------------------------------------------------------- quarantine option
+def test_quarantine_examples_is_a_cli_option(tmp_path) -> None:
+    generate(preset("tiny", seed=5, malformed_fraction=0.05), str(tmp_path / "src"))
+    out = tmp_path / "ds"
+    proc = cli_prepare(str(tmp_path / "src" / "sources.toml"), str(out), "--quarantine-examples", "1")
+    code, err = finish(proc)
+    assert code == 0, err
+    reasons = [json.loads(line)["reason"] for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert reasons and len(reasons) == len(set(reasons))  # one example per reason
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["quarantine_examples"] == 1
+    assert max(manifest["rows"]["events_rejected"]["by_reason"].values()) > 1  # more were rejected
+    code, err = finish(cli_prepare(str(tmp_path / "src" / "sources.toml"), str(out), "--quarantine-examples", "-1"))
+    assert_one_line_error(code, err, "--quarantine-examples")
+
+
+# --------------------------------------------------------------------------- corrupt input
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> None:
+    """Also from a Ray task: the step's own error, not Ray's wrapper with a remote traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 20_000
+    table = pa.table({"u": np.arange(n) % 300, "i": np.arange(n) * 7 % 1000, "t": 1_600_000_000 + np.arange(n)})
+    path = tmp_path / "log.parquet"
+    pq.write_table(table, path, row_group_size=5000)
+    column = pq.ParquetFile(path).metadata.row_group(2).column(1)
+    data = bytearray(path.read_bytes())
+    for k in range(column.data_page_offset, column.data_page_offset + 8):  # a data page, not the footer
+        data[k] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert pq.ParquetFile(path).metadata.num_rows == n  # the footer still reads
+    (tmp_path / "sources.toml").write_text(
+        '[dataset]\nname = "x"\n[[sources]]\nname = "log"\nformat = "parquet"\npath = "log.parquet"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    # Ray: a limit that holds the runtime started for the job, so no sizing warning stands beside the error
+    roomy = ("--memory-limit", "8GB") if engine == "ray" else ()
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--executor", engine, *roomy))
+    assert_one_line_error(code, err, str(path), "source 'log'")
