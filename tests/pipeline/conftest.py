@@ -1,7 +1,8 @@
-"""Fixtures shared by the ``prepare`` fault tests (``test_prepare_bad_places.py``,
-``test_prepare_interrupts.py``, ``test_prepare_disk_full.py``): tiny sources, and the bytes of an
-uninterrupted CLI run on them to compare a faulted-then-rerun output with. Module-scoped: each test
-module generates its own. A test module that defines its own ``tiny_sources`` uses that one."""
+"""Fixtures shared by the ``prepare`` tests (``test_prepare.py`` and the fault tests
+``test_prepare_bad_places.py``, ``test_prepare_interrupts.py``, ``test_prepare_disk_full.py``): tiny
+sources, and the bytes of an uninterrupted CLI run on them to compare a faulted-then-rerun output
+with. Module-scoped: each test module generates its own. A test module that defines its own
+``tiny_sources`` uses that one (``test_integrity.py``: another seed)."""
 
 from __future__ import annotations
 

@@ -36,13 +36,6 @@ def shard_digests(directory: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_sources(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("tiny")
-    generate(preset("tiny", seed=3), str(out))
-    return str(out / "sources.toml")
-
-
-@pytest.fixture(scope="module")
 def prepared(tiny_sources, tmp_path_factory) -> tuple[str, dict]:
     out = str(tmp_path_factory.mktemp("prepared") / "ds")
     manifest = prepare(make_config(tiny_sources, out, workers=2))
