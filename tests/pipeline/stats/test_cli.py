@@ -12,35 +12,6 @@ from mounts import bind_mount
 from freescale.pipeline.stats import SCHEMA_VERSION, TOP_LEVEL_KEYS
 from freescale.tools.cli import main as cli_main
 
-
-def _keys(tree: object, prefix: str = "") -> set[str]:
-    if not isinstance(tree, dict):
-        return set()
-    out = set()
-    for key, value in tree.items():
-        out.add(prefix + key)
-        if key not in (
-            "by_reason",
-            "events_read_by_source",
-            "by_world_size",
-            "tables",
-            "by_source",
-            "details",
-            "share_above",
-            "hash_collision_rate",
-            "colliding_ids",
-            "rows_used",
-            "expected_if_random",
-            "top_share",
-            "model",
-            "samples",
-            "config",
-            "histogram",
-        ):
-            out |= _keys(value, prefix + key + ".")
-    return out
-
-
 SCHEMA_KEYS = {
     "input": {"kind", "uri", "dataset", "sources", "user_features"},
     "sample": {
