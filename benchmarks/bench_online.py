@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_bubbles import Settings, full_group_steps, machine, make_data, one_run, pool, publish, time_bars
+from bench_bubbles import Settings, full_group_steps, machine, make_data, one_run, pool
+from bubbles_report import publish, time_bars
 from measure import FREESCALE, Points
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_online.json"
