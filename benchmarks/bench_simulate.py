@@ -10,7 +10,7 @@ One run, on this host:
    ``straggler_pct`` sets the jitter, its forward+backward time against the cost model's prediction
    for the same micro-batches sets ``compute.scale``, and the rest of its busy time the per-step
    overhead; the data's ``batch_overlap_rate`` and distinct-id share (docs/design.md#definitions, on the run's own
-   global batches).
+   global batches). The inputs are read by ``sim_calibration.py``, the network figures by ``sim_network.py``.
 2. **Measure** (the targets, never shown to the simulator): ``freescale train --nproc 2`` on the
    random and the planned dataset, ``engine.overlap = none`` and ``pec``, interleaved.
 3. **Predict** each with ``simulate`` on the dataset's own layout at W = 2, over the same steps.
@@ -42,225 +42,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
 from bench_pec import steady_figures
 from measure import Points
+from sim_calibration import SKIP_STEPS, calibration, data_facts, dense_params, own_source, payload_bytes
+from sim_network import insitu_network, measure_gloo
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_simulate.json"
 TARGET_PP = 3.0
-SKIP_STEPS = 2  # bench_bubbles' logging.skip_steps: warm-up steps left out of the measured figures
-SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # payload bytes per rank
-REPS = 30
 VALIDATED = ("random/none", "planned/none", "random/pec", "planned/pec")
 
 
-# ------------------------------------------------------------------------------------------ gloo
-def comm_rank(rank: int, port: int, queue: Any) -> None:
-    """One of two pinned gloo processes timing all_to_all_single and all_reduce per payload size."""
-    import torch
-    import torch.distributed as dist
-
-    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    out = {}
-    for nbytes in SIZES:
-        x = torch.ones(nbytes // 4)
-        y = torch.empty_like(x)
-        times = {"all_to_all": [], "all_reduce": []}
-        for _ in range(REPS):
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_to_all_single(y, x)
-            times["all_to_all"].append(time.perf_counter() - t)
-            dist.barrier()
-            t = time.perf_counter()
-            dist.all_reduce(x)
-            times["all_reduce"].append(time.perf_counter() - t)
-        out[nbytes] = {k: float(np.median(v)) for k, v in times.items()}
-    if rank == 0:
-        queue.put(out)
-    dist.destroy_process_group()
-
-
-def measure_gloo() -> dict[str, Any]:
-    """Median times per size and the latency + bytes/bandwidth fit the simulator's model uses:
-    all-to-all ``α + (payload/2)/bw`` (half a rank's payload crosses to the other rank), all-reduce
-    ``2α + bytes/bw``."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=comm_rank, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    times = queue.get(timeout=300)
-    for p in procs:
-        p.join()
-    sizes = np.array(SIZES, dtype=np.float64)
-    a2a = np.array([times[n]["all_to_all"] for n in SIZES])
-    ar = np.array([times[n]["all_reduce"] for n in SIZES])
-    (beta, alpha), *_ = np.linalg.lstsq(np.stack([sizes / 2, np.ones_like(sizes)], 1), a2a, rcond=None)
-    (beta_ar, alpha_ar), *_ = np.linalg.lstsq(np.stack([sizes, 2 * np.ones_like(sizes)], 1), ar, rcond=None)
-    return {
-        "bytes": list(SIZES),
-        "all_to_all_s": a2a.tolist(),
-        "all_reduce_s": ar.tolist(),
-        "all_to_all_fit": {"latency_us": 1e6 * max(alpha, 0.0), "bandwidth_gbytes_s": 1e-9 / beta},
-        "all_reduce_fit": {"latency_us": 1e6 * max(alpha_ar, 0.0), "bandwidth_gbytes_s": 1e-9 / beta_ar},
-    }
-
-
-def insitu_network(
-    bubbles: list[Path], payload: dict[str, float], gloo: dict[str, Any], skip: int = SKIP_STEPS
-) -> dict[str, Any]:
-    """Latency + bandwidth of the trainer's own collectives, fitted to the noise-floor run's exposed
-    comm per collective name (``comm_by_name``, seconds per rank and step, warm-up left out) against
-    the bytes each carries per rank. On this host a collective inside a training step costs several
-    times what it costs between two idle processes (``measure_gloo``): scheduling on a shared core,
-    not bytes. The all-reduce keeps its own latency (gloo's CPU ring)."""
-    totals: dict[str, float] = {}
-    n = 0
-    rank_steps = [x for path in bubbles for x in json.loads(path.read_text())["rank_steps"]]
-    for rank_step in rank_steps:
-        if rank_step["step"] < skip:
-            continue
-        n += 1
-        for name, seconds in rank_step["comm_by_name"].items():
-            totals[name] = totals.get(name, 0.0) + seconds
-    per = {name: totals.get(name, 0.0) / max(n, 1) for name in payload}
-    a2a = [name for name in payload if name != "gradient_comm.dense"]
-    x = np.array([payload[name] / 2 for name in a2a])  # half a rank's payload crosses at W = 2
-    y = np.array([per[name] for name in a2a])
-    (beta, alpha), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
-    if beta <= 0:  # the bytes do not show through the latency: keep the idle-process bandwidth
-        if "all_to_all_fit" not in gloo:
-            raise RuntimeError("the in-training fit needs the idle gloo bandwidth, whose measurement failed")
-        beta = 1e-9 / gloo["all_to_all_fit"]["bandwidth_gbytes_s"]
-        alpha = float(np.mean(y - beta * x))
-    # the all-reduce: gloo's ring between idle processes for the bytes, the rest of what the
-    # training step measured as its latency (one payload size cannot separate the two)
-    ar_fit = gloo.get("all_reduce_fit")
-    ar_bandwidth = ar_fit["bandwidth_gbytes_s"] if ar_fit else 1e-9 / float(beta)
-    dense = per["gradient_comm.dense"] - payload["gradient_comm.dense"] / (ar_bandwidth * 1e9)
-    return {
-        "seconds_by_collective": per,
-        "payload_bytes": payload,
-        "latency_us": 1e6 * max(float(alpha), 0.0),
-        "bandwidth_gbytes_s": 1e-9 / float(beta),
-        "all_reduce_latency_us": 1e6 * max(float(dense), 0.0),
-        "all_reduce_bandwidth_gbytes_s": ar_bandwidth,
-    }
-
-
-# ------------------------------------------------------------------------------------------ data facts
-def data_facts(path: str, group_size: int, steps: int) -> dict[str, Any]:
-    """``batch_overlap_rate`` (docs/definitions.md) of the item table over the run's consecutive global batches
-    (W = 2), the share of a micro-batch's item ids that are distinct (what ``input_dist`` sends) and
-    the mean events of rank 0's micro-batches (what every rank trains in the noise-floor run)."""
-    from freescale.pipeline.dataset.reader import PreparedDataset
-
-    ds = PreparedDataset(path)
-    rates, unique, events = [], 0, 0
-    rank0 = [sum(int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(s, 0, 2))) for s in range(steps)]
-    previous: set[int] | None = None
-    for s in range(steps):
-        batch: set[int] = set()
-        for rank in range(2):
-            ids = [int(i) for sample in ds.micro_batch(ds.micro_batch_index(s, rank, 2)) for i in sample["item_ids"]]
-            unique += len(set(ids))
-            events += len(ids)
-            batch |= set(ids)
-        if previous is not None and batch:
-            rates.append(len(batch & previous) / len(batch))
-        previous = batch
-    return {
-        "batch_overlap_rate": float(np.mean(rates)),
-        "unique_fraction": unique / max(events, 1),
-        "rank0_events": float(np.mean(rank0[SKIP_STEPS:])),
-    }
-
-
-def dense_params(model_table: dict[str, Any], items: int) -> int:
-    """Data-parallel parameters of the model (what the dense all-reduce carries)."""
-    from freescale.model_config import ModelConfig
-    from freescale.trainer.learning_config import ModelExtraConfig
-    from freescale.trainer.model.transducer import SequentialTransducer
-
-    model = SequentialTransducer(ModelConfig(**model_table), ModelExtraConfig(num_items=items, num_actions=8))
-    return int(sum(p.numel() for p in model.parameters()))
-
-
 # ------------------------------------------------------------------------------------------ simulate
-def own_source(path: str, steps: int, skip: int = SKIP_STEPS):
-    """The dataset's own layout over the measured window of a ``steps``-step run: ``steady_figures``'
-    (warm-up and the run's last, drain step left out)."""
-    from freescale.trainer.simulate.sim_inputs import OwnLayout, read_prepared
-
-    source = read_prepared(path)
-    layout = source.layout
-    lo, hi = 2 * skip, 2 * (steps - 1)  # micro-batches of steps [skip, steps - 1) at W = 2
-    offsets = layout.offsets[lo : hi + 1]
-    lengths = layout.lengths[offsets[0] : offsets[-1]]
-    source.layout = OwnLayout(lengths, offsets - offsets[0], layout.group_size, layout.strategy)
-    source.values = lengths
-    return source
-
-
-def calibration(
-    cost_path: str, data: str, run: dict[str, Any], steps: int, ranks: tuple[int, ...] = (0,), skip: int = SKIP_STEPS
-) -> dict[str, Any]:
-    """``compute.scale`` and ``step_overhead_s`` from a measured 2-rank run: its mean forward+backward
-    against the cost model's prediction for the micro-batches of ``ranks`` it trained (the noise-floor
-    run trains rank 0's on both ranks), the rest of its busy time as per-step overhead; its
-    ``straggler_pct`` as the noise floor; its data, lookup and sparse-update stages as PEC's prefetch
-    host work (``compute.prefetch_host_s``: the PEC worker starts after the data stage and runs the
-    lookups and the cold update itself; a ``none`` run times the same operations)."""
-    from freescale.pipeline.cost import CostModel
-    from freescale.pipeline.dataset.reader import PreparedDataset
-
-    cost = CostModel.from_file(cost_path)
-    per_mb = float(cost.details.get("per_micro_batch_s", 0.0))
-    ds = PreparedDataset(data)
-    predicted = []
-    for step in range(skip, steps):
-        for rank in ranks:
-            lengths = np.array([int(x["length"]) for x in ds.micro_batch(ds.micro_batch_index(step, rank, 2))])
-            predicted.append(float(cost.cost(lengths).sum()) + per_mb)
-    measured_fb = 1e-3 * (run["stage_ms"]["forward"] + run["stage_ms"]["backward"])
-    busy = 1e-3 * run["step_ms"] * (run["compute_pct"] + run["data_pct"]) / 100.0
-    host = sum(run["stage_ms"].get(k, 0.0) for k in ("data", "embedding_lookup", "sparse_update"))
-    return {
-        "scale": measured_fb / float(np.mean(predicted)),
-        "step_overhead_s": max(0.0, busy - measured_fb),
-        "predicted_forward_backward_s": float(np.mean(predicted)),
-        "measured_forward_backward_s": measured_fb,
-        "noise_floor_pct": run["straggler_pct"],
-        "prefetch_host_s": 1e-3 * host,
-        # the fit's mean |relative error| as a normal spread's cv (E|x| = cv·sqrt(2/π))
-        "cost_error_cv": float(cost.details.get("fit_relative_error_mean", 0.0)) * float(np.sqrt(np.pi / 2)),
-    }
-
-
-def payload_bytes(facts: dict[str, Any], d_model: int, negatives: int, params: int) -> dict[str, float]:
-    """Bytes per rank and step of each trainer collective (distinct ids of a micro-batch and its
-    shared negatives; in-batch negatives are targets, no new ids)."""
-    unique = facts["unique_fraction"] * (facts["rank0_events"] + negatives)
-    return {
-        "input_dist.counts": 2 * 8.0,
-        "input_dist.ids": 8.0 * unique,
-        "embedding_comm.rows": 4.0 * d_model * unique,
-        "gradient_comm.embeddings": 4.0 * d_model * unique,
-        "gradient_comm.dense": 4.0 * params,
-    }
-
-
 def predict(s: Any, cost_path: str, calib: dict, net: dict, facts: dict, params: int, source: Any,
             arm: str, overlap: str, ranks_per_node: int = 2) -> dict[str, Any]:  # fmt: skip
     """The simulator's figures for one measured 2-rank run (``net``: latency, bandwidth and all-reduce

@@ -359,16 +359,9 @@ def validate(s: Any, work: Path, caps: list[float | None], points: Any) -> dict[
     ``measure.Points``), prediction; rows with errors in pp. Without the uncapped run (it failed) there
     is nothing to calibrate on: no rows, and the reason."""
     from bench_pec import model_table, prepare_point
-    from bench_simulate import (
-        calibration,
-        compare,
-        data_facts,
-        dense_params,
-        insitu_network,
-        own_source,
-        payload_bytes,
-        predict,
-    )
+    from bench_simulate import compare, predict
+    from sim_calibration import calibration, data_facts, dense_params, own_source, payload_bytes
+    from sim_network import insitu_network
 
     work.mkdir(parents=True, exist_ok=True)
     data = prepare_point(s, s.points[0][0], work)
