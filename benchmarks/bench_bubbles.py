@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from typing import Any
 
 import numpy as np
 from bubbles_report import comparisons, plot, publish, table
-from measure import FREESCALE, Points
+from measure import FREESCALE, Points, machine
 
 from freescale.trainer.config_toml import write_run_toml
 
@@ -337,10 +336,6 @@ def run_all(
             recorder.run(f"{engine}/{variant} repeat {repeat}", one_run, s, work, data, engine, variant, repeat,
                          steps, keep=rows[(engine, variant)].append)  # fmt: skip
     return recorder.save(final=True)
-
-
-def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
 def main(argv: list[str] | None = None) -> int:

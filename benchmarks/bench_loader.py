@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -38,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from measure import Points
+from measure import Points, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_loader.json"
 TARGET_RATIO = 0.9
@@ -181,7 +180,7 @@ def run(s: Settings, work: Path, out: Path | None) -> dict[str, Any]:
         return {
             "settings": asdict(s),
             **summarize(runs),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "machine": machine(),
             "note": "medians over interleaved repeats; wall time includes worker start-up; S3 = moto_server on "
             "loopback, empty shard cache per repeat",
         }

@@ -35,8 +35,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench_pec import ENGINES, Settings, machine, prepare_point, steady_figures, steady_state, write_config
-from measure import FREESCALE, Points
+from bench_pec import ENGINES, Settings, prepare_point, steady_figures, steady_state, write_config
+from measure import FREESCALE, Points, machine
 
 from freescale.tools.hosts import HostsUnavailableError, cap_bandwidth, train_on_hosts, two_hosts
 

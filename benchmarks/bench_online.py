@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_bubbles import Settings, full_group_steps, machine, make_data, one_run, pool
+from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
 from bubbles_report import publish, time_bars
-from measure import FREESCALE, Points
+from measure import FREESCALE, Points, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_online.json"
 ARMS = (  # (label, dataset variant, engine.balancer)

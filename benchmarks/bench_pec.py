@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from measure import FREESCALE, Points
+from measure import FREESCALE, Points, machine
 
 from freescale.trainer.config_toml import write_run_toml
 from freescale.trainer.metrics.bubbles import mean_embedding_comm, part_shares
@@ -316,12 +315,6 @@ def main(argv: list[str] | None = None) -> int:
         plot(points, out.with_suffix(".png"))
         print(f"wrote {out} and {out.with_suffix('.png')}")
     return recorder.exit_code()
-
-
-def machine() -> dict[str, Any]:
-    import os
-
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from measure import FREESCALE, Points
+from measure import FREESCALE, Points, machine
 
 from freescale.trainer.config_toml import write_run_toml
 
@@ -258,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 "targets": goals,
                 # a variant that failed has no targets: the run as a whole does not meet them
                 "target_met": all(goal["target_met"] for goal in goals.values()) and not recorder.failed,
-                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                "machine": machine(),
                 "note": "leave-one-out: validation = second-to-last, test = last (best-validation model); full "
                 "ranking over the exact item vocabulary; planted sessions (datasets/sessions.py)",
             }

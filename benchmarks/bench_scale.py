@@ -36,8 +36,6 @@ to the engines); the whole sweep under 2 minutes.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -45,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from measure import Points
+from measure import Points, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_scale.json"
 PROFILE = "h100_nvlink_ib400"
@@ -371,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "runtime_s": round(runtime, 1),
             "cpu_s": round(time.process_time() - cpu_started, 1),  # the host may be shared: wall > CPU
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "machine": machine(),
         }
 
     recorder = Points("bench_scale", out, report)

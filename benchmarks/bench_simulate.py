@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from typing import Any
 
 from bench_bubbles import Settings, full_group_steps, make_data, one_run, pool
 from bench_pec import steady_figures
-from measure import Points
+from measure import Points, machine
 from sim_calibration import SKIP_STEPS, calibration, data_facts, dense_params, own_source, payload_bytes
 from sim_network import insitu_network, measure_gloo
 
@@ -325,10 +324,6 @@ def main(argv: list[str] | None = None) -> int:
 def by_repeat(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
     return {name: {k: [r[k] for r in rows] for k in ("straggler_pct", "exposed_comm_pct", "step_ms")}
             for name, rows in runs.items()}  # fmt: skip
-
-
-def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -52,7 +51,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import numpy as np
-from measure import FREESCALE, Points
+from measure import FREESCALE, Points, machine
 from zch_kernel import kernel_point
 from zch_report import ARMS, plot, print_kernel, print_segments, print_windows, targets
 from zch_segments import EvalTargets, eval_targets, segments
@@ -391,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 "targets": (goals := targets(done, kernel)),
                 "target_met": all(g["target_met"] for g in goals.values()) and not recorder.failed,
                 "wall_s": time.perf_counter() - began,
-                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                "machine": machine(),
             }
 
         recorder = Points("bench_zch", out, report)

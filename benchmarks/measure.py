@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -187,6 +188,11 @@ class Points:
     def exit_code(self) -> int:
         """1 when some point failed for good, else 0."""
         return 1 if self.failed else 0
+
+
+def machine() -> dict[str, Any]:
+    """The host a result was measured on, as every benchmark's JSON records it."""
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
 def describe(error: BaseException, limit: int = 6000) -> str:
