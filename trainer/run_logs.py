@@ -144,5 +144,6 @@ class RunLogging:
                 if figures:
                     metrics = ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if "@" in k)
                     users = f"{figures['users']} users of {figures.get('data', self.cfg.data.path)}"
-                    lines.append(f"{split}: {metrics} ({users}, {figures['protocol']} ranking)")
+                    ranked = f"{figures['protocol']} ranking over {figures.get('catalogue', 'rows')}"
+                    lines.append(f"{split}: {metrics} ({users}, {ranked})")
         return lines

@@ -131,7 +131,7 @@ def test_next_window_evaluation_names_its_users(stream, tmp_path) -> None:
     (line,) = eval_lines(root / "out0")
     assert line["eval"]["data"] == line["test_of_best"]["data"] == windows[1] and line["eval"]["users"] > 0
     summary = (root / "out0" / "summary.txt").read_text()
-    assert f"users of {windows[1]}, full ranking" in summary
+    assert f"users of {windows[1]}, full ranking over items" in summary
     checkpoint = str(stream["ckpt"] / "step_00000004")
     command = [FREESCALE, "evaluate", "--config", str(root / "w0.toml"), "--checkpoint", checkpoint, "--nproc", "1"]
     result = subprocess.run(

@@ -77,7 +77,7 @@ def test_zch_training_logs_the_identity_table_per_step_and_in_the_summary(straig
     assert "zch user.user_id: " in (straight["out"] / "summary.txt").read_text()
     summary = (straight["out"] / "summary.txt").read_text()
     assert "zch item: " in summary and "ids zch (128 item rows)" in summary
-    assert report["protocol"]["validation"]["users"] > 0  # full ranking over the table's rows, read-only
+    assert report["protocol"]["validation"]["users"] > 0  # full ranking over the items the table holds, read-only
 
 
 def test_a_resumed_zch_run_continues_bit_for_bit(straight, tmp_path) -> None:
