@@ -63,8 +63,9 @@ class EvalConfig:
     # every evaluation also writes each user's rank of the held-out item to
     # <logging.out_dir>/eval_ranks/<split>_step<N>.csv (user_id,rank): for segment analyses
     write_ranks: bool = False
-    # full ranking over "items" (every item of the evaluated dataset's vocabulary, scored by the row it
-    # reads: hashed items sharing the target's row tie against it) or "rows" (each table row once), eval/catalogue.py
+    # rank "items" (every item of the evaluated dataset's vocabulary, scored by the row it reads: hashed
+    # items sharing the target's row tie against it; sampled: drawn among them) or "rows" (each table row
+    # once), eval/catalogue.py
     catalogue: str = "items"
 
     def __post_init__(self) -> None:

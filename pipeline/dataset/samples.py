@@ -137,6 +137,7 @@ class SequenceArrays:
     lengths: np.ndarray  # [B] int64 events per kept sample
     kept: list[int]  # which of the given samples these are
     truncated: int  # events of the kept samples cut off at max_len
+    last_items: np.ndarray  # [B] raw item id of each kept sample's last event (what evaluation ranks)
 
     def input_rows(self) -> np.ndarray:
         """Rows of every input event (all but each sample's last); the target of row r is r + 1."""
@@ -171,4 +172,5 @@ def sequence_arrays(samples: list[dict[str, Any]], cfg: CollateConfig, holdout: 
         lengths=np.array([sizes[i] for i in kept], dtype=np.int64),
         kept=kept,
         truncated=sum(cuts[i] for i in kept),
+        last_items=raw[0][np.cumsum(sizes, dtype=np.int64)[kept] - 1] if kept else np.zeros(0, np.int64),
     )

@@ -49,6 +49,9 @@ class Batch:
     # the latest event time of the batch (0: none), taken on the host at collation: a ttl zch table's
     # clock, read without reading the device (a device read would drain the CUDA stream every step)
     latest_time: int = 0
+    # [B] raw item id of each sample's last event, as the catalogue names it (item_ids hold rows): which
+    # sampled candidate *is* the target under a hashed table, where other items share its row
+    last_items: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
     @property
     def num_samples(self) -> int:
@@ -71,6 +74,7 @@ class Batch:
                 "target_index",
                 "user_ids",
                 "profile_ids",
+                "last_items",
             )
         }
         return replace(self, layout=self.layout.to(device), **tensors)
@@ -133,6 +137,7 @@ def collate(
         profile_tables=tuple(read.table for read in cfg.profiles),
         profile_ids=as_tensor(profile_rows(cfg.profiles, samples, seq.kept)),
         latest_time=int(seq.times.max()) if len(seq.times) else 0,
+        last_items=as_tensor(seq.last_items),
     )
 
 

@@ -16,7 +16,8 @@ fallback rows count for none), whatever the evaluated data holds; the ranking be
 ranking existed, kept for comparison with older results.
 
 Under exact ids on the training dataset both give the same ranks: the vocabulary is the table.
-The sampled protocol (``eval.num_candidates > 0``) draws rows either way.
+The sampled protocol (``eval.num_candidates > 0``) draws catalogue items under ``"items"`` (scored by
+their rows; one on the target's row that is another item ties against it) and table rows under ``"rows"``.
 """
 
 from __future__ import annotations

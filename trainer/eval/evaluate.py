@@ -159,14 +159,25 @@ def _sampled_ranks(
     target_scores: torch.Tensor,
     target_ids: torch.Tensor,
     num_candidates: int,
-    num_items: int,
+    collate_cfg: CollateConfig,
     seed: int,
+    catalogue: np.ndarray | None = None,
+    last_items: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Sampled candidates scoring above each target: ``num_candidates`` uniform table rows, or with a
+    ``catalogue`` uniform catalogue items scored by their rows, where a candidate on the target's row
+    that is another item (``last_items``: the targets' raw ids) ties against it."""
     generator = torch.Generator().manual_seed(seed)
-    candidates = torch.randint(0, num_items, (num_candidates,), generator=generator)
+    size = collate_cfg.num_items if catalogue is None else len(catalogue)
+    drawn = torch.randint(0, size, (num_candidates,), generator=generator)
+    picked = None if catalogue is None else catalogue[drawn.numpy()]
+    candidates = drawn if picked is None else torch.from_numpy(collate_cfg.item_rows(picked))
     rows = F.normalize(engine.lookup_items(candidates), dim=-1)
-    is_target = candidates.to(queries.device)[None, :] == target_ids[:, None]
-    return beats_target(queries @ rows.T, target_scores, is_target).sum(dim=1)
+    same_row = candidates.to(queries.device)[None, :] == target_ids[:, None]
+    if picked is None or last_items is None:
+        return beats_target(queries @ rows.T, target_scores, same_row).sum(dim=1)
+    is_target = torch.from_numpy(picked).to(queries.device)[None, :] == last_items.to(queries.device)[:, None]
+    return (beats_target(queries @ rows.T, target_scores, is_target) | (same_row & ~is_target)).sum(dim=1)
 
 
 def evaluate(
@@ -205,8 +216,10 @@ def evaluate(
                 target_scores,
                 target_ids,
                 num_candidates,
-                collate_cfg.num_items,
+                collate_cfg,
                 seed * 100_003 + number,
+                catalogue,
+                batch.last_items,
             )
         else:
             history = history_pairs(batch) if exclude_history else None
@@ -221,7 +234,7 @@ def evaluate(
     protocol = f"sampled-{num_candidates}" if num_candidates else "full"
     if exclude_history:
         protocol += "-exclude-history"
-    ranked = "items" if catalogue is not None and not num_candidates else "rows"
+    ranked = "items" if catalogue is not None else "rows"
     result = {"protocol": protocol, "catalogue": ranked, "users": len(all_ranks), **metrics_from_ranks(all_ranks, k)}
     if keep_ranks:
         all_users = np.concatenate([u for _, u in gathered]).astype(np.int64)

@@ -1,5 +1,6 @@
-"""Item-level full ranking (trainer/eval/catalogue.py, ``eval.catalogue``): every item of the evaluated
-catalogue is a candidate scored by the row it reads, so a modulo table's collisions count against it."""
+"""Item-level ranking (trainer/eval/catalogue.py, ``eval.catalogue``): every item of the evaluated
+catalogue is a candidate scored by the row it reads, so a modulo table's collisions count against it;
+the sampled protocol draws catalogue items."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ class _HistoryWinsEngine:
     def catalogue_rows(self, ids: torch.Tensor) -> torch.Tensor:
         return ids
 
+    def lookup_items(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids]
+
     def local_item_rows(self) -> ItemShard:
         return ItemShard(0, self.table, self.is_item)
 
@@ -71,6 +75,22 @@ def test_a_modulo_tables_collisions_count_against_its_targets(one_rank_group):
     assert evaluate(engine, samples, cfg, num_candidates=0, k=1)["catalogue"] == "rows"
 
 
+def test_sampled_items_on_the_targets_row_tie_against_it_and_the_target_itself_is_left_out(one_rank_group):
+    """The sampled protocol draws catalogue items: on the modulo table above, a drawn 11 or 19 (row 3,
+    other items) ties against target 3, a drawn 3 is the target itself; by rows the row is the target."""
+    cfg = CollateConfig(num_items=8, num_actions=1, max_len=64, num_negatives=1, inbatch_negatives=0)
+    catalogue = np.array([3, 5, 7, 11, 13, 19], np.int64)
+    engine = _HistoryWinsEngine(torch.eye(8))
+    samples = _samples([(5, 3)])  # the history row (5: items 5 and 13) beats the target, row 3 ties
+    drawn = catalogue[torch.randint(0, 6, (400,), generator=torch.Generator().manual_seed(0)).numpy()]
+    result = evaluate(engine, samples, cfg, num_candidates=400, k=1000, keep_ranks=True, catalogue=catalogue)
+    assert result["catalogue"] == "items"
+    assert result["ranks"].ranks.tolist() == [int(np.isin(drawn, [5, 13, 11, 19]).sum())]
+    rows = evaluate(engine, samples, cfg, num_candidates=400, k=1000, keep_ranks=True)["ranks"].ranks.tolist()
+    row_draws = torch.randint(0, 8, (400,), generator=torch.Generator().manual_seed(0)).numpy()
+    assert rows == [int((row_draws == 5).sum())]  # by rows only row 5 beats it
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**16), rows=st.integers(2, 40), users=st.integers(1, 30))
 def test_under_exact_ids_items_and_rows_rank_alike(one_rank_group, seed: int, rows: int, users: int):
@@ -85,6 +105,11 @@ def test_under_exact_ids_items_and_rows_rank_alike(one_rank_group, seed: int, ro
     pairs = [tuple(int(i) for i in rng.choice(raw, 2)) for _ in range(users)]
     engine = _HistoryWinsEngine(table)
     assert _ranks(engine, _samples(pairs), cfg, raw) == _ranks(engine, _samples(pairs), cfg, None)
+    sampled = [
+        evaluate(engine, _samples(pairs), cfg, num_candidates=16, k=5, keep_ranks=True, catalogue=catalogue)
+        for catalogue in (raw, None)
+    ]
+    assert sampled[0]["ranks"].ranks.tolist() == sampled[1]["ranks"].ranks.tolist()
 
 
 class _HeldEngine(_HistoryWinsEngine):
