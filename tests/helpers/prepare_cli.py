@@ -42,6 +42,14 @@ def output_files(directory: str) -> dict[str, bytes]:
     return files
 
 
+def clean_prepare_files(sources: str, out: str) -> dict[str, bytes]:
+    """The bytes of an uninterrupted CLI prepare of ``sources`` into ``out`` (64 KB shards): what a
+    faulted-then-rerun output must equal."""
+    code, err = finish(cli_prepare(sources, out, "--shard-size-limit", "64KB"))
+    assert code == 0, err
+    return output_files(out)
+
+
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     assert code == 2, err
     assert "Traceback" not in err, err

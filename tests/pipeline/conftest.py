@@ -7,7 +7,7 @@ with. Module-scoped: each test module generates its own. A test module that defi
 from __future__ import annotations
 
 import pytest
-from prepare_cli import cli_prepare, finish, output_files
+from prepare_cli import clean_prepare_files
 
 from freescale.datasets.presets import preset
 from freescale.datasets.synthetic import generate
@@ -22,7 +22,4 @@ def tiny_sources(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def clean_output(tiny_sources, tmp_path_factory) -> dict[str, bytes]:
-    out = str(tmp_path_factory.mktemp("clean") / "ds")
-    code, err = finish(cli_prepare(tiny_sources, out, "--shard-size-limit", "64KB"))
-    assert code == 0, err
-    return output_files(out)
+    return clean_prepare_files(tiny_sources, str(tmp_path_factory.mktemp("clean") / "ds"))

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from prepare_cli import FREESCALE, TINY_OPTIONS, cli_prepare, finish, output_files, wait_for
+from prepare_cli import FREESCALE, TINY_OPTIONS, clean_prepare_files, cli_prepare, finish, output_files, wait_for
 from prepare_configs import make_config
 
 from freescale.datasets.presets import preset
@@ -56,10 +56,7 @@ def kill_sources(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def kill_clean_output(kill_sources, tmp_path_factory) -> dict[str, bytes]:
-    out = str(tmp_path_factory.mktemp("kill-clean") / "ds")
-    code, err = finish(cli_prepare(kill_sources, out, "--shard-size-limit", "64KB"))
-    assert code == 0, err
-    return output_files(out)
+    return clean_prepare_files(kill_sources, str(tmp_path_factory.mktemp("kill-clean") / "ds"))
 
 
 def test_killed_while_writing_resumes_to_identical_output(kill_sources, kill_clean_output, tmp_path) -> None:

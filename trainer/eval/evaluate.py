@@ -161,8 +161,8 @@ def _sampled_ranks(
     num_candidates: int,
     collate_cfg: CollateConfig,
     seed: int,
-    catalogue: np.ndarray | None = None,
-    last_items: torch.Tensor | None = None,
+    catalogue: np.ndarray | None,
+    last_items: torch.Tensor,
 ) -> torch.Tensor:
     """Sampled candidates scoring above each target: ``num_candidates`` uniform table rows, or with a
     ``catalogue`` uniform catalogue items scored by their rows, where a candidate on the target's row
@@ -174,7 +174,7 @@ def _sampled_ranks(
     candidates = drawn if picked is None else torch.from_numpy(collate_cfg.item_rows(picked))
     rows = F.normalize(engine.lookup_items(candidates), dim=-1)
     same_row = candidates.to(queries.device)[None, :] == target_ids[:, None]
-    if picked is None or last_items is None:
+    if picked is None:
         return beats_target(queries @ rows.T, target_scores, same_row).sum(dim=1)
     is_target = torch.from_numpy(picked).to(queries.device)[None, :] == last_items.to(queries.device)[:, None]
     return (beats_target(queries @ rows.T, target_scores, is_target) | (same_row & ~is_target)).sum(dim=1)

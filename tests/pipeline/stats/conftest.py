@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from freescale.datasets.presets import preset
-from freescale.datasets.synthetic import generate
 from freescale.pipeline.balance import BalanceConfig
 from freescale.pipeline.config import PrepareConfig, SampleConfig
 from freescale.pipeline.prepare import prepare
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("tiny")
-    generate(preset("tiny", seed=3), str(out))
-    return str(out / "sources.toml")
+def tiny(tiny_sources: str) -> str:
+    """The tiny sources of ``tests/pipeline/conftest.py`` (one definition, this folder's name for it)."""
+    return tiny_sources
 
 
 @pytest.fixture(scope="module")
