@@ -156,7 +156,7 @@ def _pair(slowdown: float, covered: bool = True) -> dict:
 
 def test_contention_target_is_copy_engines_gentle_where_the_sm_copy_hurts(bench) -> None:
     """Issue 31: copy engines <= 3% on every workload where the SM copy slows compute >= 8%."""
-    b = bench("bench_sm_contention")
+    b = bench("sm_contention_report")
     results = {
         "gemm_bf16": {"sm_triton": _pair(12.0), "ce_d2h": _pair(1.0), "ce_h2d": _pair(2.5), "ce_d2d": _pair(9.0)},
         # the SM copy barely hurts here: the workload says nothing about copy engines, 4% is not held against them
