@@ -7,9 +7,10 @@ TorchRec's managed-collision tables), Adam's moments and step count its old dire
 correction. ``reset_rows`` re-initialises the rows and zeroes every per-row optimizer tensor in the
 same step, so the new id trains exactly like a never-used row.
 
-The new values come from ``hashed_uniform``: a function of (seed, table, row, step) through the same
-fixed hash as the ids, so the owner of a row and every rank holding a prefetched copy of it (PEC)
-compute the same bits without sending them, on CPU and CUDA alike.
+The new values come from ``hashed_uniform``: a function of its key (the trainer keys a row by the raw
+id it now holds: ``trainer/engines/zch_shard.py``), seed and table through the same fixed hash as the
+ids, so the owner of a row and every rank holding a prefetched copy of it (PEC) compute the same bits
+without sending them, on CPU and CUDA alike.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from .zch_hash import GOLDEN, MASK64, as_signed, logical_shift_right, mix64, mix
 def hashed_uniform(
     rows: torch.Tensor, dim: int, *, bound: float, seed: int = 0, table: int = 0, step: int | torch.Tensor = 0
 ) -> torch.Tensor:
-    """[len(rows), dim] float32 uniform in [-bound, bound), a pure function of (seed, table, row, step, column).
+    """[len(rows), dim] float32 uniform in [-bound, bound), a pure function of (seed, table, key, step, column).
 
+    ``rows``: the keys, any int64 (a row, or the raw id a row holds).
     24 bits of ``mix64`` per element, scaled exactly in float32, so every device gets the same values.
     ``step``: one for all rows, or an int64 tensor of one per row (the same values as row by row).
     """

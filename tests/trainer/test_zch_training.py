@@ -146,6 +146,26 @@ def test_a_zch_tables_items_and_rows_rank_alike_on_its_own_dataset(straight, tmp
     assert (items["hr@10"], items["ndcg@10"]) == (rows["hr@10"], rows["ndcg@10"])
 
 
+def test_tables_that_evict_nothing_train_the_same_bits_whatever_their_layout(straight, tmp_path) -> None:
+    """An id's first row is keyed by the id, not by the slot its table gave it: two item tables of other
+    sizes and bucket layouts that both hold every id (no eviction) place ids in other rows and train the
+    same losses, bit for bit, through PEC's prefetched resets."""
+    runs = {}
+    for name, layout in {"small": {"zch_size": 4096, "zch_bucket_size": 64, "zch_max_probe": 64},
+                         "large": {"zch_size": 8192, "zch_bucket_size": 128, "zch_max_probe": 32}}.items():  # fmt: skip
+        config = run_toml(
+            tmp_path / f"{name}.toml", straight["data"], tmp_path / name, data={"max_steps": 6},
+            **{**COMMON, "model_extra": {**ZCH, **layout}, "user_tables": {}, "eval": {"max_users": 0}},
+        )  # fmt: skip
+        train_one_rank(config, tmp_path)
+        runs[name] = lines(tmp_path / name)
+    small, large = runs["small"], runs["large"]
+    assert sorted(small) == sorted(large) == list(range(6))
+    for step in small:
+        assert small[step]["zch"]["item"]["eviction_rate"] == large[step]["zch"]["item"]["eviction_rate"] == 0
+        assert small[step]["loss"] == large[step]["loss"], step
+
+
 def test_evaluating_a_zch_checkpoint_on_other_ranks_is_refused_in_one_line(straight) -> None:
     checkpoint = str(straight["ckpt"] / "step_00000008")
     command = [FREESCALE, "evaluate", "--config", straight["config"], "--checkpoint", checkpoint, "--nproc", "2"]

@@ -46,7 +46,7 @@ class DistContext:
     zch: list[ZchStep] | None = None  # owner, training: what each zero-collision table decided
     resets_applied: bool = False
     send_keys: torch.Tensor | None = None  # requester, zch: row key of each send position (from the rows' note)
-    send_resets: torch.Tensor | None = None  # requester, zch: reset step of each send position's row, -1: none
+    send_reset_ids: torch.Tensor | None = None  # requester, zch: raw id a send position's row was reset for (-1: none)
 
 
 class PendingInputDist:

@@ -124,7 +124,7 @@ def prefetch_exchange(
     """(worker) Step n+1's rows, with the owners' marks and optimizer state, in one all-to-all.
 
     Each owner sends every requester, in one flat float32 segment: the rows of its step-(n+1) ids
-    (with zch ids, each row's key and reset step: ``row_notes``), their packed optimizer state, their
+    (with zch ids, each row's key and reset id: ``row_notes``), their packed optimizer state, their
     OL flags, the readers bitmask of each of its step-n ids (int64 bits) and the hot-gradient counts
     (int64 bits). Every size is known to both ends from the
     routing, so no count travels on its own. Why the state of every row and not only of the OL rows:
@@ -134,7 +134,7 @@ def prefetch_exchange(
     """
     world, device = tables.world_size, now.recv_ids.device
     readers, ol_recv, counts = owner_marks(tables, now, nxt)
-    rows = tables.row_notes(nxt, tables.lookup(nxt))  # zch: each row with its key and reset step
+    rows = tables.row_notes(nxt, tables.lookup(nxt))  # zch: each row with its key and reset id
     dim = rows.shape[1]
     state = tables.state_rows(nxt)
     width = state.shape[1]

@@ -38,8 +38,8 @@ lookup, so rows batch n+1 gives to new ids are known during batch n, but they ar
 n+1 starts, as in the synchronous engine (batch n's update of such a row happens and is then
 overwritten; a checkpoint after batch n holds it un-reset). The owner resets its shard then; a reader
 replaces its prefetched copy (read before the reset) by the reset value it computes itself from the
-row's key and reset step, which came with the prefetched rows (``sharded.row_notes``). Its OL refresh
-of such a row is overwritten the same way.
+raw id the row was reset for, which came with the prefetched rows (``sharded.row_notes``). Its OL
+refresh of such a row is overwritten the same way.
 
 Instrumentation (``StepRecord.extra``): distinct OL and batch-(n+1) rows per table as the owners saw
 them (summed over ranks: the global ``batch_overlap_rate``) and the seconds the worker spent in

@@ -24,7 +24,7 @@ the owner of their bucket (``zch_shard.py``) in the same two all-to-alls; ``fini
 look them up (training: insert, evict) and replace them by global rows, so every later stage works on
 rows as for exact ids. Rows given to a new id are reset (embedding and optimizer state) by
 ``apply_resets`` when that batch starts training. The rows all-to-all carries each row's key and
-reset step back (``row_notes``: two int64 as four more float32 columns), so requesters know which
+reset id back (``row_notes``: two int64 as four more float32 columns), so requesters know which
 row each raw id got: PEC addresses gradients by row and recomputes reset rows it prefetched,
 evaluation ranks by row. With ttl, the step's event time rides as the last element of the routing
 note.
@@ -139,7 +139,7 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
     def output_dist(self, ctx: DistContext, rows: torch.Tensor, keys: bool = True) -> list[torch.Tensor]:
         """Send rows back; returns per table the rows of this rank's unique ids (plain tensors).
 
-        ``keys``: zch rows travel with their row key and reset step (``row_notes``), which the requester's
+        ``keys``: zch rows travel with their row key and reset id (``row_notes``), which the requester's
         ``feature_keys`` and ``send_layout`` read (evaluation, PEC); the synchronous training step reads
         neither and sends the rows alone."""
         payload = self.row_notes(ctx, rows) if keys else rows

@@ -1,6 +1,7 @@
 """Zero-collision tables in the sharded tables (``sharded.py``'s docstring): the owner assigns rows to raw
-ids and resets the rows given to new ids; the rows travel back with their key and reset step
-(``row_notes``), and a requester recomputes the reset rows it prefetched.
+ids and resets the rows given to new ids; the rows travel back with their key and, for a row reset in
+this batch, the raw id it was reset for (``row_notes``), and a requester recomputes the reset rows it
+prefetched (their values are keyed by that id: ``ZchShard.reset_values``).
 """
 
 from __future__ import annotations
@@ -50,42 +51,47 @@ class ZchRows:
             return
         for step in ctx.zch:
             shard, weight = self.zch[step.table], self.weights[step.table]
-            values = shard.reset_values(step.reassigned, step.step, self.dim)
+            values = shard.reset_values(step.reassigned_ids, self.dim)
             local = step.reassigned - self.bounds[step.table][0]
             reset_rows(weight, local, self.optimizers[step.table].state, values=values)
             shard.trained()
         ctx.resets_applied = True
 
     def row_notes(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
-        """(owner) ``rows`` with each row's key and reset step (-1: none) as int64 bits, zch only."""
+        """(owner) ``rows`` with each row's key and the raw id it was reset for in this batch (-1: none) as
+        int64 bits, zch only."""
         if not self.has_zch:
             return rows
         keys, resets = self.row_keys(ctx), torch.full_like(ctx.recv_ids, -1)
         for step in ctx.zch or []:
-            was_reset = (ctx.recv_table == step.table) & torch.isin(ctx.recv_ids, step.reassigned)
-            resets = torch.where(was_reset, step.step, resets)  # not resets[was_reset] =: a host sync on CUDA
+            if step.reassigned.numel() == 0:  # a shape: known on the host
+                continue
+            at = torch.searchsorted(step.reassigned, ctx.recv_ids).clamp_(max=step.reassigned.numel() - 1)
+            was_reset = (ctx.recv_table == step.table) & (step.reassigned.index_select(0, at) == ctx.recv_ids)
+            # not resets[was_reset] =: a host sync on CUDA
+            resets = torch.where(was_reset, step.reassigned_ids.index_select(0, at), resets)
         bits = torch.stack([keys, resets], dim=1).contiguous().view(torch.float32)
         return torch.cat([rows, bits], dim=1)
 
     def take_row_notes(self, ctx: DistContext, received: torch.Tensor) -> torch.Tensor:
-        """(requester) Rows of a ``row_notes`` buffer, keeping the keys and reset steps in ``ctx``."""
+        """(requester) Rows of a ``row_notes`` buffer, keeping the keys and reset ids in ``ctx``."""
         if not self.has_zch:
             return received
         notes = received[:, self.dim :].contiguous().view(torch.int64)
-        ctx.send_keys, ctx.send_resets = notes[:, 0].contiguous(), notes[:, 1].contiguous()
+        ctx.send_keys, ctx.send_reset_ids = notes[:, 0].contiguous(), notes[:, 1].contiguous()
         return received[:, : self.dim]
 
     def fresh_rows(self, ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
         """(requester) ``rows`` in send order with every row reset in this batch replaced by its new
         value, computed here (PEC prefetched it before the owner's reset). Every row's value is computed
-        with its own step and kept where it was reset (in place): fixed shapes, no host sync."""
-        if ctx.send_resets is None:
+        from its reset id and kept where it was reset (in place): fixed shapes, no host sync."""
+        if ctx.send_reset_ids is None:
             return rows
-        keys, _, tables = self.send_layout(ctx)
-        reset, steps = ctx.send_resets >= 0, ctx.send_resets.clamp(min=0)
+        _, _, tables = self.send_layout(ctx)
+        reset, ids = ctx.send_reset_ids >= 0, ctx.send_reset_ids.clamp(min=0)
         for t, shard in enumerate(self.zch):
             if shard is None:
                 continue
-            fresh = shard.reset_values(keys - self.key_offsets[t], steps, self.dim).to(rows.dtype)
+            fresh = shard.reset_values(ids, self.dim).to(rows.dtype)
             rows.copy_(torch.where((reset & (tables == t))[:, None], fresh, rows))
         return rows

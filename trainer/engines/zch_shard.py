@@ -10,8 +10,12 @@ then on the step addresses the row, never the raw id.
 ``ZchShard`` is that owner side: the owner of each raw id, the lookup with an undo record of the last
 training call (a checkpoint taken while the next batch's lookup is already done, PEC's prefetch or the
 engine's read-ahead routing, must hold the table as of the trained batches only), the new values of
-reassigned rows (``zch_rows.hashed_uniform``: owner and readers of a row compute the same bits) and
-the per-rank state a DCP checkpoint holds.
+reassigned rows and the per-rank state a DCP checkpoint holds.
+
+A reassigned row starts from ``zch_rows.hashed_uniform`` keyed by (engine seed, table, the raw id it
+now holds): owner and readers of the row compute the same bits, and an id starts from the same
+vector whatever slot, table size, bucket layout or world size placed it (and again after an eviction),
+so placement never changes what a model learns from an id it keeps.
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ class ZchStep:
     """What one owner decided for one table of one batch (kept in the batch's ``DistContext``)."""
 
     table: int
-    reassigned: torch.Tensor  # global rows given to a new id: reset before the batch trains
-    step: int  # the identity table's training-call number: the key of the reset values
+    reassigned: torch.Tensor  # global rows given to a new id, ascending: reset before the batch trains
+    reassigned_ids: torch.Tensor  # the raw id each of them now holds: the key of its reset values
     stats: torch.Tensor  # int64 [len(kernels.zch_types.COUNTERS)] of this call
     occupied: torch.Tensor  # int64 []: slots holding an id after the call (read with stats, by the metrics)
     slots: int
@@ -100,8 +104,9 @@ class ZchShard:
         assert result.step is not None and result.overwritten is not None
         self._undo, self._view, self.ahead = Undo(result.overwritten, counters, table_step), None, True
         occupied = self.table.occupied()
+        holders = self.table.identities.index_select(0, result.reassigned)
         step = ZchStep(
-            self.index, result.reassigned + self.first_row, result.step, result.stats, occupied, self.table.slots
+            self.index, result.reassigned + self.first_row, holders, result.stats, occupied, self.table.slots
         )
         return result.rows + self.first_row, step
 
@@ -145,10 +150,10 @@ class ZchShard:
         state["counters"], state["step"] = undo.counters.clone(), undo.step.clone()
         return state
 
-    def reset_values(self, rows: torch.Tensor, step: int | torch.Tensor, dim: int) -> torch.Tensor:
-        """New embeddings of reassigned global ``rows`` at identity-table ``step``: the same bits wherever
-        computed (the owner's shard, a PEC reader's prefetched copy)."""
-        return reset_values(rows, step, dim, bound=self.bound, seed=self.seed, table=self.index)
+    def reset_values(self, ids: torch.Tensor, dim: int) -> torch.Tensor:
+        """New embeddings of rows reassigned to raw ``ids``: the same bits wherever computed (the owner's
+        shard, a PEC reader's prefetched copy) and wherever the id was placed."""
+        return hashed_uniform(ids, dim, bound=self.bound, seed=self.seed, table=self.index)
 
     def check_layout(self) -> None:
         """After a checkpoint load: the saved table was hashed and bucketed like this one."""
@@ -157,10 +162,3 @@ class ZchShard:
                 f"zch: checkpoint layout (hash version, zch_size, bucket_size, admission slots) "
                 f"{tuple(self.layout.tolist())} differs from this run's {self.config.layout} (model_extra.zch_*)"
             )
-
-
-def reset_values(
-    rows: torch.Tensor, step: int | torch.Tensor, dim: int, *, bound: float, seed: int, table: int
-) -> torch.Tensor:
-    """``hashed_uniform`` keyed by (engine seed, table, global row, identity-table step: one, or one per row)."""
-    return hashed_uniform(rows, dim, bound=bound, seed=seed, table=table, step=step)

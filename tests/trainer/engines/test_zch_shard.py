@@ -52,8 +52,9 @@ def test_eviction_resets_the_row_and_its_optimizer_state_when_its_batch_trains(g
         assert bool((weight == 7.0).all()), "nothing is reset before the batch trains"
         tables.apply_resets(ctx)
         tables.apply_resets(ctx)  # idempotent
-        fresh = hashed_uniform(reassigned, tables.dim, bound=tables.specs[0].bound, table=0, step=2)
-        assert torch.equal(weight[reassigned], fresh)
+        assert sorted(step.reassigned_ids.tolist()) == [200, 201]  # the new holders, row by row
+        fresh = hashed_uniform(step.reassigned_ids, tables.dim, bound=tables.specs[0].bound, table=0)
+        assert torch.equal(weight[reassigned], fresh)  # keyed by the id each row now holds
         kept = torch.ones(9, dtype=torch.bool)
         kept[reassigned] = False
         assert bool((weight[kept] == 7.0).all())
@@ -62,6 +63,26 @@ def test_eviction_resets_the_row_and_its_optimizer_state_when_its_batch_trains(g
             assert bool((tensor[kept] == 1.0).all()), name
     finally:
         engine.close()
+
+
+def test_an_id_starts_from_the_same_row_whatever_table_placed_it(gloo_world_of_one) -> None:
+    """Reset values are keyed by the raw id, not by its slot: another bucket layout gives an id another
+    row but the same initial embedding, so placement does not change what trains."""
+    ids = [5, 1 << 40, 977, 12, 300]
+    rows_by_layout = []
+    for layout in ({"zch_size": 64, "zch_bucket_size": 64, "zch_max_probe": 64},
+                   {"zch_size": 64, "zch_bucket_size": 16, "zch_max_probe": 4}):  # fmt: skip
+        case = OverlapCase(world_size=1, sparse="rowwise_adagrad", **layout)
+        engine = make_engine(case.run_config("none"), 0, 1, torch.device("cpu"), "none")
+        try:
+            engine.tables.apply_resets(route(engine, ids))
+            rows = torch.tensor(evaluated_rows(engine, ids))
+            rows_by_layout.append((rows, engine.tables.weights[0][rows].clone()))
+        finally:
+            engine.close()
+    (rows_a, values_a), (rows_b, values_b) = rows_by_layout
+    assert not torch.equal(rows_a, rows_b)
+    assert torch.equal(values_a, values_b)
 
 
 def evaluated_rows(engine, ids: list[int]) -> list[int]:
