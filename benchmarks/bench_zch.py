@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -241,11 +242,22 @@ def write_config(work: Path, arm: str, window: int, datasets: list[str], sizes: 
     return write_run_toml(work / arm / f"w{window}.toml", tables)
 
 
+def arm_folder(work: Path, arm: str, window: int) -> Path:
+    """The arm's folder under ``work``: emptied at window 0, where its run starts (a reused ``--work``, or
+    a retried first window, would leave a checkpoint folder another run owns: ``train`` refuses it);
+    kept after, where the run continues from its last window's checkpoint."""
+    folder = work / arm
+    if window == 0 and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def train_window(work: Path, arm: str, window: int, datasets: list[str], sizes: dict[str, int],
                  s: Settings, targets: EvalTargets) -> dict[str, Any]:  # fmt: skip
     """One arm trained on ``window`` (continuing its run) and evaluated on the next window: its row, with
     its per-user ranks read by ``zch_segments`` (uncertainty; known against new targets)."""
-    (work / arm).mkdir(parents=True, exist_ok=True)
+    arm_folder(work, arm, window)
     config = write_config(work, arm, window, datasets, sizes, s)
     start = time.perf_counter()
     result = subprocess.run([*FREESCALE, "train", "--config", config, "--nproc", "1"], cwd=work,

@@ -61,6 +61,17 @@ def test_targets_read_every_window_and_refuse_an_oracle_that_measured_nothing(be
     assert not any(goal["target_met"] for name, goal in bench.targets(nothing, None).items() if "NDCG" in name)
 
 
+def test_an_arms_first_window_starts_from_an_empty_folder_and_later_ones_keep_it(bench, tmp_path: Path) -> None:
+    """A reused ``--work`` (or a retried first window) holds the last run's checkpoint folder, which
+    ``train`` refuses to take over: window 0 starts the arm afresh, later windows continue its run."""
+    stale = tmp_path / "zch" / "ckpt" / "step_00000300"
+    stale.mkdir(parents=True)
+    assert bench.arm_folder(tmp_path, "zch", 1) == tmp_path / "zch" and stale.is_dir()
+    assert bench.arm_folder(tmp_path, "zch", 0) == tmp_path / "zch"
+    assert list((tmp_path / "zch").iterdir()) == []
+    assert bench.arm_folder(tmp_path, "oracle", 0).is_dir()
+
+
 def test_kernel_point_times_ours_and_torchrec_read_only_on_cpu(bench) -> None:
     s = bench.Settings(kernel_slots=256, kernel_batches=(64,), kernel_repeats=1)
     kernel = bench.kernel_point(s)
