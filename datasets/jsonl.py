@@ -3,8 +3,9 @@
 pyarrow's JSON reader fails a whole block on one invalid line or one value whose type differs from
 the rest of its column, and it reads a truncated line as continuing on the next one. So:
 
-1. lines that cannot be an object (first non-blank byte not ``{`` or last not ``}``) are malformed at
-   once; after this no line can run into the next, so "rows == lines" proves rows align with lines;
+1. lines that cannot be an object (first non-blank byte not ``{`` or last not ``}``) or are not valid
+   UTF-8 (pyarrow reads invalid bytes into string columns unchecked) are malformed at once; after this
+   no line can run into the next, so "rows == lines" proves rows align with lines;
 2. the rest is parsed by pyarrow; its error names the row that failed, and that line alone moves to
    the per-line parser (``json.loads``), then pyarrow retries without it;
 3. a piece that keeps failing is halved, and small ones are parsed line by line.
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pjson
 
 from .convert import BAD_TYPE
-from .textlines import Lines, RawPiece
+from .textlines import Lines, RawPiece, valid_utf8
 from .usersample import UserSample, sample_piece
 
 __all__ = ["JSON_CLEAN_LINES", "JSON_PIECE_LINES", "json_pieces"]
@@ -173,7 +174,10 @@ def _clean_piece(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) -> 
     """A long stretch of lines in one pyarrow call, or ``None`` when any line needs the careful path."""
     if not _object_shaped(lines, chosen).all():
         return None
-    table = _parse(lines.joined(chosen))
+    buf = lines.joined(chosen)
+    if not valid_utf8(buf):  # pyarrow would read invalid bytes into string columns: the careful path
+        return None
+    table = _parse(buf)
     if not isinstance(table, pa.Table) or table.num_rows != len(chosen):
         return None
     if _lost_text(table, mapping) or not _exact_types(table, mapping):
@@ -183,7 +187,7 @@ def _clean_piece(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) -> 
 
 def _careful_pieces(lines: Lines, chosen: np.ndarray, mapping: tuple, row: int) -> Iterator[RawPiece]:
     """Pieces of ``chosen`` (at most ``JSON_PIECE_LINES``) with every bad line isolated."""
-    shaped = _object_shaped(lines, chosen)
+    shaped = _object_shaped(lines, chosen) & lines.utf8(chosen)  # invalid UTF-8: json.loads rejects it
     tables, slow = _fast(lines, chosen[shaped])
     for part, table in tables:
         if _lost_text(table, mapping):
@@ -202,16 +206,6 @@ def _user_kind(lines: Lines, line: int, name: str) -> pa.DataType:
     return pa.int64() if isinstance(value, int) and not isinstance(value, bool) else pa.string()
 
 
-def _valid_utf8(buf: bytes) -> bool:
-    if buf.isascii():
-        return True
-    try:
-        buf.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _user_first(
     lines: Lines, chosen: np.ndarray, mapping: tuple, row: int, sample: UserSample
 ) -> list[RawPiece] | None:
@@ -227,7 +221,7 @@ def _user_first(
     if not _object_shaped(lines, chosen).all():
         return None
     buf = lines.joined(chosen)
-    if not _valid_utf8(buf):
+    if not valid_utf8(buf):
         return None
     table = _parse(buf, pa.schema([(name, _user_kind(lines, int(chosen[0]), name))]))
     if not isinstance(table, pa.Table) or table.num_rows != len(chosen):

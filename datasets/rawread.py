@@ -25,7 +25,7 @@ from freescale import storage
 from .formats import UNIT_SEPARATOR, Layout
 from .jsonl import json_pieces
 from .tasks import ReadTask, count_newlines, open_input, unreadable
-from .textlines import RAW_LIMIT, Lines, RawPiece, split_lines
+from .textlines import RAW_LIMIT, Lines, RawPiece, split_lines, valid_utf8
 from .usersample import UserSample, sample_piece
 
 __all__ = ["RawPiece", "iter_raw"]
@@ -161,6 +161,8 @@ def _csv_options(layout: Layout, task: ReadTask, size: int, handler: Callable) -
 def _csv_fast(lines: Lines, layout: Layout, task: ReadTask) -> tuple[pa.Table, np.ndarray] | None:
     """pyarrow parse of the non-blank lines; ``None`` when its row count cannot be mapped to lines."""
     buf = lines.joined(lines.keep)
+    if not valid_utf8(buf):  # pyarrow's invalid-row handler cannot take such a line: the line-by-line parse
+        return None
     if len(layout.delimiter) > 1:
         buf = buf.replace(layout.delimiter.encode(), UNIT_SEPARATOR.encode())
     invalid: list[int] = []

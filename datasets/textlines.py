@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["RAW_LIMIT", "Lines", "RawPiece", "split_lines"]
+__all__ = ["RAW_LIMIT", "Lines", "RawPiece", "split_lines", "valid_utf8"]
 
 RAW_LIMIT = 500
 _WHITESPACE = np.array([9, 10, 11, 12, 13, 32], dtype=np.uint8)
@@ -42,6 +42,17 @@ class RawPiece:
         return len(self.rows) + len(self.bad_rows) + len(self.sampled_users)
 
 
+def valid_utf8(buf: bytes) -> bool:
+    """Whether ``buf`` is UTF-8 (pyarrow's JSON reader and CSV invalid-row handler do not check it)."""
+    if buf.isascii():
+        return True
+    try:
+        buf.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 @dataclass
 class Lines:
     """Line boundaries of a text block and which lines carry data (blank lines are skipped)."""
@@ -54,6 +65,12 @@ class Lines:
     def text(self, line: int) -> str:
         raw = self.block[self.starts[line] : self.ends[line]]
         return raw.decode("utf-8", "replace").rstrip("\r")[:RAW_LIMIT]
+
+    def utf8(self, lines: np.ndarray) -> np.ndarray:
+        """Per line of ``lines``, whether it is valid UTF-8 (one check of the joined lines when all are)."""
+        if valid_utf8(self.joined(lines)):
+            return np.ones(len(lines), dtype=bool)
+        return np.array([valid_utf8(self.block[self.starts[i] : self.ends[i]]) for i in lines], dtype=bool)
 
     def joined(self, lines: np.ndarray) -> bytes:
         """The given lines (increasing indices) as one buffer, one line per row: a plain slice when

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from source_cases import BAD_CSV, BAD_JSONL, one_source, read_all, reject_list
+from source_cases import BAD_CSV, BAD_JSONL, GENERIC_COLUMNS, one_source, read_all, reject_list
 
 from freescale.datasets.config import SourceError
 from freescale.datasets.ids import stable_id_one
@@ -88,6 +88,49 @@ def test_rows_read_accounting_over_many_chunks(tmp_path: Path):
     assert sum(c.rows_read for c in chunks) == 500
     assert sum(c.events.num_rows for c in chunks) == 499
     assert sum(c.rejects.num_rows for c in chunks) == 1
+
+
+_GOOD_JSON = b'{"uid": "u%d", "item": %d, "ts": 1700000000, "act": "click", "note": "ok"}'
+_NOT_UTF8_JSON = [
+    b'{"uid": "u\xff", "item": 1, "ts": 1700000000, "act": "click"}',  # in a mapped field
+    b'{"uid": "u1", "item": 1, "ts": 1700000000, "act": "click", "note": "\xe9t\xe9"}',  # Latin-1, unmapped
+]
+
+
+@pytest.mark.parametrize("bad", _NOT_UTF8_JSON)
+@pytest.mark.parametrize("dirty", [False, True])
+def test_json_line_not_utf8_is_malformed_in_every_path(tmp_path: Path, bad: bytes, dirty: bool):
+    """A JSON line that is not UTF-8 is one malformed row, whether its stretch is otherwise clean (one
+    pyarrow call) or dirty (the careful path): pyarrow reads invalid bytes into string columns, which
+    failed the whole job in a compute kernel ("Invalid UTF8 sequence in input", no file named)."""
+    lines = [_GOOD_JSON % (i % 5, i) for i in range(40)]
+    lines[7] = bad
+    if dirty:
+        lines[20] = b"{oops"
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    events, rejects, rows_read = read_all(one_source(tmp_path, "jsonl", "a.jsonl"))
+    expected = [(7, "malformed_row", "")] + ([(20, "malformed_row", "")] if dirty else [])
+    assert reject_list(rejects) == expected
+    assert rows_read == 40 and events.num_rows == 40 - len(expected)
+
+
+@pytest.mark.parametrize(
+    "fmt, body",
+    [
+        ("movielens", b"1::1::3::978300001\n1::\xff::3\n1::2::3::978300002\n1::\xe9::3::978300003\n"),
+        ("csv", b"uid,item,ts,act\n1,1,1700000000,click\n1,\xff\n1,2,1700000001,click\n1,3,1700000002,\xe9\n"),
+    ],
+)
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_delimited_line_not_utf8_is_malformed_without_a_traceback(tmp_path: Path, fmt: str, body: bytes):
+    """Lines that are not UTF-8 are malformed rows, with the wrong field count or not: pyarrow's
+    invalid-row handler cannot decode such a line and printed "Exception ignored ... Traceback" per block."""
+    name = "ratings.dat" if fmt == "movielens" else "a.csv"
+    (tmp_path / name).write_bytes(body)
+    config = one_source(tmp_path, fmt, name, columns="" if fmt == "movielens" else GENERIC_COLUMNS)
+    events, rejects, rows_read = read_all(config)
+    assert reject_list(rejects) == [(1, "malformed_row", ""), (3, "malformed_row", "")]
+    assert rows_read == 4 and events["row"].to_pylist() == [0, 2]
 
 
 # --- source errors -----------------------------------------------------------------------------
