@@ -190,7 +190,7 @@ class UserTableSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UserTableSpec:
         _reject_unknown("[users]", data, {"path", "format", "columns", "header", "delimiter", "id_type"})
-        columns = dict(data.get("columns", {}))
+        columns = _table("[users]: option 'columns'", data.get("columns", {}))
         _reject_unknown("[users.columns]", columns, {"user", "features"})
         if "path" not in data:
             raise ValueError("[users]: option 'path' is required")
@@ -212,6 +212,13 @@ class UserTableSpec:
             out["id_type"] = self.id_type
         out["columns"] = {"user": self.user_column, "features": list(self.features)}
         return out
+
+
+def _table(where: str, value: Any) -> dict[str, Any]:
+    """A TOML table as a dict; any other value is a ``ValueError`` naming the option."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a table; got {value!r}")
+    return dict(value)
 
 
 def _reject_unknown(where: str, data: dict[str, Any], known: set[str]) -> None:
@@ -250,13 +257,13 @@ class SourcesConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], base_dir: str = ".", origin: str | None = None) -> SourcesConfig:
         _reject_unknown("top level", data, {"dataset", "sources", "users"})
-        dataset = dict(data.get("dataset", {}))
+        dataset = _table("top level: option 'dataset'", data.get("dataset", {}))
         _reject_unknown("[dataset]", dataset, {"name"})
         raw_sources = data.get("sources", [])
-        if not isinstance(raw_sources, list):
+        if not isinstance(raw_sources, list) or not all(isinstance(s, dict) for s in raw_sources):
             raise ValueError("sources: use [[sources]] tables (an array of tables)")
         sources = [SourceSpec.from_dict(dict(s), i) for i, s in enumerate(raw_sources)]
-        users = UserTableSpec.from_dict(dict(data["users"])) if "users" in data else None
+        users = UserTableSpec.from_dict(_table("top level: option 'users'", data["users"])) if "users" in data else None
         name = dataset.get("name", "dataset")
         return cls(name=name, sources=sources, users=users, base_dir=base_dir, origin=origin)
 

@@ -59,6 +59,29 @@ def test_bad_options_name_the_option_and_the_file(tmp_path: Path, extra: str, ne
     assert "sources.toml" in str(info.value)
 
 
+_SOURCE = '[[sources]]\nname = "r"\nformat = "movielens"\npath = "r.dat"\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("sources = [1, 2]", r"sources: use \[\[sources\]\] tables"),
+        ('sources = ["a.csv"]', r"sources: use \[\[sources\]\] tables"),
+        ('dataset = "shop"\n' + _SOURCE, r"option 'dataset' must be a table; got 'shop'"),
+        ('users = "users.csv"\n' + _SOURCE, r"option 'users' must be a table; got 'users.csv'"),
+        (_SOURCE + '[users]\npath = "u.csv"\ncolumns = "uid"', r"\[users\]: option 'columns' must be a table"),
+    ],
+)
+def test_a_value_where_a_table_belongs_names_the_option(tmp_path: Path, body: str, needle: str):
+    """A scalar or list where the config wants a table is a ValueError naming the option and the file
+    (a list of numbers for [[sources]] was a TypeError traceback, a string for [dataset] or [users] said
+    "dictionary update sequence element #0 has length 1")."""
+    (tmp_path / "sources.toml").write_text(body + "\n")
+    with pytest.raises(ValueError, match=needle) as info:
+        SourcesConfig.from_toml(str(tmp_path / "sources.toml"))
+    assert "sources.toml" in str(info.value)
+
+
 def test_unknown_format_and_missing_columns_are_errors(tmp_path: Path):
     with pytest.raises(ValueError, match="format"):
         one_source(tmp_path, "xlsx", "a.xlsx")
