@@ -8,7 +8,6 @@ an edge between ``pipeline`` and ``trainer``.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,5 +44,5 @@ class ModelConfig:
     @classmethod
     def from_toml(cls, path: str) -> ModelConfig:
         """Read ``[model]`` from a TOML file (a model file or a whole run config)."""
-        data = tomllib.loads(storage.read_bytes(path).decode())
+        data = storage.read_toml(path, "model config")
         return cls.from_dict(data.get("model", data), where=f"model in {path}")

@@ -12,6 +12,7 @@ import fnmatch
 import os
 import posixpath
 import tempfile
+import tomllib
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -70,6 +71,24 @@ def read_bytes(uri: str) -> bytes:
     fs, path = filesystem(uri)
     with fs.open_input_stream(path) as stream:
         return stream.read()
+
+
+def read_text(uri: str, what: str) -> str:
+    """A small file a user names (a config, a cost model) as UTF-8 text. One that cannot be read (missing,
+    a directory, no permission, not UTF-8) is a ``ValueError`` naming ``what`` and the file, one line."""
+    try:
+        return read_bytes(uri).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{what} {uri}: cannot read it: {' '.join(str(error).split())}") from error
+
+
+def read_toml(uri: str, what: str) -> dict:
+    """``read_text`` parsed as TOML; invalid TOML is a ``ValueError`` naming ``what`` and the file."""
+    text = read_text(uri, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{what} {uri}: not valid TOML ({error})") from error
 
 
 DOWNLOAD_CHUNK = 8 * 2**20

@@ -64,10 +64,10 @@ class CostModel:
         from freescale.pipeline.jsonfields import Fields
 
         where = f"--cost-model {path}"
+        raw = storage.read_text(path, "--cost-model")
         try:
-            raw = storage.read_bytes(path).decode()
             data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw)
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
             raise ValueError(f"{where}: cannot parse ({error}); truncated or edited?") from error
         root = Fields(where, data)
         fields = root.child("cost_model") if isinstance(data, dict) and "cost_model" in data else root

@@ -17,11 +17,10 @@ tables and checks them against each other.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
+from freescale import storage
 from freescale.model_config import ModelConfig
 from freescale.overrides import apply_overrides
 from freescale.trainer.config_checks import check, check_types
@@ -156,10 +155,7 @@ class RunConfig:
     @classmethod
     def from_toml(cls, path: str, overrides: list[str] | None = None) -> RunConfig:
         """Read and validate ``path``; ``overrides`` are ``table.option=value`` strings (TOML values)."""
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"{path}: not valid TOML ({error})") from error
+        data = storage.read_toml(path, "run config")
         apply_overrides(data, overrides or [])
         try:
             return cls.from_dict(data)

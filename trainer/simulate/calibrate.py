@@ -27,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-import tomllib
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from freescale import storage
 from freescale.model_config import ModelConfig
 from freescale.pipeline.cost import CostModel
 from freescale.pipeline.dataset.samples import CollateConfig
@@ -217,7 +217,7 @@ def calibrate(
 
 def read_config(path: str) -> tuple[ModelConfig, ModelExtraConfig, int]:
     """``[model]``, ``[model_extra]`` and ``engine.threads`` of a run config; no dataset needed to calibrate."""
-    data = tomllib.loads(Path(path).read_text())
+    data = storage.read_toml(path, "--config")
     model_cfg = ModelConfig.from_dict(data.get("model", {}), where=f"model in {path}")
     values = data.get("model_extra", {})
     unknown = sorted(set(values) - {f.name for f in fields(ModelExtraConfig)})

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from freescale import storage
+
 ARMS = ("random", "online", "plan", "plan_online")
 OVERLAPS = ("none", "pec")
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -217,8 +219,9 @@ class HardwareProfile:
         if not path.is_file():
             shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
             raise ValueError(f"--profile {name_or_path}: no such file or shipped profile; shipped: {shipped}")
+        text = storage.read_text(str(path), "--profile")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as error:
             raise ValueError(f"--profile {path}: cannot parse ({error})") from error
         unknown = sorted(set(data) - {"profile", "compute", "network", "jitter"})
