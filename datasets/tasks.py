@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -240,11 +241,32 @@ def _text_bounds(handle: pa.NativeFile, head: bytes, size: int, layout: Layout, 
     return bounds, avg
 
 
+#: What a text source's file is when it starts with these bytes, and what to do instead: read line by
+#: line, a compressed file or another format's container would be nothing but malformed rows.
+NOT_TEXT = (
+    (re.compile(rb"\x1f\x8b"), "gzip-compressed", "decompress it first (gunzip)"),
+    (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd-compressed", "decompress it first (zstd -d)"),
+    (re.compile(rb"BZh[1-9]1AY&SY"), "bzip2-compressed", "decompress it first (bunzip2)"),
+    (re.compile(rb"\xfd7zXZ\x00"), "xz-compressed", "decompress it first (xz -d)"),
+    (re.compile(rb"PK\x03\x04"), "a zip archive", "extract it first (unzip)"),
+    (re.compile(rb"PAR1"), "a Parquet file", 'set format = "parquet"'),
+    (re.compile(rb"ARROW1"), "an Arrow IPC file", 'set format = "arrow"'),
+)
+
+
+def _check_text(head: bytes, label: str, path: str) -> None:
+    """A ``SourceError`` for a file a text reader cannot read (``NOT_TEXT``)."""
+    for magic, what, advice in NOT_TEXT:
+        if magic.match(head):
+            raise SourceError(f"source '{label}': file {path} is {what}, not text: {advice}", source=label, file=path)
+
+
 def _plan_text(task_base: dict, layout: Layout, target_rows: int, label: str, count: bool) -> list[ReadTask]:
     path = task_base["path"]
     handle = open_input(path, label)
     try:
         size = handle.size()
+        _check_text(handle.read_at(min(size, 16), 0), label, path)
         head = _read_head(handle, size) if size else b""
     except OSError as exc:
         raise unreadable(label, path, "text", exc) from exc

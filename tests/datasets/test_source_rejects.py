@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pyarrow as pa
@@ -154,3 +155,27 @@ def test_missing_column_in_parquet_and_jsonl(tmp_path: Path):
     (tmp_path / "a.jsonl").write_text('{"uid": 1, "item": 2, "act": "click"}\n')
     with pytest.raises(SourceError, match=r"a\.jsonl.*'ts'"):
         plan_read_tasks(one_source(tmp_path, "jsonl", "a.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name", "content", "needle"),
+    [
+        ("amazon", "reviews.json.gz", gzip.compress(b'{"reviewerID": "A1", "asin": "B1"}\n' * 50), "gzip-compressed"),
+        ("movielens", "ratings.dat", gzip.compress(b"1::2::3::978300760\n" * 50)[:40], "gzip-compressed"),  # truncated
+        ("csv", "a.csv.zst", b"\x28\xb5\x2f\xfd" + bytes(60), "zstd-compressed"),
+        ("csv", "ml-latest.zip", b"PK\x03\x04" + bytes(60), "a zip archive"),
+        ("jsonl", "a.jsonl.bz2", b"BZh91AY&SY" + bytes(60), "bzip2-compressed"),
+        ("csv", "a.csv", b"PAR1" + bytes(60), 'a Parquet file, not text: set format = "parquet"'),
+    ],
+)
+def test_a_compressed_or_binary_file_for_a_text_source_is_refused_naming_it(
+    tmp_path: Path, fmt: str, name: str, content: bytes, needle: str
+):
+    """Read line by line, a compressed file was nothing but malformed rows (the job then failed on
+    --max-reject-fraction, or lost the file quietly among larger ones): it is refused before any
+    work, naming the source, the file and what to do."""
+    (tmp_path / name).write_bytes(content)
+    columns = "" if fmt in ("amazon", "movielens") else GENERIC_COLUMNS
+    with pytest.raises(SourceError, match=needle) as info:
+        plan_read_tasks(one_source(tmp_path, fmt, name, columns=columns))
+    assert info.value.file == str(tmp_path / name) and "'s'" in str(info.value)
