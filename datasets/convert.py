@@ -22,6 +22,7 @@ from .ids import stable_id
 __all__ = [
     "BAD_TIMESTAMP",
     "BAD_TYPE",
+    "DUPLICATE_USER",
     "MALFORMED",
     "MISSING_ID",
     "NEGATIVE_ID",
@@ -34,8 +35,17 @@ __all__ = [
     "first_failure",
 ]
 
-REASONS = ("", "malformed_row", "missing_id", "bad_type", "negative_id", "bad_timestamp", "unknown_action")
-OK, MALFORMED, MISSING_ID, BAD_TYPE, NEGATIVE_ID, BAD_TIMESTAMP, UNKNOWN_ACTION = range(7)
+REASONS = (
+    "",
+    "malformed_row",
+    "missing_id",
+    "bad_type",
+    "negative_id",
+    "bad_timestamp",
+    "unknown_action",
+    "duplicate_user",  # a users-table row of a user an earlier row lists
+)
+OK, MALFORMED, MISSING_ID, BAD_TYPE, NEGATIVE_ID, BAD_TIMESTAMP, UNKNOWN_ACTION, DUPLICATE_USER = range(8)
 TS_MIN = 0  # 1970-01-01
 TS_MAX = 4_102_444_800  # 2100-01-01, exclusive
 INT32_MAX = 2**31 - 1

@@ -21,6 +21,7 @@ from freescale import storage
 
 from .config import SourceError, SourcesConfig, SourceSpec, UserTableSpec
 from .convert import (
+    DUPLICATE_USER,
     MALFORMED,
     REASONS,
     convert_action,
@@ -246,7 +247,21 @@ def iter_events(config: SourcesConfig, target_rows: int = 1_000_000, **kwargs) -
         yield from read_task(config, task, **kwargs)
 
 
-def _user_chunk(piece: RawPiece, spec: UserTableSpec, path: str) -> tuple[pa.Table, pa.Table]:
+def _repeated(ids: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which ``ids`` an earlier row holds (``seen``: the sorted ids of earlier chunks), and ``seen``
+    with this chunk's ids added."""
+    distinct, first = np.unique(ids, return_index=True)
+    repeated = np.isin(ids, seen)
+    later = np.ones(len(ids), dtype=bool)
+    later[first] = False
+    return repeated | later, np.union1d(seen, distinct)
+
+
+def _user_chunk(
+    piece: RawPiece, spec: UserTableSpec, path: str, seen: np.ndarray
+) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """A piece's valid profile rows, its rejects and ``seen`` (``_repeated``) updated: a user's first
+    valid row is its profile, any later one is rejected as ``duplicate_user``."""
     user, user_code = convert_id(piece.columns["user"], spec.id_type)
     values, codes = [user], [user_code]
     for name in spec.features:
@@ -254,17 +269,21 @@ def _user_chunk(piece: RawPiece, spec: UserTableSpec, path: str) -> tuple[pa.Tab
         values.append(value)
         codes.append(code)
     reason, field = first_failure(codes, len(piece.rows))
+    valid = np.flatnonzero(reason == 0)
+    repeated, seen = _repeated(user[valid], seen)
+    reason[valid[repeated]], field[valid[repeated]] = DUPLICATE_USER, 1
     good = reason == 0
     names = ("user", *spec.features)
     table = pa.table(
         {"user_id": pa.array(values[0][good], pa.int64())}
         | {name: pa.array(v[good], pa.int64()) for name, v in zip(spec.features, values[1:])}
     )
-    return table, _piece_rejects(piece, reason, field, names, "users", path)
+    return table, _piece_rejects(piece, reason, field, names, "users", path), seen
 
 
 def read_user_table(config: SourcesConfig) -> tuple[pa.Table, pa.Table]:
-    """The user table (``user_id`` + integer features, int64) and its rejects; empty if none configured.
+    """The user table (``user_id`` + integer features, int64, one row per user: a user's first valid row,
+    later ones are ``duplicate_user`` rejects) and its rejects; empty if none configured.
 
     User tables are small next to event logs, so they are read whole, in one process.
     """
@@ -276,12 +295,12 @@ def read_user_table(config: SourcesConfig) -> tuple[pa.Table, pa.Table]:
     files = storage.expand(pattern)
     if not files:
         raise SourceError(f"source 'users': no file matches {pattern}", source="users", file=pattern)
-    tables, rejects = [], []
+    tables, rejects, seen = [], [], np.zeros(0, np.int64)
     for file_index, path in enumerate(files):
         for task in plan_file(-1, file_index, path, layout, 1 << 62, "users"):
             for pieces in iter_raw(task, layout, "users", DEFAULT_CHUNK_ROWS, DEFAULT_CHUNK_BYTES):
                 for piece in pieces:
-                    table, bad = _user_chunk(piece, spec, path)
+                    table, bad, seen = _user_chunk(piece, spec, path, seen)
                     tables.append(table)
                     rejects.append(bad)
     schema = pa.schema([("user_id", pa.int64())] + [(f, pa.int64()) for f in spec.features])

@@ -95,6 +95,30 @@ def test_user_table(tmp_path: Path):
     assert events.num_rows == 0 and rows_read == 0
 
 
+def test_a_user_listed_twice_keeps_its_first_valid_row_and_rejects_the_others(tmp_path: Path, monkeypatch):
+    """A users table lists a user twice (in one chunk, across chunks and across files): its first valid
+    row is its profile and every later one a ``duplicate_user`` reject, so rows read = profiles + rejects.
+    Before, the join kept the first row and dropped the others uncounted."""
+    from freescale.datasets import sources
+
+    monkeypatch.setattr(sources, "DEFAULT_CHUNK_BYTES", 24)  # a few lines per chunk
+    (tmp_path / "u1.csv").write_text("user_id,age\n1,3\n2,x\n2,4\n1,5\n3,6\n2,7\n")
+    (tmp_path / "u2.csv").write_text("user_id,age\n3,8\n4,9\n")
+    (tmp_path / "a.csv").write_text("uid,item,ts,act\n")
+    users_toml = '[users]\npath = "u*.csv"\n[users.columns]\nuser = "user_id"\nfeatures = ["age"]\n'
+    config = write_toml(
+        tmp_path, '[[sources]]\nname = "s"\nformat = "csv"\npath = "a.csv"\n' + GENERIC_COLUMNS + users_toml
+    )
+    users, rejects = read_user_table(config)
+    assert users.to_pydict() == {"user_id": [1, 2, 3, 4], "age": [3, 4, 6, 9]}
+    assert sorted(zip(rejects["file"].to_pylist(), *(rejects[c].to_pylist() for c in ("row", "reason", "field")))) == [
+        (str(tmp_path / "u1.csv"), 1, "bad_type", "age"),
+        (str(tmp_path / "u1.csv"), 3, "duplicate_user", "user"),
+        (str(tmp_path / "u1.csv"), 5, "duplicate_user", "user"),
+        (str(tmp_path / "u2.csv"), 0, "duplicate_user", "user"),
+    ]
+
+
 def test_headerless_csv_uses_positional_columns(tmp_path: Path):
     (tmp_path / "a.txt").write_text("7;8;1700000000\n9;10;1700000001\n")
     columns = '[sources.columns]\nuser = "0"\nitem = "1"\ntimestamp = "2"\n'
