@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from freescale.pipeline.dataset.manifest import Manifest
+from freescale.pipeline.dataset.manifest import Manifest, Rows
 from freescale.pipeline.dataset.targets import TargetCoverage
 
 
@@ -34,7 +34,18 @@ def rows_table(manifest: Manifest) -> Table:
     table.add_row("samples", f"{rows.samples:,}")
     table.add_row("micro-batches", f"{rows.micro_batches:,}")
     table.add_row("step groups", f"{rows.step_groups:,}")
+    if manifest.layout.user_features:
+        _users_table_rows(table, rows)
     return table
+
+
+def _users_table_rows(table: Table, rows: Rows) -> None:
+    """The users table's accounting: a table whose rows are all rejected must not pass unseen."""
+    table.add_row("users-table rows read", f"{rows.users_table_rows_read:,}")
+    table.add_row("users-table rows rejected", f"{sum(rows.users_table_rejected.values()):,}")
+    for reason, count in rows.users_table_rejected.items():
+        table.add_row(f"  {reason}", f"{count:,}")
+    table.add_row("samples without a profile", f"{rows.samples_without_profile:,}")
 
 
 def balance_table(manifest: Manifest) -> Table:

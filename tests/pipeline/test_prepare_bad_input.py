@@ -55,3 +55,27 @@ def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> N
     roomy = ("--memory-limit", "8GB") if engine == "ray" else ()
     code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--executor", engine, *roomy))
     assert_one_line_error(code, err, str(path), "source 'log'")
+
+
+# --------------------------------------------------------------------------- users table
+def test_the_summary_shows_the_users_tables_rejects(tmp_path, capsys) -> None:
+    """A users table whose rows are all rejected left every sample without a profile while the printed
+    accounting showed only events: its rows read, rejects by reason and the samples without a profile
+    are printed too (``prepare`` and ``inspect`` print the same summary)."""
+    from freescale.tools.cli import main
+
+    events = "".join(f"{u},{i},{1_600_000_000 + 60 * i},1\n" for u in range(1, 9) for i in range(6))
+    (tmp_path / "log.csv").write_text("u,i,t,a\n" + events)
+    (tmp_path / "users.csv").write_text("user_id,age\n1,25-34\n2,35-44\n2,35-44\n-3,7\n")  # ranges, not ints
+    (tmp_path / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\naction = "a"\n'
+        '[users]\npath = "users.csv"\n[users.columns]\nuser = "user_id"\nfeatures = ["age"]\n'
+    )
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out")))
+    assert code == 0, err
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    lines = [" ".join(line.strip("│ ").split()) for line in capsys.readouterr().out.splitlines()]
+    for row in ("users-table rows read │ 4", "users-table rows rejected │ 4", "bad_type │ 3", "negative_id │ 1"):
+        assert row in lines, lines
+    assert "samples without a profile │ 8" in lines, lines
