@@ -144,6 +144,20 @@ class Phases:
             return users, counts
         return scan.user_event_counts(str(self.work / "scan"), len(self.tasks))
 
+    def _no_samples(self, n_users: int) -> str:
+        """Why no sample is left: no valid event at all, or users too short for the filters."""
+        if not n_users:
+            return (
+                "no samples: the sources hold no valid event (empty or header-only files, or every row "
+                "rejected or outside --time-range)"
+            )
+        samples = self.config.samples
+        kcore = f" after --kcore {samples.kcore}" if samples.kcore else ""
+        return (
+            f"no samples left after filtering: each of the {n_users:,} users has fewer than --min-len "
+            f"{samples.min_len} events{kcore}; lower --min-len / --kcore or check the sources"
+        )
+
     def _plan(self, removed_items: str | None) -> SamplePlan:
         """Cost and place every sample before any is built: lengths follow from per-user counts."""
         done = SamplePlan.load_if_done(self.work)
@@ -152,7 +166,7 @@ class Phases:
         users, counts = self._user_counts(removed_items)
         meta = planned_samples(users, counts, self.config.samples)  # canonical (user_id, window) order
         if len(meta["length"]) == 0:
-            raise PrepareError("no samples left after filtering; check --min-len / --kcore and the sources")
+            raise PrepareError(self._no_samples(len(users)))
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
         balanced = plan_in_windows(costs, self.config.balance, self.config.plan_memory, self.config.memory_limit)

@@ -57,6 +57,27 @@ def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> N
     assert_one_line_error(code, err, str(path), "source 'log'")
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("", "no samples: the sources hold no valid event (empty or header-only files"),
+        ("u,i,t\n", "no samples: the sources hold no valid event (empty or header-only files"),
+        ("u,i,t\n1,2,x\n", "no samples: the sources hold no valid event"),  # every row rejected
+        ("u,i,t\n1,2,100\n3,4,100\n", "each of the 2 users has fewer than --min-len 2 events"),
+    ],
+)
+def test_no_samples_says_whether_there_was_no_event_or_the_filters_took_them(tmp_path, content, needle) -> None:
+    """An empty or header-only source was reported as "no samples left after filtering; check
+    --min-len / --kcore", blaming filters that had nothing to filter."""
+    (tmp_path / "log.csv").write_text(content)
+    (tmp_path / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\nheader = true\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--max-reject-fraction", "1"))
+    assert_one_line_error(code, err, needle)
+
+
 # --------------------------------------------------------------------------- users table
 def test_the_summary_shows_the_users_tables_rejects(tmp_path, capsys) -> None:
     """A users table whose rows are all rejected left every sample without a profile while the printed
