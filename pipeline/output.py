@@ -57,6 +57,15 @@ class PrepareError(RuntimeError):
     """A prepare job that cannot go on; the message says why and what to change."""
 
 
+class RejectsError(PrepareError):
+    """More rows rejected than ``--max-reject-fraction`` allows; ``quarantine`` holds examples."""
+
+    def __init__(self, summary: str, quarantine: Path) -> None:
+        super().__init__(f"{summary}; examples in {quarantine}")
+        self.summary = summary
+        self.quarantine = quarantine
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """``text`` on one line (library messages carry newlines and control bytes), shortened."""
     flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())

@@ -17,7 +17,7 @@ from freescale.pipeline import output as places
 from freescale.pipeline.balance.windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.manifest import QUARANTINE_NAME
-from freescale.pipeline.output import PrepareError
+from freescale.pipeline.output import PrepareError, RejectsError
 from freescale.pipeline.prepare_output import quarantine_lines
 from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
@@ -96,9 +96,10 @@ class Phases:
         quarantine = self.work / QUARANTINE_NAME
         quarantine.write_text(quarantine_lines(summary.examples))
         reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(summary.rejected.items()))
-        raise PrepareError(
+        raise RejectsError(
             f"{summary.rejected_total} of {summary.rows_read} rows rejected ({fraction:.2%}) exceeds "
-            f"--max-reject-fraction {self.config.max_reject_fraction:.2%} ({reasons}); examples in {quarantine}"
+            f"--max-reject-fraction {self.config.max_reject_fraction:.2%} ({reasons})",
+            quarantine,
         )
 
     def _kcore(self) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -14,6 +15,7 @@ import numpy as np
 
 from freescale import storage
 from freescale.pipeline.dataset.manifest import load_manifest
+from freescale.pipeline.output import RejectsError
 from freescale.pipeline.stats.build import batch_sizes, build_report
 from freescale.pipeline.stats.config import DEFAULT_K, DEFAULT_WORLD_SIZES, StatsConfig, StatsError, input_kind
 from freescale.pipeline.stats.inputs import collect_prepared, remove
@@ -78,6 +80,10 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
             if config.zch is not None:
                 report["zch"] = _zch(config, kind, uri, work, report)
             report = _round_trip(report, started)
+    except RejectsError as error:
+        if not own_work:
+            raise
+        raise _kept_quarantine(error) from error
     finally:
         remove(work / "spill")
         if own_work:
@@ -85,6 +91,15 @@ def _compute(config: StatsConfig, pool: ProcessPoolExecutor | None, plots_to: st
     if plots_to is not None and not report["plots"]:
         report["plots"] = write_plots(report, plots_to)
     return report
+
+
+def _kept_quarantine(error: RejectsError) -> RejectsError:
+    """``error`` naming a copy of its quarantine examples outside the private work folder, which is
+    removed on the way out (the message named a file that no longer existed)."""
+    fd, kept = tempfile.mkstemp(prefix="freescale-stats-quarantine-", suffix=".jsonl")
+    with os.fdopen(fd, "wb") as out:
+        out.write(error.quarantine.read_bytes())
+    return RejectsError(error.summary, Path(kept))
 
 
 def _zch(config: StatsConfig, kind: str, uri: str, work: Path, report: dict[str, Any]) -> dict[str, Any]:

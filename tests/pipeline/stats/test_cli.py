@@ -153,6 +153,27 @@ def test_errors_are_one_clear_line(tiny, prepared, tmp_path, capsys) -> None:
     assert "is a file" in capsys.readouterr().err
 
 
+def test_too_many_rejects_name_examples_that_still_exist(tmp_path, capsys) -> None:
+    """Stats on raw sources failing --max-reject-fraction named quarantine.jsonl inside its private
+    work folder, which it removed on the way out: the examples named must exist after it returns."""
+    (tmp_path / "log.csv").write_text("u,i,t\n1,2,100\n1,3,x\n1,4,y\n")
+    (tmp_path / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    assert (
+        cli_main(["stats", str(tmp_path / "sources.toml"), "--workers", "1", "--quiet", "--out", str(tmp_path / "o")])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "2 of 3 rows rejected" in err, err
+    examples = Path(err.rsplit("examples in ", 1)[1])
+    try:
+        assert [json.loads(line)["row"] for line in examples.read_text().splitlines()] == [1, 2]
+    finally:
+        examples.unlink()
+
+
 def test_a_read_only_out_folder_is_one_line_naming_it(tiny, tmp_path, capsys) -> None:
     """Checked before the sources are read (it was a traceback once the report was computed)."""
     (tmp_path / "rw").mkdir()
