@@ -158,6 +158,9 @@ def make_stream(s: Settings, work: Path) -> list[str]:
         ),
         DAY_S,
     )
+    missing = [f"{entry.name} ({entry.skipped})" for entry in index.windows if entry.path is None]
+    if missing:  # each arm trains on a day and scores the next one: a gap would pair days two apart
+        raise SystemExit(f"bench_zch: no dataset for {'; '.join(missing)}: every day of the stream needs one")
     return index.datasets(str(work / "windows"))
 
 

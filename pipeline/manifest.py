@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from freescale.datasets.config import SourcesConfig
     from freescale.pipeline.config import PrepareConfig
     from freescale.pipeline.cost import CostModel
-    from freescale.pipeline.records import PartitionRecord, SamplePlan
+    from freescale.pipeline.records import PartitionRecord, RowTotals, SamplePlan
     from freescale.pipeline.steps.scan import ScanSummary
 
 QUARANTINE_NAME = "quarantine.jsonl"
@@ -86,7 +86,28 @@ def _rows(
 ) -> dict[str, Any]:
     from freescale.pipeline.records import RowTotals
 
-    totals = RowTotals.of(samples)
+    rows = _event_rows(summary, users, RowTotals.of(samples))
+    rows.update(
+        samples=plan.n_samples,
+        micro_batches=plan.n_micro_batches,
+        step_groups=plan.n_micro_batches // group_size,
+    )
+    return rows
+
+
+def no_sample_rows(summary: ScanSummary, users: dict[str, Any], filtered: dict[str, int]) -> dict[str, Any]:
+    """The ``rows`` of a job left without samples (``output.NoSamplesError``): every valid event
+    under a filter reason (``filtered``: kcore, min_len, ...), so the accounting balances all the same."""
+    from freescale.pipeline.records import RowTotals
+
+    rows = _event_rows(summary, users, RowTotals(0, filtered, 0, 0, 0))
+    rows.update(samples=0, micro_batches=0, step_groups=0)
+    return rows
+
+
+def _event_rows(summary: ScanSummary, users: dict[str, Any], totals: RowTotals) -> dict[str, Any]:
+    """The events' and the users table's accounting; ``balanced``: every event read is used,
+    rejected or filtered (an error if not)."""
     filtered, used = dict(totals.filtered), totals.events_used
     if summary.outside_time_range:  # --time-range / --time-window: valid events of other times
         filtered["outside_time_range"] = summary.outside_time_range
@@ -100,9 +121,6 @@ def _rows(
         "users_table_rows_read": users.get("rows_read", 0),
         "users_table_rejected": dict(sorted(users.get("rejected", {}).items())),
         "samples_without_profile": totals.samples_without_profile,
-        "samples": plan.n_samples,
-        "micro_batches": plan.n_micro_batches,
-        "step_groups": plan.n_micro_batches // group_size,
     }
     rows["balanced"] = rows["events_read"] == used + rows["events_rejected"]["total"] + rows["events_filtered"]["total"]
     if not rows["balanced"]:

@@ -37,6 +37,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from freescale import storage
 
@@ -64,6 +65,15 @@ class RejectsError(PrepareError):
         super().__init__(f"{summary}; examples in {quarantine}")
         self.summary = summary
         self.quarantine = quarantine
+
+
+class NoSamplesError(PrepareError):
+    """Every event was rejected or filtered out: no sample to write. ``rows`` is the accounting a manifest
+    would have held (``manifest.no_sample_rows``: ``samples`` 0, every valid event under a filter reason)."""
+
+    def __init__(self, message: str, rows: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.rows = rows
 
 
 def one_line(text: object, limit: int = 300) -> str:

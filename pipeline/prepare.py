@@ -52,7 +52,7 @@ from freescale.pipeline.cost import CostModel
 from freescale.pipeline.dataset.vocabulary import vocabulary_file
 from freescale.pipeline.executors import Executor
 from freescale.pipeline.manifest import build_manifest
-from freescale.pipeline.output import OutputLock, PrepareError
+from freescale.pipeline.output import NoSamplesError, OutputLock, PrepareError
 from freescale.pipeline.prepare_executor import ExecutorCalls
 from freescale.pipeline.prepare_identity import JobIdentity
 from freescale.pipeline.prepare_output import OutputChecks
@@ -123,7 +123,8 @@ class PrepareJob(JobIdentity, ExecutorCalls, Phases, OutputChecks):
 
     def run(self) -> dict[str, Any]:
         """Lock the output (and the work directory), then resume or start the job; a full disk ends
-        it with one line naming where, leaving what is done for the next run."""
+        it with one line naming where, leaving what is done for the next run. A job left without
+        samples (``NoSamplesError``) removes its work directory: there is nothing to resume."""
         places.check_no_overlap(self.config.output, self._inputs())
         work_dir = self.config.work_dir if self.remote_work else str(self.work_root)
         places.check_no_overlap(self.config.output, [work_dir], what="the work directory")
@@ -147,6 +148,9 @@ class PrepareJob(JobIdentity, ExecutorCalls, Phases, OutputChecks):
             if self.remote_work is None:
                 places.record_work_owner(self.work, self.config.output)
             return self._run()
+        except NoSamplesError:
+            self._remove_work()  # nothing to resume: the same job ends the same way
+            raise
         except Exception as error:
             if places.disk_full(error):
                 raise PrepareError(places.disk_full_message(error, self._writing_to)) from error
@@ -167,7 +171,7 @@ class PrepareJob(JobIdentity, ExecutorCalls, Phases, OutputChecks):
         self._check_written_parts()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
-        plan_info = self._plan(removed_items)
+        plan_info = self._plan(removed_items, scan_summary, users_record)
         counts = self._user_counts(removed_items)[1]
         targets = target_coverage(counts, self.config.samples, self.config.model.max_uih_len)
         sample_records = self._build_buckets(removed_items, users_record["features"], plan_info)
@@ -234,4 +238,4 @@ def prepare(config: PrepareConfig, pool: ProcessPoolExecutor | None = None) -> d
     return PrepareJob(config, pool).run()
 
 
-__all__ = ["PrepareError", "PrepareJob", "prepare"]
+__all__ = ["NoSamplesError", "PrepareError", "PrepareJob", "prepare"]

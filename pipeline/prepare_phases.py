@@ -16,12 +16,18 @@ from freescale.pipeline import memory
 from freescale.pipeline import output as places
 from freescale.pipeline.balance.windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
-from freescale.pipeline.manifest import QUARANTINE_NAME
-from freescale.pipeline.output import PrepareError, RejectsError
+from freescale.pipeline.manifest import QUARANTINE_NAME, no_sample_rows
+from freescale.pipeline.output import NoSamplesError, PrepareError, RejectsError
 from freescale.pipeline.prepare_output import quarantine_lines
 from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
-from freescale.pipeline.steps.sequences import kcore_item_counts, load_partition_record, planned_samples, run_partition
+from freescale.pipeline.steps.sequences import (
+    dropped_users,
+    kcore_item_counts,
+    load_partition_record,
+    planned_samples,
+    run_partition,
+)
 from freescale.pipeline.steps.writer import PART_SIZE, BucketSink, merge_part_indexes, part_done, write_part
 
 KCORE_USER_COUNTS = "kcore_user_counts.npy"  # per-user event counts after the last k-core pass
@@ -145,29 +151,49 @@ class Phases:
             return users, counts
         return scan.user_event_counts(str(self.work / "scan"), len(self.tasks))
 
-    def _no_samples(self, n_users: int) -> str:
-        """Why no sample is left: no valid event at all, or users too short for the filters."""
-        if not n_users:
+    def _no_samples(self, events: int, n_users: int) -> str:
+        """Why no sample is left: no valid event at all (``events``: the scan's), k-core removed every
+        item, or users too short for the filters (``n_users``: those with events after k-core)."""
+        if not events:
             return (
                 "no samples: the sources hold no valid event (empty or header-only files, or every row "
                 "rejected or outside --time-range)"
             )
         samples = self.config.samples
+        if not n_users:
+            return (
+                f"no samples left after filtering: --kcore {samples.kcore} removed every item of the {events:,} "
+                "events; lower --kcore or check the sources"
+            )
         kcore = f" after --kcore {samples.kcore}" if samples.kcore else ""
         return (
             f"no samples left after filtering: each of the {n_users:,} users has fewer than --min-len "
             f"{samples.min_len} events{kcore}; lower --min-len / --kcore or check the sources"
         )
 
-    def _plan(self, removed_items: str | None) -> SamplePlan:
-        """Cost and place every sample before any is built: lengths follow from per-user counts."""
+    def _filtered_without_samples(self, summary: scan.ScanSummary, counts: np.ndarray) -> dict[str, int]:
+        """Where the scan's events went when no user keeps a sample (``counts``: per user, after k-core's
+        item removal): the reasons and counts ``build_samples`` would have recorded."""
+        weak, short = dropped_users(counts, self.config.samples)
+        removed_items = summary.events_kept - int(counts.sum())  # k-core's removed items' events
+        return {
+            "kcore": removed_items + int(counts[weak].sum()),
+            "min_len": int(counts[short].sum()),
+            "truncated_max_uih_len": 0,
+        }
+
+    def _plan(self, removed_items: str | None, summary: scan.ScanSummary, users_record: dict[str, Any]) -> SamplePlan:
+        """Cost and place every sample before any is built: lengths follow from per-user counts.
+        No sample at all is a ``NoSamplesError`` carrying the accounting (``no_sample_rows``)."""
         done = SamplePlan.load_if_done(self.work)
         if done is not None:
             return done
         users, counts = self._user_counts(removed_items)
         meta = planned_samples(users, counts, self.config.samples)  # canonical (user_id, window) order
         if len(meta["length"]) == 0:
-            raise PrepareError(self._no_samples(len(users)))
+            filtered = self._filtered_without_samples(summary, counts)
+            message = self._no_samples(summary.events_kept, len(users))
+            raise NoSamplesError(message, no_sample_rows(summary, users_record, filtered))
         costs = self.cost_model.cost(meta["length"])
         self._log(f"plan: {len(costs)} samples into step groups of {self.config.balance.group_size}")
         balanced = plan_in_windows(costs, self.config.balance, self.config.plan_memory, self.config.memory_limit)

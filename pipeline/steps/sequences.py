@@ -198,7 +198,7 @@ def kcore_item_counts(
     return kept.group_by("item_id").len().rename({"len": "count"}), user_counts
 
 
-def _dropped_users(counts: np.ndarray, cfg: SampleConfig) -> tuple[np.ndarray, np.ndarray]:
+def dropped_users(counts: np.ndarray, cfg: SampleConfig) -> tuple[np.ndarray, np.ndarray]:
     """Users below the k-core size and, among the rest, users shorter than ``min_len`` (two masks)."""
     weak = counts < cfg.kcore if cfg.kcore else np.zeros(len(counts), bool)
     return weak, ~weak & (counts < cfg.min_len)
@@ -219,7 +219,7 @@ def planned_samples(users: np.ndarray, counts: np.ndarray, cfg: SampleConfig) ->
 def planned_windows(counts: np.ndarray, cfg: SampleConfig) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Which users ``build_samples`` keeps (a mask over ``counts``) and their windows' bounds counted
     from each user's first event (``_window_bounds``: ``run`` indexes the kept users)."""
-    weak, short = _dropped_users(counts, cfg)
+    weak, short = dropped_users(counts, cfg)
     keep = ~(weak | short)
     kept = counts[keep]
     return keep, _window_bounds(np.zeros_like(kept), kept, cfg)
@@ -277,7 +277,7 @@ def build_samples(
     users_all = frame["user_id"].to_numpy()
     starts, counts = user_runs(users_all)
     users_in = len(starts)
-    weak, short = _dropped_users(counts, cfg)
+    weak, short = dropped_users(counts, cfg)
     kcore_dropped, min_len_dropped = int(counts[weak].sum()), int(counts[short].sum())
     starts, counts = starts[~(weak | short)], counts[~(weak | short)]
     bounds = _window_bounds(starts, counts, cfg)

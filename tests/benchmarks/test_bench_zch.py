@@ -72,6 +72,31 @@ def test_an_arms_first_window_starts_from_an_empty_folder_and_later_ones_keep_it
     assert bench.arm_folder(tmp_path, "oracle", 0).is_dir()
 
 
+def test_a_day_without_a_dataset_stops_the_stream_instead_of_pairing_days_two_apart(bench, tmp_path, monkeypatch):
+    """Each arm trains on ``datasets[t]`` and scores ``datasets[t + 1]``: a day that ``prepare
+    --time-window`` left without a dataset (no events, or every user under --min-len) must not shift
+    the pairs."""
+    import freescale.datasets.synthetic as synthetic
+    import freescale.pipeline.time_windows as time_windows
+
+    def fake_generate(config, out: str) -> None:
+        Path(out).mkdir(parents=True)
+        (Path(out) / "sources.toml").write_text("[sources.columns]\n")
+
+    entries = (
+        time_windows.WindowEntry("window=0000", 0, 1, 5, path="window=0000", samples=2),
+        time_windows.WindowEntry(
+            "window=0001", 1, 2, 3, skipped="no samples left after filtering", filtered={"min_len": 3}
+        ),
+        time_windows.WindowEntry("window=0002", 2, 3, 5, path="window=0002", samples=2),
+    )
+    index = time_windows.WindowsIndex(86_400, None, entries, 13, 0, 13, 13, 0)
+    monkeypatch.setattr(synthetic, "generate", fake_generate)
+    monkeypatch.setattr(time_windows, "prepare_windows", lambda config, window_s: index)
+    with pytest.raises(SystemExit, match=r"no dataset for window=0001 \(no samples left after filtering\)"):
+        bench.make_stream(bench.QUICK, tmp_path)
+
+
 def test_kernel_point_times_ours_and_torchrec_read_only_on_cpu(bench) -> None:
     s = bench.Settings(kernel_slots=256, kernel_batches=(64,), kernel_repeats=1)
     kernel = bench.kernel_point(s)

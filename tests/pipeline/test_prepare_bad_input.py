@@ -58,24 +58,30 @@ def test_corrupt_parquet_page_is_one_line_naming_the_file(tmp_path, engine) -> N
 
 
 @pytest.mark.parametrize(
-    ("content", "needle"),
+    ("content", "options", "needle"),
     [
-        ("", "no samples: the sources hold no valid event (empty or header-only files"),
-        ("u,i,t\n", "no samples: the sources hold no valid event (empty or header-only files"),
-        ("u,i,t\n1,2,x\n", "no samples: the sources hold no valid event"),  # every row rejected
-        ("u,i,t\n1,2,100\n3,4,100\n", "each of the 2 users has fewer than --min-len 2 events"),
+        ("", (), "no samples: the sources hold no valid event (empty or header-only files"),
+        ("u,i,t\n", (), "no samples: the sources hold no valid event (empty or header-only files"),
+        ("u,i,t\n1,2,x\n", (), "no samples: the sources hold no valid event"),  # every row rejected
+        ("u,i,t\n1,2,100\n3,4,100\n", (), "each of the 2 users has fewer than --min-len 2 events"),
+        ("u,i,t\n1,2,100\n1,3,100\n", ("--kcore", "2"), "--kcore 2 removed every item of the 2 events"),
     ],
 )
-def test_no_samples_says_whether_there_was_no_event_or_the_filters_took_them(tmp_path, content, needle) -> None:
+def test_no_samples_says_whether_there_was_no_event_or_the_filters_took_them(
+    tmp_path, content, options, needle
+) -> None:
     """An empty or header-only source was reported as "no samples left after filtering; check
-    --min-len / --kcore", blaming filters that had nothing to filter."""
+    --min-len / --kcore", blaming filters that had nothing to filter; and k-core removing every item
+    as a source without valid events. The job leaves no work directory: there is nothing to resume."""
     (tmp_path / "log.csv").write_text(content)
     (tmp_path / "sources.toml").write_text(
         '[[sources]]\nname = "log"\nformat = "csv"\nheader = true\npath = "log.csv"\n'
         '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
     )
-    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out"), "--max-reject-fraction", "1"))
+    out = str(tmp_path / "out")
+    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), out, "--max-reject-fraction", "1", *options))
     assert_one_line_error(code, err, needle)
+    assert not list(tmp_path.glob(".out*"))  # neither a work directory nor a lock file
 
 
 # --------------------------------------------------------------------------- users table

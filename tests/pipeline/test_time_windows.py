@@ -183,3 +183,110 @@ def test_windows_without_events_are_listed_not_written(stream, tmp_path: Path):
     assert index.datasets(str(out)) == [str(out / "window=0000")] and not (out / "window=0001").exists()
     with pytest.raises(PrepareError, match="no valid events inside --time-range"):
         prepare_windows(window_config(sources, tmp_path / "none", time_range=(0, DAY)), DAY)
+
+
+# --------------------------------------------------------------------------- windows the filters empty
+START = 1_600_041_600  # 2020-09-14 00:00 UTC
+
+
+def csv_stream(root: Path, days: list[list[tuple[int, int]]]) -> str:
+    """A CSV source whose day ``d`` holds the (user, item) events of ``days[d]``, a minute apart."""
+    rows = [
+        f"{user},{item},{START + d * DAY + 60 * k}\n"
+        for d, events in enumerate(days)
+        for k, (user, item) in enumerate(events)
+    ]
+    (root / "log.csv").write_text("u,i,t\n" + "".join(rows))
+    (root / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\nheader = true\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    return str(root / "sources.toml")
+
+
+def short_middle_day(root: Path) -> str:
+    """Three days; on the second each of 4 users has one event (below the default --min-len 2)."""
+    full = [(user, user * 10 + k) for user in range(1, 5) for k in range(3)]
+    return csv_stream(root, [full, [(user, user * 10) for user in range(1, 5)], full])
+
+
+def filters_config(sources: str, output: Path, overwrite: bool = False, **options):
+    samples = SampleConfig(max_uih_len=2048, **options)
+    return make_config(sources, str(output), samples=samples, overwrite=overwrite)
+
+
+def test_a_window_the_filters_empty_has_no_dataset_and_its_events_are_counted(tmp_path: Path, monkeypatch):
+    """A last partial day where each user had one event failed the whole run ("window=0001 ...: no
+    samples left after filtering") after the earlier windows were written."""
+    out = tmp_path / "out"
+    index = prepare_windows(filters_config(short_middle_day(tmp_path), out), DAY)
+    assert [(w.events, w.samples, w.path) for w in index.windows] == [
+        (12, 4, "window=0000"),
+        (4, 0, None),
+        (12, 4, "window=0002"),
+    ]
+    skipped = index.windows[1]
+    assert skipped.filtered == {"min_len": 4} and index.filtered_out() == [skipped]
+    assert skipped.skipped.startswith("no samples left after filtering: each of the 4 users has fewer than --min-len 2")
+    assert index.balanced and index.events_in_windows == index.events_valid == 28
+    assert index.datasets(str(out)) == [str(out / "window=0000"), str(out / "window=0002")]
+    assert sorted(p.name for p in out.iterdir()) == ["window=0000", "window=0002", "windows.json"]  # no work left
+    assert not list(tmp_path.glob(".out*")) and load_windows(str(out)) == index
+    runs = {"n": 0}
+    run = PrepareJob.run
+
+    def counted(job):
+        runs["n"] += 1
+        return run(job)
+
+    monkeypatch.setattr(PrepareJob, "run", counted)
+    before = (out / "windows.json").read_bytes()
+    assert prepare_windows(filters_config(str(tmp_path / "sources.toml"), out), DAY) == index
+    assert runs["n"] == 2 and (out / "windows.json").read_bytes() == before  # the skipped window is not read again
+
+
+def test_k_core_and_min_len_are_counted_apart_in_a_window_without_samples(tmp_path: Path):
+    shared = [(user, k + 1) for user in range(1, 5) for k in range(3)] + [(5, 100), (5, 101)]  # 5: unique items
+    sources = csv_stream(tmp_path, [shared, [(user, k + 1) for user in range(1, 5) for k in range(5)]])
+    index = prepare_windows(filters_config(sources, tmp_path / "out", kcore=2, min_len=4), DAY)
+    assert [w.path for w in index.windows] == [None, "window=0001"]
+    assert index.windows[0].filtered == {"kcore": 2, "min_len": 12} and index.windows[0].events == 14
+    assert "after --kcore 2" in index.windows[0].skipped
+
+
+def test_a_dataset_of_a_window_now_filtered_out_is_replaced_only_with_overwrite(tmp_path: Path):
+    sources, out = short_middle_day(tmp_path), tmp_path / "out"
+    prepare_windows(filters_config(sources, out, min_len=1), DAY)
+    assert (out / "window=0001" / "manifest.json").exists()
+    with pytest.raises(PrepareError, match="already holds a different prepared dataset"):
+        prepare_windows(filters_config(sources, out), DAY)
+    overwritten = prepare_windows(filters_config(sources, out, overwrite=True), DAY)
+    assert overwritten.windows[1].path is None and not (out / "window=0001").exists()
+    assert load_windows(str(out)) == overwritten
+
+
+def test_a_run_where_no_window_keeps_a_sample_fails_in_one_line(tmp_path: Path, capsys):
+    sources = short_middle_day(tmp_path)
+    out = tmp_path / "out"
+    command = ["prepare", "--sources", sources, "--output", str(out), "--workers", "1", "--quiet"]
+    command += ["--group-size", "2", "--micro-batch-size", "2", "--time-window", "1d"]
+    assert main([*command, "--min-len", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no window has a sample: the filters dropped every event of the 3 windows" in err
+    assert "window=0000: no samples left after filtering: each of the 4 users has fewer than --min-len 4" in err
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+    assert main(command) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("window=0001 [") and "no dataset: no samples left after filtering" in lines[1]
+    assert "no dataset for window=0001: the filters dropped all 4 of their events" in lines[-1]
+
+
+def test_an_index_of_the_first_version_still_loads(stream, tmp_path: Path):
+    sources, _ = stream
+    index = prepare_windows(window_config(sources, tmp_path / "out"), DAY)
+    data = json.loads((tmp_path / "out" / "windows.json").read_text())
+    data["schema_version"] = 1
+    for entry in data["windows"]:
+        del entry["skipped"], entry["filtered"]
+    (tmp_path / "out" / "windows.json").write_text(json.dumps(data))
+    assert load_windows(str(tmp_path / "out")).datasets("x") == index.datasets("x")

@@ -144,10 +144,16 @@ def _prepare_windows(config: Any, window: str, pool: Any) -> int:
 
     index = prepare_windows(config, parse_duration(window), pool)
     for entry in index.windows:
-        where = entry.path or "(no events: not written)"
+        where = entry.path or f"no dataset: {entry.skipped or 'no events'}"
         print(f"{entry.name} [{entry.start}, {entry.end}): {entry.events:,} events, {entry.samples:,} samples  {where}")
+    filtered_out = index.filtered_out()
+    without = ""
+    if filtered_out:
+        events = sum(entry.events for entry in filtered_out)
+        names = ", ".join(entry.name for entry in filtered_out)
+        without = f"; no dataset for {names}: the filters dropped all {events:,} of their events"
     print(
-        f"windows: {config.output} ({len(index.datasets(config.output))} datasets, windows.json); "
+        f"windows: {config.output} ({len(index.datasets(config.output))} datasets, windows.json){without}; "
         f"{index.events_valid:,} valid events: {index.events_in_windows:,} in windows, "
         f"{index.events_outside_windows:,} outside every window"
     )
