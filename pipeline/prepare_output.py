@@ -108,9 +108,7 @@ class OutputChecks:
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(offsets, np.int64))
         storage.write_bytes(storage.join(self.target, OFFSETS_NAME), buffer.getvalue())
-        examples = {**summary.examples}
-        for reason, rows in users.get("examples", {}).items():
-            examples.setdefault(f"users:{reason}", rows)
+        examples = quarantine_examples(summary, users)
         storage.write_bytes(storage.join(self.target, QUARANTINE_NAME), quarantine_lines(examples).encode())
         manifest["files"] = published_files(self.target, list(vocabularies))  # every file above, sized and hashed
         storage.write_bytes(
@@ -122,6 +120,14 @@ class OutputChecks:
             for name in places.remove_unlisted(Path(self.target), listed):
                 self._log(f"removed {name} from {self.target}: not part of the dataset")
             places.publish_local(Path(self.target), places.local_output(self.config.output))
+
+
+def quarantine_examples(summary: scan.ScanSummary, users: dict[str, Any]) -> dict[str, list[dict]]:
+    """The examples of ``quarantine.jsonl``: the events' by reason, then the users table's (``users:<reason>``)."""
+    examples = {**summary.examples}
+    for reason, rows in users.get("examples", {}).items():
+        examples.setdefault(f"users:{reason}", rows)
+    return examples
 
 
 def quarantine_lines(examples: dict[str, list[dict]]) -> str:

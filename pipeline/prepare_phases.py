@@ -5,6 +5,7 @@ buckets and write, each resumable from its completion records in the work direct
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from freescale.pipeline.balance.windows import plan_in_windows
 from freescale.pipeline.config import PrepareConfig
 from freescale.pipeline.manifest import QUARANTINE_NAME, no_sample_rows
 from freescale.pipeline.output import NoSamplesError, PrepareError, RejectsError
-from freescale.pipeline.prepare_output import quarantine_lines
+from freescale.pipeline.prepare_output import quarantine_examples, quarantine_lines
 from freescale.pipeline.records import PartitionRecord, SamplePlan
 from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.sequences import (
@@ -42,6 +43,7 @@ class Phases:
     config: PrepareConfig
     work: Path
     target: str
+    source_files: list[dict[str, Any]]
     _n_partitions: int
 
     @property
@@ -92,21 +94,39 @@ class Phases:
         summary = scan.ScanSummary()
         for i in range(len(self.tasks)):
             summary.add(scan.load_task_record(scan_dir, i), self.config.quarantine_examples)
-        self._check_rejects(summary)
-        return summary, scan.load_user_table_record(scan_dir)
+        users = scan.load_user_table_record(scan_dir)
+        self._check_rejects(summary.rejected, summary.rows_read, "", summary.examples)
+        self._check_user_rejects(summary, users)
+        return summary, users
 
-    def _check_rejects(self, summary: scan.ScanSummary) -> None:
-        fraction = summary.rejected_total / max(summary.rows_read, 1)
+    def _check_user_rejects(self, summary: scan.ScanSummary, users: dict[str, Any]) -> None:
+        """The users table against ``--max-reject-fraction`` over its own rows (a table whose rows were
+        all rejected left every sample without a profile, and the job succeeded)."""
+        files = ", ".join(self._users_files())
+        examples = quarantine_examples(summary, users)  # the events' too, as the dataset's quarantine holds them
+        self._check_rejects(Counter(users["rejected"]), users["rows_read"], f"users table {files}: ", examples)
+
+    def _check_rejects(self, rejected: Counter, rows_read: int, table: str, examples: dict[str, list[dict]]) -> None:
+        """``--max-reject-fraction`` over one table's rows (``table``: how the error names it; the events
+        are counted over every source, the users table over its own rows): past it, the examples go
+        to the work directory's quarantine file and the job ends in one line naming it."""
+        total = sum(rejected.values())
+        fraction = total / max(rows_read, 1)
         if fraction <= self.config.max_reject_fraction:
             return
         quarantine = self.work / QUARANTINE_NAME
-        quarantine.write_text(quarantine_lines(summary.examples))
-        reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(summary.rejected.items()))
+        quarantine.write_text(quarantine_lines(examples))
+        reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(rejected.items()))
         raise RejectsError(
-            f"{summary.rejected_total} of {summary.rows_read} rows rejected ({fraction:.2%}) exceeds "
+            f"{table}{total} of {rows_read} rows rejected ({fraction:.2%}) exceeds "
             f"--max-reject-fraction {self.config.max_reject_fraction:.2%} ({reasons})",
             quarantine,
         )
+
+    def _users_files(self, shown: int = 3) -> list[str]:
+        """The users table's files (``shown`` of them, then how many more) for a message."""
+        files = [entry["uri"] for entry in self.source_files if entry["source"] == "users"]
+        return files[:shown] + ([f"(+{len(files) - shown} more)"] if len(files) > shown else [])
 
     def _kcore(self) -> str | None:
         """Grow the set of removed items until a pass removes nothing new (a k-core fixpoint).

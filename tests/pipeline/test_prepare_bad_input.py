@@ -5,6 +5,7 @@ from a Ray task). Real processes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,21 +86,63 @@ def test_no_samples_says_whether_there_was_no_event_or_the_filters_took_them(
 
 
 # --------------------------------------------------------------------------- users table
+BAD_USERS = "user_id,age\n1,25-34\n2,35-44\n2,35-44\n-3,7\n"  # age ranges where integers belong, a negative id
+
+
+def users_sources(tmp_path, users: str) -> str:
+    """8 users of 6 events each, and a users table holding ``users`` (an ``age`` feature)."""
+    events = "".join(f"{u},{i},{1_600_000_000 + 60 * i},1\n" for u in range(1, 9) for i in range(6))
+    (tmp_path / "log.csv").write_text("u,i,t,a\n" + events)
+    (tmp_path / "users.csv").write_text(users)
+    (tmp_path / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\naction = "a"\n'
+        '[users]\npath = "users.csv"\n[users.columns]\nuser = "user_id"\nfeatures = ["age"]\n'
+    )
+    return str(tmp_path / "sources.toml")
+
+
+def test_a_users_table_past_the_reject_limit_fails_in_one_line(tmp_path) -> None:
+    """--max-reject-fraction covered the event rows only: a users table whose rows were all rejected
+    passed, every sample silently without a profile. Its own rows now count against the limit."""
+    sources = users_sources(tmp_path, BAD_USERS)
+    code, err = finish(cli_prepare(sources, str(tmp_path / "out")))
+    assert_one_line_error(
+        code,
+        err,
+        f"users table {tmp_path / 'users.csv'}: 4 of 4 rows rejected (100.00%) exceeds --max-reject-fraction 5.00%",
+        "(bad_type=3, negative_id=1); examples in ",
+    )
+    quarantine = Path(err.strip().rsplit("examples in ", 1)[1])
+    reasons = [json.loads(line)["reason"] for line in quarantine.read_text().splitlines()]
+    assert reasons == ["bad_type", "bad_type", "bad_type", "negative_id"]
+    assert not (tmp_path / "out").exists()
+    # within the limit: one duplicate row of 25 (4%) passes, counted
+    users = "user_id,age\n" + "".join(f"{u},{u % 7}\n" for u in range(1, 25)) + "3,5\n"
+    code, err = finish(cli_prepare(users_sources(tmp_path, users), str(tmp_path / "ok")))
+    assert code == 0, err
+    rows = json.loads((tmp_path / "ok" / "manifest.json").read_text())["rows"]
+    assert rows["users_table_rows_read"] == 25 and rows["users_table_rejected"] == {"duplicate_user": 1}
+
+
+def test_stats_holds_the_users_table_to_the_reject_limit(tmp_path, capsys) -> None:
+    from freescale.tools.cli import main
+
+    sources = users_sources(tmp_path, BAD_USERS)
+    assert main(["stats", sources, "--workers", "1", "--quiet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "users table " in err and "4 of 4 rows rejected" in err, err
+    Path(err.rsplit("examples in ", 1)[1]).unlink()  # a copy outside stats' work folder
+
+
 def test_the_summary_shows_the_users_tables_rejects(tmp_path, capsys) -> None:
     """A users table whose rows are all rejected left every sample without a profile while the printed
     accounting showed only events: its rows read, rejects by reason and the samples without a profile
     are printed too (``prepare`` and ``inspect`` print the same summary)."""
     from freescale.tools.cli import main
 
-    events = "".join(f"{u},{i},{1_600_000_000 + 60 * i},1\n" for u in range(1, 9) for i in range(6))
-    (tmp_path / "log.csv").write_text("u,i,t,a\n" + events)
-    (tmp_path / "users.csv").write_text("user_id,age\n1,25-34\n2,35-44\n2,35-44\n-3,7\n")  # ranges, not ints
-    (tmp_path / "sources.toml").write_text(
-        '[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
-        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\naction = "a"\n'
-        '[users]\npath = "users.csv"\n[users.columns]\nuser = "user_id"\nfeatures = ["age"]\n'
-    )
-    code, err = finish(cli_prepare(str(tmp_path / "sources.toml"), str(tmp_path / "out")))
+    sources = users_sources(tmp_path, BAD_USERS)
+    code, err = finish(cli_prepare(sources, str(tmp_path / "out"), "--max-reject-fraction", "1"))
     assert code == 0, err
     assert main(["inspect", str(tmp_path / "out")]) == 0
     lines = [" ".join(line.strip("│ ").split()) for line in capsys.readouterr().out.splitlines()]
