@@ -87,9 +87,13 @@ class RowWiseShardedTables(InputDistribution, ZchRows):
             None if spec.zch is None else ZchShard(spec.zch, rank, device, t, seed, spec.bound)
             for t, spec in enumerate(specs)
         ]
-        for spec, shard in zip(specs, self.zch):
-            if shard is not None and spec.rows != shard.rows_per_rank * world_size:
+        for spec, shard, weight in zip(specs, self.zch, self.weights):
+            if shard is None:
+                continue
+            if spec.rows != shard.rows_per_rank * world_size:
                 raise ValueError(f"table {spec.name}: a zch table has zch_size + world_size rows, got {spec.rows}")
+            with torch.no_grad():
+                weight[-1] = shard.fallback_values(self.dim).to(weight.dtype)  # this rank's fallback row
 
     def feature_keys(self, ctx: DistContext) -> dict[str, torch.Tensor]:
         """(requester) Per feature, the row key of every id (zch: the rows' note; else the ids' keys)."""

@@ -30,6 +30,7 @@ from freescale.kernels.zch_rows import hashed_uniform
 from freescale.kernels.zch_types import Overwritten, ZchConfig
 from freescale.trainer.table_config import ZchOptions
 
+FALLBACK_KEY = -1  # the key of the fallback rows' initial value (raw ids are >= 0: no id has it)
 STATE = ("identities", "last_seen", "counts", "pending_ids", "pending_counts", "counters", "step")
 SHARDED_STATE = ("identities", "last_seen", "counts")  # one entry per slot: pieces of one global tensor
 
@@ -154,6 +155,12 @@ class ZchShard:
         """New embeddings of rows reassigned to raw ``ids``: the same bits wherever computed (the owner's
         shard, a PEC reader's prefetched copy) and wherever the id was placed."""
         return hashed_uniform(ids, dim, bound=self.bound, seed=self.seed, table=self.index)
+
+    def fallback_values(self, dim: int) -> torch.Tensor:
+        """[dim] initial value of this rank's fallback row: keyed like a reset row, by ``FALLBACK_KEY``, so
+        every rank's fallback row, in any table size or world size, starts from the same vector."""
+        key = torch.full((1,), FALLBACK_KEY, dtype=torch.int64, device=self.table.device)
+        return self.reset_values(key, dim)[0]
 
     def check_layout(self) -> None:
         """After a checkpoint load: the saved table was hashed and bucketed like this one."""

@@ -85,6 +85,20 @@ def test_an_id_starts_from_the_same_row_whatever_table_placed_it(gloo_world_of_o
     assert torch.equal(values_a, values_b)
 
 
+def test_every_fallback_row_starts_from_the_same_vector(gloo_world_of_one) -> None:
+    """The fallback row (what evaluation reads for an id the table does not hold) is keyed like a reset
+    row, by a key no raw id has, not by its position: the same vector in any table size or world size."""
+    engine = zch_engine()
+    try:
+        tables, spec = engine.tables, engine.tables.specs[0]
+        want = hashed_uniform(torch.tensor([-1]), tables.dim, bound=spec.bound, table=0)[0]
+        assert torch.equal(tables.weights[0][-1], want)
+        (row,) = evaluated_rows(engine, [12345])  # unknown: the fallback row
+        assert row == spec.rows - 1
+    finally:
+        engine.close()
+
+
 def evaluated_rows(engine, ids: list[int]) -> list[int]:
     ctx = route(engine, ids, train=False)
     engine.tables.output_dist(ctx, engine.tables.lookup(ctx))
