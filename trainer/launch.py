@@ -58,6 +58,9 @@ def rank_parser() -> argparse.ArgumentParser:
 def rank_main(argv: list[str] | None = None) -> int:
     """Run this process as one rank; config errors exit with status 2 and one line."""
     die_with_parent(signal.SIGKILL)  # torchrun's agent gone: this rank goes too
+    # Ctrl-C reaches every rank (the launcher forwards it to the job): end at once as SIGTERM does, with no
+    # KeyboardInterrupt traceback per rank and no clean-up collective waiting for ranks already gone
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     args = rank_parser().parse_args(argv)
     try:
         cfg = RunConfig.from_toml(args.config, args.overrides)
