@@ -1,10 +1,11 @@
 """The per-rank training loop that torchrun starts (``python -m freescale.trainer``).
 
 It owns everything around the step: process group, dataset and loader, engine, resume, evaluation,
-checkpoints and logs. Every ``logging.log_every`` steps the ranks' step records are gathered on
-rank 0 (outside any step's timing) so the bubble split can compare arrivals across ranks; rank 0
-writes one JSONL line per step. At the end it writes ``bubbles.json`` (summary + per-step metrics),
-``trace.json`` (Chrome/Perfetto), ``timeline.png`` and ``summary.txt``, and prints the bubble table.
+checkpoints and logs. Every ``logging.log_every`` steps (and before each checkpoint, so a resumed run
+misses none) the ranks' step records are gathered on rank 0 (outside any step's timing) so the bubble
+split can compare arrivals across ranks; rank 0 writes one JSONL line per step. At the end it writes
+``bubbles.json`` (summary + per-step metrics), ``trace.json`` (Chrome/Perfetto), ``timeline.png`` and
+``summary.txt``, and prints the bubble table.
 
 Python's garbage collector is kept out of the timed steps. After start-up a rank holds ~380k
 Python objects (torch, mosaicml-streaming, the model); a full collection scans them all — measured
@@ -149,7 +150,8 @@ class Trainer(CheckpointHooks, EvaluationHooks, RunLogging):
                 progress.update(1)
                 progress.set_postfix(loss=f"{self.state.pending[-1].loss:.4f}")
             done = step + 1
-            flushed = done % self.cfg.logging.log_every == 0 or done == end
+            # a checkpoint's steps are logged with it: a run killed after the save resumes with none missing
+            flushed = done % self.cfg.logging.log_every == 0 or done == end or self._checkpoint_due(done, end)
             if flushed:
                 self._flush()
             stop = flushed and done != end and self._out_of_time(started)

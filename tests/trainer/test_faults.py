@@ -402,6 +402,39 @@ def test_resume_into_the_same_out_dir_writes_each_step_once(tiny_dataset, tmp_pa
     assert [line["step"] for line in lines if "loss" in line] == list(range(6))
 
 
+@pytest.mark.slow
+def test_no_step_before_a_checkpoint_is_missing_from_metrics_after_a_kill(tiny_dataset, tmp_path) -> None:
+    """A run killed between log flushes, resumed from its latest checkpoint: the steps before that
+    checkpoint were logged with it, so every step is in ``metrics.jsonl`` once."""
+    from train_cli import FREESCALE, run_toml, train
+
+    from freescale.trainer.checkpoint_dirs import finished_steps
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    tables = {"eval": {"max_users": 0}, "logging": {"log_every": 1000}}
+    config = run_toml(
+        tmp_path / "run.toml",
+        tiny_dataset,
+        out,
+        data={"max_steps": 1_000_000},
+        checkpoint={"dir": str(ckpt), "every": 2},
+        **tables,
+    )
+    launcher = subprocess.Popen([FREESCALE, "train", "--config", config, "--nproc", "2"], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (ckpt / "step_00000004").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint of step 4"
+        time.sleep(0.1)
+    launcher.kill()
+    launcher.wait(timeout=30)
+    time.sleep(2)  # the ranks end with the launcher (test_ranks_end_with_the_launcher)
+    latest = finished_steps(str(ckpt))[-1]
+    resumed = ["--set", "checkpoint.resume='latest'", "--set", f"data.max_steps={latest + 2}"]
+    train(config, tmp_path, *resumed)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "loss" in line] == list(range(latest + 2))
+
+
 def rank_of(pid: int) -> int:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
