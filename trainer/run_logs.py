@@ -20,21 +20,37 @@ from freescale.trainer.metrics.trace import plot_timeline, write_trace
 from freescale.trainer.metrics.zch import zch_lines
 
 
-def keep_metrics_before(path: Path, start: int) -> None:
+def keep_metrics_before(path: Path, start: int) -> int:
     """Drop what a run starting at ``start`` writes again: step lines from ``start`` on, evals after it.
+    Returns how many lines were unreadable (also dropped).
 
     Why: a run resumed into the same ``out_dir`` replays steps from its checkpoint; their lines from
-    the interrupted run would otherwise appear twice. ``start = 0`` empties the file.
+    the interrupted run would otherwise appear twice. ``start = 0`` empties the file. A run killed while
+    appending leaves a torn last line (written after its latest checkpoint, so replayed anyway).
     """
     if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+        return 0
+    kept, unreadable = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        record = _record(line)
+        if record is None:
+            unreadable += bool(line.strip())
+            continue
         step = int(record.get("step", 0))
         if step < start or ("eval" in record and step <= start):
             kept.append(line + "\n")
     path.write_text("".join(kept))
+    return unreadable
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """A ``metrics.jsonl`` line's record, None if it is not one (torn by a kill, edited)."""
+    try:
+        record = json.loads(line)
+        int(record.get("step", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return record
 
 
 class RunLogging:

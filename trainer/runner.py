@@ -111,7 +111,8 @@ class Trainer(CheckpointHooks, EvaluationHooks, RunLogging):
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.toml").write_text(self.cfg.to_toml())
-            keep_metrics_before(self.metrics_file, start)
+            if unreadable := keep_metrics_before(self.metrics_file, start):
+                print(f"{self.metrics_file}: dropped {unreadable} unreadable line(s) (a write cut short)", flush=True)
         self._restore_tracker(evals)
         first, last = start - self.data_start, end - self.data_start  # the dataset's own steps
         batches = make_loader(self.cfg, self.dataset, self.collate_cfg, self.rank, self.world_size, first, last)

@@ -435,6 +435,16 @@ def test_no_step_before_a_checkpoint_is_missing_from_metrics_after_a_kill(tiny_d
     assert [line["step"] for line in lines if "loss" in line] == list(range(latest + 2))
 
 
+def test_resume_drops_a_metrics_line_torn_by_a_kill(tmp_path) -> None:
+    from freescale.trainer.run_logs import keep_metrics_before
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": step, "loss": 1.0}) for step in range(4)]
+    path.write_text("\n".join([*lines, lines[0][:9]]))  # the killed run's last append, cut short
+    assert keep_metrics_before(path, 2) == 1
+    assert path.read_text().splitlines() == lines[:2]
+
+
 def rank_of(pid: int) -> int:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
