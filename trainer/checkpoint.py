@@ -17,9 +17,11 @@ step.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from freescale.pipeline.output import disk_full, one_line
 from freescale.trainer.checkpoint_dirs import OLD_SUFFIX, finished_steps, partial_dir, step_dir
-from freescale.trainer.checkpoint_record import CheckpointRecord, RunRecord, read_record, write_record
+from freescale.trainer.checkpoint_record import (
+    CheckpointRecord,
+    RunRecord,
+    file_inventory,
+    read_record,
+    write_record,
+)
 from freescale.trainer.errors import TrainingError
 
 
@@ -99,7 +107,7 @@ class FreeScaleCheckpointer:
         record = read_record(path)
         if record is not None:  # the launcher checked the options; this catches any other shape change
             check_shapes(record, tensor_shapes(state), path)
-        dcp.load(state, checkpoint_id=path)  # reshards the tables to this world size
+        _load(state, path)  # reshards the tables to this world size
         saved_world = int(state["loader"]["world_size"])
         if check_world_size and saved_world != self.engine.world_size:  # the launcher says so first
             raise TrainingError(
@@ -120,6 +128,32 @@ class FreeScaleCheckpointer:
                 except ValueError as error:
                     raise TrainingError(f"checkpoint {path}: {error}", everywhere=True) from None
         return int(state["loader"]["step"])
+
+
+class _WithoutMetadataFallbackTracebacks(logging.Filter):
+    """Drops DCP's warnings, with tracebacks, that a damaged ``.metadata`` sends to the root logger: the
+    failed load is said in one line (``_load``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "metadata is not found" not in str(record.msg)
+
+
+def _load(state: dict[str, Any], path: str) -> None:
+    """``dcp.load`` in place; a damaged or incomplete checkpoint (a record without ``files`` to check it
+    before, or ranks started by torchrun directly) is one ``TrainingError``, not a traceback per rank."""
+    quiet = _WithoutMetadataFallbackTracebacks()
+    logging.getLogger().addFilter(quiet)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as error:  # DCP gathers every rank's failure: the same verdict
+        cause = first_cause(error)
+        raise TrainingError(
+            f"checkpoint {path} could not be read ({one_line(cause) or type(cause).__name__}): it is damaged "
+            "or incomplete; load an earlier checkpoint",
+            everywhere=True,
+        ) from None
+    finally:
+        logging.getLogger().removeFilter(quiet)
 
 
 def tensor_shapes(state: dict[str, Any], prefix: str = "") -> dict[str, list[int]]:
@@ -157,7 +191,7 @@ def publish(
     try:
         if failure is not None:
             raise failure
-        write_record(partial, record)
+        write_record(partial, replace(record, files=file_inventory(partial)))  # DCP's files, all written
         if os.path.exists(path):  # a resume from an earlier step writes this step again
             old = str(Path(root) / f".step_{step:08d}{OLD_SUFFIX}")
             shutil.rmtree(old, ignore_errors=True)
@@ -179,10 +213,7 @@ def save_failure_message(error: BaseException, record: CheckpointRecord, root: s
     A full disk does not always say so: torch's zip writer reports a short write as "enforce fail at
     inline_container.cc ... unexpected pos", without the errno. So a save that fails while the device
     has less room than the checkpoint's tensors need is reported as what it is."""
-    causes = [error]
-    if isinstance(error, CheckpointException):
-        causes = [failure[0] for _, failure in sorted(error.failures.items())] or causes
-    cause = next((c for c in causes if disk_full(c)), causes[0])
+    cause = next((c for c in causes_of(error) if disk_full(c)), first_cause(error))
     finished = finished_steps(root)
     kept = f"the last complete checkpoint is {step_dir(root, finished[-1])}" if finished else "no checkpoint is kept"
     free, needed = shutil.disk_usage(root).free, tensor_bytes(record.shapes)
@@ -193,6 +224,17 @@ def save_failure_message(error: BaseException, record: CheckpointRecord, root: s
             "free some space and resume"
         )
     return f"checkpoint step {step} could not be written to {root} (checkpoint.dir): {one_line(cause)}; {kept}"
+
+
+def causes_of(error: BaseException) -> list[BaseException]:
+    """The ranks' own errors inside DCP's ``CheckpointException`` (by rank), else ``error`` itself."""
+    if isinstance(error, CheckpointException):
+        return [failure[0] for _, failure in sorted(error.failures.items())] or [error]
+    return [error]
+
+
+def first_cause(error: BaseException) -> BaseException:
+    return causes_of(error)[0]
 
 
 def tensor_bytes(shapes: dict[str, list[int]], element_bytes: int = 4) -> int:

@@ -18,7 +18,11 @@ what the ranks would otherwise trip over with a traceback (or, worse, run with s
   loading (whatever option changed, the error is one line naming the tensor);
 - ``run.evals``: the run's evaluation lines up to this step. A resumed run replays them into its
   best-model tracker: the record travels with the checkpoints, not with ``logging.out_dir``, so a
-  resume into another ``out_dir`` keeps the earlier best checkpoint.
+  resume into another ``out_dir`` keeps the earlier best checkpoint;
+- ``files``: every DCP file's size and xxh64 as saved. A file truncated, deleted or bit-flipped since
+  (a disk, a copy, a hand) is refused naming it before any rank starts: DCP would otherwise stop every
+  rank with a traceback or, for a flipped bit in a tensor, load the damaged value silently. Records
+  written before ``files`` existed are loaded unchecked.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class CheckpointRecord:
     shapes: dict[str, list[int]]  # global shape of every saved tensor, by flattened state key
     run: RunRecord | None
     version: int = RECORD_VERSION
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # DCP file name -> {"size", "xxh64"}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -118,6 +123,10 @@ class CheckpointRecord:
             {key: list(shape) for key, shape in values["shapes"].items()},
             RunRecord.from_dict(run) if run else None,
             int(values["version"]),
+            {
+                name: {"size": int(entry["size"]), "xxh64": str(entry["xxh64"])}
+                for name, entry in values.get("files", {}).items()
+            },
         )
 
 
@@ -165,6 +174,48 @@ def write_record(directory: str | Path, record: CheckpointRecord) -> None:
     os.replace(partial, path)
 
 
+def file_inventory(directory: str | Path) -> dict[str, dict[str, Any]]:
+    """Size and xxh64 of every file in a checkpoint directory but the record (``CheckpointRecord.files``)."""
+    return {
+        entry.name: {"size": entry.stat().st_size, "xxh64": _xxh64(entry)}
+        for entry in sorted(Path(directory).iterdir())
+        if entry.is_file() and RECORD_NAME not in entry.name
+    }
+
+
+def check_files(directory: str | Path, record: CheckpointRecord, where: str) -> None:
+    """Refuse a checkpoint whose files differ from what its save recorded (``files``), naming the first."""
+    for name, saved in sorted(record.files.items()):
+        path = Path(directory) / name
+        if not path.is_file():
+            damage = "is missing"
+        elif (size := path.stat().st_size) != saved["size"]:
+            damage = f"has {size} bytes, the save wrote {saved['size']}"
+        elif _xxh64(path) != saved["xxh64"]:
+            damage = f"has other bytes than the save wrote (xxh64 differs, same size {size})"
+        else:
+            continue
+        raise ValueError(f"{where}: {path} {damage}: the checkpoint is damaged; {_earlier(Path(directory))}")
+
+
+def _earlier(directory: Path) -> str:
+    """Where to go on from instead of a damaged step directory."""
+    from freescale.trainer.checkpoint_dirs import STEP_DIR, finished_steps, step_dir
+
+    match = STEP_DIR.match(directory.name)
+    earlier = [s for s in finished_steps(str(directory.parent)) if match and s < int(match.group(1))]
+    if earlier:
+        return f'load an earlier one (checkpoint.resume = "{step_dir(str(directory.parent), earlier[-1])}")'
+    return "no earlier checkpoint is kept: train again"
+
+
+def _xxh64(path: Path) -> str:
+    from freescale.pipeline.integrity import xxh64_stream
+
+    with open(path, "rb") as handle:
+        return xxh64_stream(handle)
+
+
 def read_record(directory: str | Path) -> CheckpointRecord | None:
     """The record of a checkpoint directory, or None when it has none (older FreeScale)."""
     path = Path(directory) / RECORD_NAME
@@ -172,7 +223,7 @@ def read_record(directory: str | Path) -> CheckpointRecord | None:
         return None
     try:
         return CheckpointRecord.from_dict(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"{path} is not a valid checkpoint record ({type(error).__name__}: {error})") from None
 
 

@@ -173,6 +173,7 @@ def check_checkpoint(
     from freescale.trainer.checkpoint_record import (
         DataIdentity,
         check_data,
+        check_files,
         check_model,
         check_user_table_set,
         check_world_size,
@@ -193,6 +194,7 @@ def check_checkpoint(
         return None
     record, run = run_record_of(path, "--checkpoint" if evaluate_checkpoint else "checkpoint.resume")
     where = f"checkpoint {path}"
+    check_files(path, record, "--checkpoint" if evaluate_checkpoint else "checkpoint.resume")
     if not evaluate_checkpoint:
         check_world_size(record, world_size, where)
     elif cfg.zch_tables() and record.world_size != world_size:  # buckets and rows follow the ranks

@@ -212,3 +212,62 @@ def test_leftovers_of_a_save_that_died_are_not_checkpoints(trained, tmp_path) ->
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000003"]
     with pytest.raises(ValueError, match="is not empty"):
         claim_checkpoint_dir(str(ckpt), None)
+
+
+def _damage(path: Path, how: str) -> None:
+    if how == "deleted":
+        path.unlink()
+    elif how == "truncated":
+        with open(path, "r+b") as handle:
+            handle.truncate(path.stat().st_size // 2)
+    else:  # a flipped bit in the middle: DCP would load the damaged value without a word
+        with open(path, "r+b") as handle:
+            handle.seek(path.stat().st_size // 2)
+            byte = handle.read(1)[0]
+            handle.seek(-1, 1)
+            handle.write(bytes([byte ^ 0x10]))
+
+
+def _damaged_copy(trained: dict, root: Path, name: str, how: str) -> Path:
+    """``trained``'s checkpoints copied under ``root``, the latest one with file ``name`` damaged."""
+    for step in ("step_00000003", "step_00000006"):
+        shutil.copytree(trained["ckpt"] / step, root / step)
+    _damage(root / "step_00000006" / name, how)
+    return root / "step_00000006" / name
+
+
+@pytest.mark.parametrize(("name", "how"), [("__1_0.distcp", "flipped"), ("__0_0.distcp", "truncated"),
+                                           (".metadata", "truncated"), ("__1_0.distcp", "deleted")])  # fmt: skip
+def test_a_damaged_checkpoint_file_is_refused_naming_it(trained, datasets, tmp_path, name: str, how: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    damaged = _damaged_copy(trained, ckpt, name, how)
+    config = run_toml(
+        tmp_path / "r.toml", datasets["one"], tmp_path / "out", checkpoint={"dir": str(ckpt), "resume": "latest"}
+    )
+    line = refusal(config, tmp_path, "--nproc", "2")
+    assert f"checkpoint.resume: {damaged} " in line and "the checkpoint is damaged" in line, line
+    assert f'checkpoint.resume = "{ckpt / "step_00000003"}"' in line, line  # where to go on from
+    line = refusal(config, tmp_path, "--checkpoint", str(ckpt / "step_00000006"), "--nproc", "2", command="evaluate")
+    assert f"--checkpoint: {damaged} " in line, line
+
+
+def test_a_damaged_checkpoint_without_file_hashes_fails_in_one_line(trained, datasets, tmp_path) -> None:
+    """A record without ``files`` (written before they existed): the ranks' load fails in one line."""
+    ckpt = tmp_path / "ckpt"
+    _damaged_copy(trained, ckpt, "__0_0.distcp", "truncated")
+    record = json.loads((ckpt / "step_00000006" / RECORD_NAME).read_text())
+    del record["files"]
+    (ckpt / "step_00000006" / RECORD_NAME).write_text(json.dumps(record))
+    config = run_toml(
+        tmp_path / "r.toml", datasets["one"], tmp_path / "out", checkpoint={"dir": str(ckpt), "resume": "latest"}
+    )
+    result = subprocess.run(
+        [FREESCALE, "train", "--config", config, "--nproc", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"checkpoint {ckpt / 'step_00000006'} could not be read" in errors[0], errors
