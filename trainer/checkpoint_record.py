@@ -13,7 +13,9 @@ what the ranks would otherwise trip over with a traceback (or, worse, run with s
 - ``run.data``: the dataset's fingerprint and the xxh64 of its item and action vocabularies (from the
   manifest's ``files`` table). Rows stand for the vocabulary's ids, so a model is meaningless on other
   ids even when the table sizes agree; ``checkpoint.allow_other_data`` loads it anyway, deliberately;
-- ``run.model``: the options that give the saved tensors their shapes (named in the refusal), and
+- ``run.model``: the options that give the saved tensors their shapes or their meaning (the heads
+  ``d_model`` is split into, whether item rows are the vocabulary's or raw ids modulo the rows; named
+  in the refusal), and
   ``shapes``: every saved tensor's global shape, which each rank compares with its own state before
   loading (whatever option changed, the error is one line naming the tensor);
 - ``run.evals``: the run's evaluation lines up to this step. A resumed run replays them into its
@@ -137,7 +139,9 @@ def model_options(cfg: RunConfig, rows: tuple[int, int]) -> dict[str, Any]:
     options: dict[str, Any] = {
         "model_extra.architecture": extra.architecture,
         "model.d_model": model.d_model,
+        "model.num_heads": model.num_heads,  # the same shapes, other attention: MEANING_OPTIONS
         "model.num_layers": model.num_layers,
+        "model_extra.ids": extra.ids,
         "model.max_uih_len": model.max_uih_len,  # learned positions and HSTU's position bias
         "model_extra.num_items": rows[0],
         "model_extra.num_actions": rows[1],
@@ -238,16 +242,28 @@ def run_record_of(directory: str | Path, what: str) -> tuple[CheckpointRecord, R
     return record, record.run
 
 
+# options that leave the tensors' shapes alone but change what they mean: loaded under another value they
+# would train or score another model without a word. Records written before they were kept lack them.
+MEANING_OPTIONS = {
+    "model.num_heads": "its attention splits model.d_model into other heads",
+    "model_extra.ids": "its item rows stand for other ids",
+}
+
+
 def check_model(run: RunRecord, expected: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint whose shape-giving options differ from this run's (the tensors would not load)."""
+    """Refuse a checkpoint whose shape- or meaning-giving options differ from this run's (the tensors would
+    not load, or would load as another model)."""
     for option, value in expected.items():
         saved = run.model.get(option)
+        if saved is None and option in MEANING_OPTIONS:
+            continue  # an older record
         if saved != value:
             rows = option.endswith(("num_items", "num_actions"))
             has = f"resolves it to {value!r} (0 means the dataset's vocabulary size)" if rows else f"has {value!r}"
+            why = MEANING_OPTIONS.get(option, "its tensors have other shapes")
             raise ValueError(
-                f"{where} was trained with {option} = {saved!r}, this run {has}: its tensors have other "
-                f"shapes; set {option} = {saved!r} to load it, or train a fresh run"
+                f"{where} was trained with {option} = {saved!r}, this run {has}: {why}; "
+                f"set {option} = {saved!r} to load it, or train a fresh run"
             )
 
 

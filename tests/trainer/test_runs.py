@@ -78,6 +78,8 @@ def test_resume_refuses_another_world_size_model_or_data_in_one_line(trained, da
         ({}, ["--nproc", "1"], "step_00000006 was written by 2 ranks, this run has 1"),
         ({"model": {**MODEL, "d_model": 64}}, [], "was trained with model.d_model = 32, this run has 64"),
         ({"model_extra": {"architecture": "sasrec"}}, [], "model_extra.architecture = 'hstu', this run has 'sasrec'"),
+        ({"model": {**MODEL, "num_heads": 4}}, [], "model.num_heads = 2, this run has 4: its attention splits"),
+        ({"model_extra": {"ids": "hashed"}}, [], "model_extra.ids = 'exact', this run has 'hashed': its item rows"),
         ({"data": {"path": datasets["other"]}}, [], "(other item ids); set checkpoint.allow_other_data = true"),
     ]
     for number, (tables, args, message) in enumerate(cases):
@@ -90,6 +92,19 @@ def test_resume_refuses_another_world_size_model_or_data_in_one_line(trained, da
     evaluate = run_toml(tmp_path / "e.toml", datasets["other"], tmp_path / "out", checkpoint={"dir": str(ckpt)})
     line = refusal(evaluate, tmp_path, "--checkpoint", str(ckpt / "step_00000006"), "--nproc", "2", command="evaluate")
     assert "was trained on" in line and "(other item ids)" in line, line
+    heads = run_toml(tmp_path / "h.toml", datasets["one"], tmp_path / "out", model={**MODEL, "num_heads": 4})
+    line = refusal(heads, tmp_path, "--checkpoint", str(ckpt / "step_00000006"), "--nproc", "2", command="evaluate")
+    assert "model.num_heads = 2, this run has 4" in line, line
+
+
+def test_a_record_from_before_the_meaning_options_still_loads(trained) -> None:
+    from dataclasses import replace
+
+    from freescale.trainer.checkpoint_record import MEANING_OPTIONS, check_model
+
+    run = read_record(trained["ckpt"] / "step_00000006").run
+    older = replace(run, model={k: v for k, v in run.model.items() if k not in MEANING_OPTIONS})
+    check_model(older, run.model, "checkpoint")
 
 
 def test_fine_tuning_on_other_data_is_an_explicit_option(trained, datasets, tmp_path) -> None:
