@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from freescale.pipeline.dataset.manifest import ManifestError
+
 __all__ = [
     "TABLE_COLUMNS",
     "UnknownIdError",
@@ -37,8 +39,9 @@ __all__ = [
 TABLE_COLUMNS = {"item": "item_ids", "action": "actions"}
 
 
-class UnknownIdError(ValueError):
-    """A raw id that is not in the table's vocabulary (a dataset and vocabulary that do not match)."""
+class UnknownIdError(ManifestError):
+    """A raw id that is not in the table's vocabulary (a dataset and vocabulary that do not match): a
+    dataset that cannot be read, like any damaged one, so readers and the trainer report it in one line."""
 
 
 def table_names(feature_names: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -84,7 +87,8 @@ class Vocabulary:
                 place = f"{where}: " if where else ""
                 raise UnknownIdError(
                     f"{place}{self.table} id {missing} is not in the dataset's {self.table} vocabulary "
-                    f"({self.size} ids): the data and the vocabulary do not belong together"
+                    f"({self.size} ids): the data and the vocabulary do not belong together (a damaged shard "
+                    "read without verification, or another dataset's files: `freescale inspect --verify` hashes them)"
                 )
         return rows.astype(np.int64)
 

@@ -264,3 +264,24 @@ def test_the_old_loader_import_path_warns_and_is_the_same_loader() -> None:
     with pytest.warns(DeprecationWarning, match="freescale.pipeline.dataset"):
         old = importlib.import_module("freescale.pipeline.loader")
     assert (old.Config, old.Loader, old.KJTBatch) == (Config, Loader, KJTBatch)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_data_that_does_not_match_its_vocabulary_is_one_dataset_error(tiny, workers: int) -> None:
+    """An id outside the vocabulary (a damaged shard read with ``verify=False``, another dataset's files)
+    is a ``ManifestError`` like any damaged dataset, raised as itself from a worker: one line, not
+    torch's re-raise with the worker's traceback folded into its message."""
+    from freescale.pipeline.dataset.manifest import ManifestError
+    from freescale.pipeline.dataset.vocabulary import Vocabulary
+
+    dataset = PreparedDataset(tiny)
+    collate_cfg = default_collate(dataset)
+    short = Vocabulary("item", collate_cfg.item_vocab.raw_ids[:1])  # every other id unknown
+    config = Config(
+        path=tiny, output="batch", num_steps=2, num_workers=workers, collate=replace(collate_cfg, item_vocab=short),
+        collate_fn=collate,
+    )  # fmt: skip
+    with pytest.raises(ManifestError) as raised:
+        list(Loader(config, dataset))
+    message = str(raised.value)
+    assert "is not in the dataset's item vocabulary" in message and "\n" not in message, message
