@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import socket
 import sys
 import time
@@ -221,6 +222,26 @@ class Trainer(CheckpointHooks, EvaluationHooks, RunLogging):
         return tqdm(total=end - start, initial=0, desc=f"train {self.engine.name}", unit="step", leave=False)
 
 
+# what gloo says when the rank at the other end of a connection has exited (its own error, a kill)
+PEER_GONE = ("closed by peer", "reset by peer", "Broken pipe")
+
+
+def collective_failure(error: BaseException, stopped: list[str], timeout_s: float) -> TrainingError | None:
+    """A collective's failure as one line: ranks that stopped answering (``peers.end_stopped_peers``), or a
+    rank that ended while this one waited on it (its own error line, or the launcher's line on how it
+    was killed, says why: this rank's traceback would only bury it). None: not a failure of the job's
+    ranks."""
+    first = re.sub(r"^\[[^\]]*\]\s*", "", (str(error).splitlines() or [""])[0])[:200]  # no gloo source location
+    if stopped:
+        return TrainingError(
+            f"{', '.join(stopped)} stopped answering: a collective gave up after engine.collective_timeout_s = "
+            f"{timeout_s:g} s ({first})"
+        )
+    if any(part in str(error) for part in PEER_GONE):
+        return TrainingError(f"another rank ended while this one waited on it ({first}); its error says why")
+    return None
+
+
 def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, Any] | None:
     """Entry point of one rank (environment from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*);
     with ``evaluate_checkpoint`` the rank scores that checkpoint instead of training."""
@@ -245,13 +266,10 @@ def main(cfg: RunConfig, evaluate_checkpoint: str | None = None) -> dict[str, An
     except (RuntimeError, dist.DistError) as error:
         if isinstance(error, TrainingError):
             raise
-        stopped = end_stopped_peers(pids)
-        if not stopped:
+        failure = collective_failure(error, end_stopped_peers(pids), cfg.engine.collective_timeout_s)
+        if failure is None:
             raise
-        raise TrainingError(
-            f"{', '.join(stopped)} stopped answering: a collective gave up after engine.collective_timeout_s = "
-            f"{cfg.engine.collective_timeout_s:g} s ({str(error).splitlines()[0][:200]})"
-        ) from error
+        raise failure from error
     finally:
         if finished:
             trainer = None  # the engine and everything it holds become garbage: see release_process_groups

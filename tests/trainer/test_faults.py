@@ -486,3 +486,20 @@ def test_steps_without_targets_are_reported_empty_and_left_out_of_the_loss() -> 
     assert step_metrics(mixed)["rank_loss"] == [2.0, None] and step_metrics(empty)["rank_loss"] == [None, None]
     (diverged,) = analyze([[record(0, 0, float("nan"), 5)], [record(0, 1, 3.0, 5)]])
     assert step_metrics(diverged)["rank_loss"] == [None, 3.0]
+
+
+def test_a_rank_whose_peer_ended_mid_collective_fails_in_one_line() -> None:
+    """A rank waiting in a collective on a rank that exited (its own one-line error, a kill) says so in
+    one line instead of a gloo traceback under the real error; other failures stay what they are."""
+    from freescale.trainer.runner import collective_failure
+
+    gloo = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+        "[127.0.0.1]:17281. This is typically caused by a remote worker crashing.\nCheck the logs"
+    )
+    failure = collective_failure(gloo, [], 300.0)
+    assert failure is not None and "another rank ended while this one waited on it" in str(failure)
+    assert "Connection closed by peer" in str(failure) and "\n" not in str(failure)
+    stopped = collective_failure(RuntimeError("Timed out waiting 5000ms"), ["rank 1 (pid 7, stopped)"], 5.0)
+    assert stopped is not None and "rank 1 (pid 7, stopped) stopped answering" in str(stopped)
+    assert collective_failure(RuntimeError("a bug of ours"), [], 300.0) is None
