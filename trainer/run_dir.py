@@ -15,11 +15,14 @@ best-model record mixing runs).
 - Ownership (``claim_checkpoint_dir``): every checkpoint carries its run id
   (``checkpoint_record.py``). A fresh run needs an absent or empty ``checkpoint.dir``; a resumed run
   one whose checkpoints (and ``best/``) all carry the id of the checkpoint it resumes. Leftovers of a
-  save that died (``.step_N.partial``) are removed, under the lock.
+  save that died (``.step_N.partial``) are removed, under the lock. The folder must be writable: a
+  file is written and removed there before any rank starts (a read-only folder failed at the first
+  save, after the steps before it).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -29,6 +32,7 @@ from freescale.trainer.checkpoint_dirs import OLD_SUFFIX, PARTIAL_SUFFIX, STEP_D
 from freescale.trainer.checkpoint_record import read_record
 from freescale.trainer.config import RunConfig
 
+WRITE_CHECK = ".freescale-write-check-"
 LEFTOVER = re.compile(rf"\.(step_\d{{8}})({re.escape(PARTIAL_SUFFIX)}|{re.escape(OLD_SUFFIX)})$")
 
 
@@ -67,9 +71,11 @@ class RunFolders:
 
 def claim_checkpoint_dir(root: str, run_id: str | None) -> None:
     """Refuse ``root`` (``checkpoint.dir``) unless everything in it belongs to run ``run_id`` (None: a
-    fresh run, which needs it absent or empty). Call with the folder's lock held."""
+    fresh run, which needs it absent or empty) and this process can write there. Call with the folder's
+    lock held."""
     base = Path(root)
     if not base.exists():
+        check_writable(base, root)
         return
     if not base.is_dir():
         raise ValueError(f"checkpoint.dir {root} is not a directory")
@@ -88,6 +94,21 @@ def claim_checkpoint_dir(root: str, run_id: str | None) -> None:
                 foreign.append((str(entry.relative_to(base)), owner))
     if foreign:
         raise ValueError(_foreign_message(root, run_id, foreign))
+    check_writable(base, root)
+
+
+def check_writable(base: Path, root: str) -> None:
+    """Create ``base`` if absent and write and remove a file in it: a checkpoint folder the run cannot
+    write (read-only, full, under a file) would otherwise fail at the first save, after the steps before
+    it were trained for nothing."""
+    probe = base / f"{WRITE_CHECK}{os.getpid()}"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(f"checkpoint.dir {root} cannot be written ({reason}): no checkpoint could be saved") from None
 
 
 def _owner(entry: Path) -> str | None:
@@ -104,6 +125,9 @@ def _owner(entry: Path) -> str | None:
 def _without_leftovers(entry: Path) -> Path | None:
     """``entry``, or None when it was what a save that died left (removed here). A step moved aside for
     its replacement (``.old``) goes back to its name when the replacement never got there."""
+    if entry.name.startswith(WRITE_CHECK):  # a write check that died before removing its file
+        entry.unlink(missing_ok=True)
+        return None
     match = LEFTOVER.match(entry.name)
     if not match:
         return entry

@@ -8,6 +8,7 @@ none of them writes into its folders. Processes run with cwd = a temp dir (see t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -227,6 +228,39 @@ def test_leftovers_of_a_save_that_died_are_not_checkpoints(trained, tmp_path) ->
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000003"]
     with pytest.raises(ValueError, match="is not empty"):
         claim_checkpoint_dir(str(ckpt), None)
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_any_step(tmp_path) -> None:
+    """Found by a fault hunt: a read-only checkpoint.dir trained until the first save, then lost it all."""
+    from freescale.trainer.run_dir import claim_checkpoint_dir
+
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"checkpoint.dir .*/file/ckpt cannot be written \(") as error:
+        claim_checkpoint_dir(str(tmp_path / "file" / "ckpt"), None)
+    assert "\n" not in str(error.value)
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(readonly), str(readonly)], capture_output=True)
+    if mounted.returncode:
+        chmod = readonly.stat().st_mode
+        readonly.chmod(0o500)
+    try:
+        if mounted.returncode and os.access(readonly, os.W_OK):
+            pytest.skip("neither a read-only bind mount nor file modes keep this user from writing")
+        with pytest.raises(ValueError, match="cannot be written"):
+            claim_checkpoint_dir(str(readonly / "ckpt"), None)
+        with pytest.raises(ValueError, match="cannot be written"):
+            claim_checkpoint_dir(str(readonly), None)
+    finally:
+        if mounted.returncode:
+            readonly.chmod(chmod)
+        else:
+            subprocess.run(["umount", str(readonly)], check=True)
+    claim_checkpoint_dir(str(tmp_path / "fresh" / "ckpt"), None)  # absent: created, left empty
+    assert list((tmp_path / "fresh" / "ckpt").iterdir()) == []
+    (tmp_path / "fresh" / "ckpt" / ".freescale-write-check-123").write_bytes(b"")  # a check that died
+    claim_checkpoint_dir(str(tmp_path / "fresh" / "ckpt"), None)
+    assert list((tmp_path / "fresh" / "ckpt").iterdir()) == []
 
 
 def _damage(path: Path, how: str) -> None:
