@@ -18,8 +18,8 @@ modulo row with the target tie against it; ``--set catalogue=rows`` ranks table 
   which must be 0). ``ids = "exact"`` itself cannot continue across windows (each window's dataset has
   its own vocabulary, refused by design), so the exact vocabulary of the whole stream is this table.
 * ``hashed``: raw id modulo ``rows``; ``zch``: a zch table of ``rows`` slots (lru, 64-row buckets,
-  16 probes). ``rows`` = 1.25x the peak live item count (the most distinct items of one window),
-  rounded up to whole buckets. Same rows for both.
+  each probed whole: the trainer's defaults). ``rows`` = 1.25x the peak live item count (the most
+  distinct items of one window), rounded up to whole buckets. Same rows for both.
 
 Step time: ``hashed`` maps raw ids to rows in the loader as ``ids = "exact"`` does, with no identity
 table, so it is the exact-id path at the same rows; zch's target is against it (and the oracle's is
@@ -101,7 +101,7 @@ class Settings:
     rows_factor: float = 1.25  # hashed / zch rows = this x the peak live item count
     oracle_factor: float = 1.5  # oracle slots = this x the stream's distinct items
     bucket_size: int = 64
-    max_probe: int = 16
+    max_probe: int = 64  # the trainer's default: the whole bucket (zch_max_probe = 0)
     policy: str = "lru"
     lfu_halflife: int = 0  # policy lfu: training steps after which an unseen id's count halves (0: never)
     # the kernel

@@ -30,7 +30,7 @@ class ModelExtraConfig:
     # | zch: item ids through a zero-collision identity table (docs/training.md#open-id-spaces-ids--zch)
     zch_size: int = 0  # ids = "zch": item rows that can hold an id (+ one fallback row per rank)
     zch_bucket_size: int = 64  # contiguous rows per bucket; buckets are split evenly among the ranks
-    zch_max_probe: int = 16  # slots an id probes from its home slot, inside its bucket
+    zch_max_probe: int = 0  # slots an id probes from its home slot, inside its bucket (0: the whole bucket)
     zch_policy: str = "lru"  # which id gives its slot up: ttl (event time) | lru | lfu (with admission)
     zch_ttl: int = 0  # policy ttl: seconds of event time an id may go unseen before its slot may be taken
     zch_admission_threshold: int = 1  # policy lfu: occurrences before a new id takes a slot (1: at once)

@@ -27,7 +27,7 @@ USER_ID_FEATURE = "user_id"  # the table of the sample's own user id (no vocabul
 ZCH_DEFAULTS = {
     "zch_size": 0,
     "zch_bucket_size": 64,
-    "zch_max_probe": 16,
+    "zch_max_probe": 0,  # the whole bucket
     "zch_policy": "lru",
     "zch_ttl": 0,
     "zch_admission_threshold": 1,
@@ -60,7 +60,7 @@ def check_zch_options(where: str, options: ZchOptions) -> None:
     check(size >= 1, f"{where}.zch_size", f"must be set (>= 1) with {where}.ids 'zch'", size)
     check(bucket >= 1, f"{where}.zch_bucket_size", "must be >= 1", bucket)
     check(size % bucket == 0, f"{where}.zch_size", f"must be a multiple of zch_bucket_size {bucket}", size)
-    check(1 <= probe <= bucket, f"{where}.zch_max_probe", f"must be in [1, zch_bucket_size {bucket}]", probe)
+    check(0 <= probe <= bucket, f"{where}.zch_max_probe", f"must be in [0, zch_bucket_size {bucket}] (0: all)", probe)
     choice(f"{where}.zch_policy", options.zch_policy, ZCH_POLICIES)
     ttl = options.zch_ttl
     if options.zch_policy == "ttl":
@@ -96,7 +96,7 @@ class UserTableConfig:
     rows: int = 0  # exact: 0 = the vocabulary size (or >= it) | hashed: the table's rows | zch: 0 (zch_size)
     zch_size: int = 0
     zch_bucket_size: int = 64
-    zch_max_probe: int = 16
+    zch_max_probe: int = 0  # 0: the whole bucket
     zch_policy: str = "lru"
     zch_ttl: int = 0
     zch_admission_threshold: int = 1

@@ -54,8 +54,8 @@ ZCH = {"ids": "zch", "zch_size": 1024}
         ({"engine": {"all_to_all": "hierarchical", "ranks_per_node": -1}}, "engine.ranks_per_node must be >= 0"),
         ({"model_extra": {"ids": "zch"}}, r"model_extra.zch_size must be set \(>= 1\)"),
         ({"model_extra": ZCH | {"zch_size": 100}}, "model_extra.zch_size must be a multiple of zch_bucket_size 64"),
-        ({"model_extra": ZCH | {"zch_max_probe": 0}}, r"model_extra.zch_max_probe must be in \[1, zch_bucket_size 64"),
-        ({"model_extra": ZCH | {"zch_max_probe": 65}}, r"model_extra.zch_max_probe must be in \[1, zch_bucket_size 64"),
+        ({"model_extra": ZCH | {"zch_max_probe": -1}}, r"model_extra.zch_max_probe must be in \[0, zch_bucket_size 64"),
+        ({"model_extra": ZCH | {"zch_max_probe": 65}}, r"model_extra.zch_max_probe must be in \[0, zch_bucket_size 64"),
         ({"model_extra": ZCH | {"zch_policy": "fifo"}}, "model_extra.zch_policy must be one of"),
         ({"model_extra": ZCH | {"zch_policy": "ttl"}}, "model_extra.zch_ttl must be > 0 seconds of event time"),
         ({"model_extra": ZCH | {"zch_ttl": 60}}, "model_extra.zch_ttl applies to zch_policy 'ttl' only"),
@@ -123,6 +123,17 @@ def test_zch_buckets_must_split_among_the_ranks() -> None:
         ValueError, match=r"model_extra.zch_size 192 gives 3 buckets of 64 rows, not a multiple of the 2"
     ):
         cfg.check_world(2)
+
+
+def test_a_zch_table_probes_its_whole_bucket_unless_told_otherwise() -> None:
+    from freescale.trainer.engines.zch_shard import zch_config
+
+    def probes(extra: dict) -> int:
+        cfg = RunConfig.from_dict({"data": {"path": "x"}, "model_extra": ZCH | {"zch_size": 256} | extra})
+        return zch_config(cfg.model_extra, 1).max_probe
+
+    assert probes({}) == 64 and probes({"zch_bucket_size": 32}) == 32  # 0, the default: all of the bucket
+    assert probes({"zch_max_probe": 16}) == 16
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def add_stats(sub: argparse._SubParsersAction) -> None:
 # --zch-* options other than --zch-size, with their defaults (None on the parser: a value given
 # without --zch-size is refused rather than ignored)
 ZCH_DEFAULTS = {
-    "zch_max_probe": 16,
+    "zch_max_probe": 0,  # the whole bucket
     "zch_bucket_size": 64,
     "zch_policy": "lru",
     "zch_ttl": None,
@@ -102,7 +102,7 @@ def _add_zch_options(p: argparse.ArgumentParser) -> None:
         help="replay the item ids in event-time order through a zero-collision table of this many rows "
         "(raw sources); reports hit/insert/collision/eviction rates and occupancy",
     )
-    p.add_argument("--zch-max-probe", type=int, help="slots probed per id (default 16)")
+    p.add_argument("--zch-max-probe", type=int, help="slots probed per id (default 0: the whole bucket)")
     p.add_argument("--zch-bucket-size", type=int, help="rows per bucket (default 64)")
     p.add_argument("--zch-policy", help="eviction policy: lru (default), lfu or ttl")
     p.add_argument("--zch-ttl", type=int, help="policy ttl: seconds of event time an id may stay unseen")
@@ -134,7 +134,7 @@ def _zch_options(args: argparse.Namespace) -> Any:
         value["zch_ids"],
         zch_size=args.zch_size,
         bucket_size=value["zch_bucket_size"],
-        max_probe=value["zch_max_probe"],
+        max_probe=value["zch_max_probe"] or value["zch_bucket_size"],
         policy=value["zch_policy"],
         ttl=value["zch_ttl"],
         admission_threshold=value["zch_admission"],

@@ -40,7 +40,7 @@ def zch_config(options: ZchOptions, world_size: int) -> ZchConfig:
     return ZchConfig(
         zch_size=options.zch_size,
         bucket_size=options.zch_bucket_size,
-        max_probe=options.zch_max_probe,
+        max_probe=options.zch_max_probe or options.zch_bucket_size,  # 0: the whole bucket
         policy=options.zch_policy,
         ttl=options.zch_ttl if options.zch_policy == "ttl" else None,
         admission_threshold=options.zch_admission_threshold,
