@@ -45,7 +45,7 @@ class Settings:
     )  # (slots, ids a call, new ids a call)
     calls: int = 60  # warm-up calls, then as many timed
     bucket_size: int = 64
-    max_probe: int = 16
+    max_probe: int = 64  # the trainer's default: the whole bucket
     seed: int = 0
 
 

@@ -80,13 +80,15 @@ def compile_hstu_attention(all_tiles: bool) -> None:
 
 def compile_zch_rounds() -> None:
     """The zero-collision kernel, alone (the rounds) and fused (the whole call), under every policy (lfu with
-    and without a halflife) at the benchmark's buckets of 64 probed 16 deep with a tile of 128 ids (8
-    warps); then a one-id tile and a small odd bucket (4 warps), once each: about ten compiles."""
+    and without a halflife) at buckets of 64 probed 16 deep with a tile of 128 ids (8 warps); then the
+    trainer's default (the whole bucket of 64 probed), a one-id tile and a small odd bucket (4 warps),
+    once each: about a dozen compiles."""
     from freescale.kernels import zch_triton as zrt
 
     zrt.triton_unavailable_reason = lambda device: None  # CPU tensors stand in for CUDA ones
     policies = (("ttl", 10, 0), ("lru", None, 0), ("lfu", None, 0), ("lfu", None, 3))
     shapes = [(64, 16, 512, policy, fused) for policy in policies for fused in (False, True)]
+    shapes += [(64, 64, 512, ("lru", None, 0), fused) for fused in (False, True)]
     shapes += [(64, 16, 1, ("lru", None, 0), True), (5, 3, 512, ("lru", None, 0), True)]
     for bucket_size, max_probe, n, (policy, ttl, halflife), fused in shapes:
         slots = 4 * bucket_size
