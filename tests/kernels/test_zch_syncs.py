@@ -101,7 +101,8 @@ def test_the_trainers_shard_lookup_adds_no_sync_to_the_tables() -> None:
         shard.trained()
     with counting_ops() as counts:
         _, step = shard.lookup(calls[-1], None, True)
-    assert step is not None and step.step == len(calls)
+    assert step is not None and int(shard.table.step) == len(calls)
+    assert torch.equal(step.reassigned_ids, shard.table.identities[step.reassigned - shard.first_row])
     assert counts.syncs <= 3 and only_host_reads(counts), counts.summary()
     assert counts.launches <= TRAIN_LAUNCHES["lru"] + 30, counts.summary()
     with counting_ops() as counts:
