@@ -59,6 +59,7 @@ from freescale.pipeline.prepare_output import OutputChecks
 from freescale.pipeline.prepare_phases import Phases
 from freescale.pipeline.steps import scan
 from freescale.pipeline.steps.coverage import target_coverage
+from freescale.pipeline.steps.sequences import planned_samples
 from freescale.pipeline.steps.vocabularies import merge_partition_ids
 from freescale.pipeline.workdir import RemoteWork, mirror_path
 
@@ -211,13 +212,16 @@ class PrepareJob(JobIdentity, ExecutorCalls, Phases, OutputChecks):
 
     def count_samples(self) -> SampleCounts:
         """Scan and k-core (resumable), then every user's event count: the count-only path that
-        ``stats`` and ``simulate`` take on raw sources (sample lengths need no sample built)."""
+        ``stats`` and ``simulate`` take on raw sources (sample lengths need no sample built). Sources
+        that leave no sample fail with ``prepare``'s one line saying why."""
         if self.remote_work is not None:
             raise PrepareError("stats: an s3:// --work-dir is supported by prepare only; pass a local one")
         self._make_work_dirs()
         scan_summary, users_record = self._scan()
         removed_items = self._kcore()
         users, counts = self._user_counts(removed_items)
+        if len(planned_samples(users, counts, self.config.samples)["length"]) == 0:
+            raise PrepareError(self._no_samples(scan_summary.events_kept, len(users)))
         return SampleCounts(
             scan=scan_summary,
             users=users_record,

@@ -58,6 +58,7 @@ class StatsConfig:
     executor: str = "local"  # raw sources: where prepare's steps and the id pass run (``executors``)
     ray_address: str | None = None  # --executor ray: a running cluster; None starts one
     work_dir: str | None = None  # raw sources: prepare's work files; kept there for a fast re-run
+    max_reject_fraction: float = 0.05  # raw sources: prepare's limit on rejected rows
     cache_dir: str | None = None  # prepared dataset on s3://: local shard cache
     verify: bool = True  # prepared dataset: check shard hashes against the manifest (--no-verify skips)
     plots: bool = True
@@ -82,6 +83,9 @@ class StatsConfig:
         f = self.sample_fraction
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 < f <= 1.0:
             raise ValueError(f"--sample-fraction must be in (0, 1], got {f!r}")
+        r = self.max_reject_fraction
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 0.0 <= r <= 1.0:
+            raise ValueError(f"--max-reject-fraction must be in [0, 1], got {r!r}")
         if self.histogram_bins < 2:
             raise ValueError(f"--histogram-bins must be >= 2, got {self.histogram_bins}")
         if self.zipf_min_count < 1:

@@ -162,6 +162,7 @@ def _prepare_job(config: Any, work: Path, pool: ProcessPoolExecutor | None) -> A
             executor=config.executor,
             ray_address=config.ray_address,
             user_fraction=1.0 if config.samples.kcore else config.sample_fraction,
+            max_reject_fraction=config.max_reject_fraction,
         ),
         pool,
     )

@@ -46,7 +46,6 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refine-swaps", type=int, default=None, help="swap-refinement iterations per step")
     p.add_argument("--seed", type=int, default=0)
     add_sample_options(p)
-    p.add_argument("--max-reject-fraction", type=float, default=0.05)
     p.add_argument(
         "--quarantine-examples",
         type=int,
@@ -102,7 +101,6 @@ def prepare_config_from_args(args: argparse.Namespace):
         output=args.output,
         **sample_options(args),
         balance=BalanceConfig(**balance_options),
-        max_reject_fraction=args.max_reject_fraction,
         quarantine_examples=args.quarantine_examples,
         shard_size_limit=parse_size(args.shard_size_limit, "--shard-size-limit"),
         plan_memory=parse_size(args.plan_memory, "--plan-memory"),

@@ -26,6 +26,13 @@ def add_sample_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--min-len", type=int, default=2, help="drop users with fewer events")
     p.add_argument("--kcore", type=int, default=0, help="k-core filter over users and items (0: off)")
+    p.add_argument(
+        "--max-reject-fraction",
+        type=float,
+        default=0.05,
+        help="share of rows that may be rejected, over the event rows and over the users table's own rows, "
+        "before the job fails (default 0.05)",
+    )
     p.add_argument("--model-config", help="TOML with a [model] table (d_model, num_layers, num_heads, ...)")
     p.add_argument("--cost-model", help="JSON/TOML with fitted coefficients a, b, c (overrides the model)")
     p.add_argument("--memory-limit", default="2GB", help="memory the job may use (default 2GB)")
@@ -63,6 +70,7 @@ def sample_options(args: argparse.Namespace) -> dict:
         "workers": args.workers,
         "executor": args.executor,
         "ray_address": args.ray_address,
+        "max_reject_fraction": args.max_reject_fraction,
     }
 
 

@@ -174,6 +174,37 @@ def test_too_many_rejects_name_examples_that_still_exist(tmp_path, capsys) -> No
         examples.unlink()
 
 
+def test_a_dirty_source_is_described_under_a_raised_reject_limit(tmp_path, capsys) -> None:
+    """``--max-reject-fraction`` means what it means for ``prepare``: raised, stats describes the rest."""
+    (tmp_path / "log.csv").write_text("u,i,t\n1,2,100\n1,3,101\n2,4,100\n2,5,102\n1,3,x\n2,4,y\n")
+    (tmp_path / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    out = tmp_path / "anyway"
+    args = ["stats", str(tmp_path / "sources.toml"), "--workers", "1", "--quiet", "--out", str(out)]
+    assert cli_main(args) == 2 and "2 of 6 rows rejected" in capsys.readouterr().err
+    assert cli_main([*args, "--max-reject-fraction", "0.5"]) == 0, capsys.readouterr().err
+    rows = json.loads((out / "stats.json").read_text())["rows"]
+    assert rows["samples"] == 2 and rows["events_rejected"]["total"] == 2 and rows["balanced"]
+    assert cli_main([*args, "--max-reject-fraction", "1.5"]) == 2
+    assert "--max-reject-fraction must be in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_sources_that_leave_no_sample_fail_in_prepares_one_line(tmp_path, capsys) -> None:
+    """Every user below --min-len: stats (and simulate, the same count path) crashed in its partition
+    step with an IndexError; now prepare's reason, in one line."""
+    (tmp_path / "log.csv").write_text("u,i,t\n1,2,100\n2,3,100\n3,4,100\n")
+    (tmp_path / "sources.toml").write_text(
+        '[[sources]]\nname = "log"\nformat = "csv"\npath = "log.csv"\n'
+        '[sources.columns]\nuser = "u"\nitem = "i"\ntimestamp = "t"\n'
+    )
+    args = ["stats", str(tmp_path / "sources.toml"), "--workers", "1", "--quiet", "--out", str(tmp_path / "o")]
+    assert cli_main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no samples left after filtering: each of the 3 users has fewer than --min-len 2 events" in line
+
+
 def test_a_read_only_out_folder_is_one_line_naming_it(tiny, tmp_path, capsys) -> None:
     """Checked before the sources are read (it was a traceback once the report was computed)."""
     (tmp_path / "rw").mkdir()
