@@ -19,3 +19,11 @@ def one_rank_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> str:
+    """The ``tiny`` preset prepared for 2-rank runs through ``freescale train`` (the fault tests')."""
+    from train_cli import prepare_tiny
+
+    return prepare_tiny(tmp_path_factory.mktemp("faults-data"))
